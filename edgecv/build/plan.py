@@ -1,0 +1,155 @@
+"""The static execution plan: buffers, kernel launches and a memory plan.
+
+A plan is decided entirely at build time and replayed by the executor: every tensor
+is a :class:`Buffer` (an input, a constant, a kernel output or a view of another
+buffer), every kernel launch a :class:`Step` naming its argument buffers, and every
+intermediate buffer is placed in a shared *storage* slot chosen by liveness, so an
+inference allocates nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Buffer:
+    """One tensor of the plan."""
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: str
+    kind: str  # "input" | "const" | "temp" | "view"
+    name: str = ""
+    view_of: int | None = None  # for kind == "view": the buffer whose bytes it reinterprets
+    storage: int | None = None  # for kind == "temp": the storage slot
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class Step:
+    """One kernel launch: ``kernel(*args)`` with outputs last (destination passing)."""
+
+    kernel: str
+    args: list[int]
+    num_outputs: int = 1
+    device: str = "cpu"
+
+
+@dataclass
+class Plan:
+    """Buffers, launches, and the storage slots the intermediate buffers share."""
+
+    buffers: list[Buffer]
+    steps: list[Step]
+    inputs: list[int]
+    outputs: list[int]
+    storage_sizes: list[int] = field(default_factory=list)
+
+    # -- memory planning -------------------------------------------------------------
+    def root(self, buffer_id: int) -> int:
+        """The buffer that owns the bytes of ``buffer_id`` (follows views)."""
+        buf = self.buffers[buffer_id]
+        while buf.kind == "view":
+            buf = self.buffers[buf.view_of]
+        return buf.id
+
+    def plan_memory(self) -> None:
+        """Assign every temp buffer a storage slot, reusing slots of dead buffers.
+
+        Liveness runs over launches: a buffer is live from the step that writes it to
+        the last step that reads it (through any view). Graph outputs live to the end.
+        A freed slot is reused by the next buffer it fits best (smallest slot that is
+        large enough, else the largest free slot, grown).
+        """
+        last_use: dict[int, int] = {}
+        end = len(self.steps)
+        for index, step in enumerate(self.steps):
+            for arg in step.args:
+                last_use[self.root(arg)] = index
+        for out in self.outputs:
+            last_use[self.root(out)] = end
+        sizes: list[int] = []
+        free: list[int] = []
+        assigned: set[int] = set()
+        for index, step in enumerate(self.steps):
+            for arg in step.args[len(step.args) - step.num_outputs :]:
+                buf = self.buffers[self.root(arg)]
+                if buf.kind != "temp" or buf.id in assigned:
+                    continue
+                need = _aligned(buf.nbytes)
+                fits = [s for s in free if sizes[s] >= need]
+                if fits:
+                    slot = min(fits, key=lambda s: sizes[s])
+                elif free:
+                    slot = max(free, key=lambda s: sizes[s])
+                    sizes[slot] = need
+                else:
+                    slot = len(sizes)
+                    sizes.append(need)
+                if slot in free:
+                    free.remove(slot)
+                buf.storage = slot
+                assigned.add(buf.id)
+            for arg in set(step.args):
+                root = self.buffers[self.root(arg)]
+                if root.kind == "temp" and last_use.get(root.id, index) <= index:
+                    if root.storage is not None and root.storage not in free:
+                        free.append(root.storage)
+                    last_use[root.id] = end + 1  # freed once
+        self.storage_sizes = sizes
+
+    def live_bytes_lower_bound(self) -> int:
+        """The largest total size of intermediate buffers live at one launch."""
+        first, last = {}, {}
+        for index, step in enumerate(self.steps):
+            for arg in step.args:
+                root = self.root(arg)
+                first.setdefault(root, index)
+                last[root] = index
+        for out in self.outputs:
+            last[self.root(out)] = len(self.steps)
+        peak = 0
+        for index in range(len(self.steps)):
+            live = sum(
+                self.buffers[b].nbytes
+                for b in first
+                if self.buffers[b].kind == "temp" and first[b] <= index <= last[b]
+            )
+            peak = max(peak, live)
+        return peak
+
+    # -- serialization ---------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "buffers": [asdict(b) for b in self.buffers],
+                "steps": [asdict(s) for s in self.steps],
+                "inputs": self.inputs,
+                "outputs": self.outputs,
+                "storage_sizes": self.storage_sizes,
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        raw = json.loads(text)
+        buffers = [Buffer(**{**b, "shape": tuple(b["shape"])}) for b in raw["buffers"]]
+        return cls(
+            buffers=buffers,
+            steps=[Step(**s) for s in raw["steps"]],
+            inputs=raw["inputs"],
+            outputs=raw["outputs"],
+            storage_sizes=raw["storage_sizes"],
+        )
+
+
+def _aligned(nbytes: int, alignment: int = 64) -> int:
+    return max(alignment, (nbytes + alignment - 1) // alignment * alignment)

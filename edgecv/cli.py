@@ -1,0 +1,180 @@
+"""The ``edgecv`` command line: deploy, run, profiles."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .errors import EdgecvError, ShapeError
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(v) for v in text.replace("x", ",").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N,C,H,W integers, got {text!r}") from None
+    if len(shape) != 4 or min(shape) <= 0:
+        raise argparse.ArgumentTypeError(f"expected 4 positive integers N,C,H,W, got {text!r}")
+    return shape
+
+
+def _say(message: str) -> None:
+    print(f"[edgecv] {message}", file=sys.stderr, flush=True)
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from .deploy import deploy
+
+    start = time.perf_counter()
+    path = deploy(
+        args.model,
+        output=args.output,
+        device=args.device,
+        params=args.params,
+        input_shape=args.input_shape,
+        pretrained=not args.random_weights,
+        seed=args.seed,
+        progress=_say,
+    )
+    print(f"{path}  (deployed in {time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .imaging import draw, read_image
+    from .model import load
+
+    model = load(args.package)
+    if not args.images and args.input is None:
+        raise EdgecvError("nothing to run: give image files or --input X.npy")
+    if args.input is not None:
+        try:
+            x = np.load(args.input)
+        except (OSError, ValueError) as err:
+            raise EdgecvError(f"cannot read --input {args.input}: {err}") from None
+        if not isinstance(x, np.ndarray):
+            raise ShapeError(f"--input {args.input} must hold one array (.npy), not an archive")
+        outputs, latency = _timed(model.run, x, repeat=args.repeat)
+        _report_outputs(model, outputs, args.output)
+        print(f"latency: {latency * 1e3:.2f} ms (median of {args.repeat})")
+    for image_path in args.images:
+        image = read_image(image_path)
+        x = model.preprocess(image)
+        outputs, latency = _timed(model.run, x, repeat=args.repeat)
+        print(f"{image_path}:")
+        if model.task == "classification":
+            from .imaging import top_k
+
+            for label, prob in top_k(outputs[0], model.classes, 5):
+                print(f"  {prob:7.4f}  {label}")
+        else:
+            from .imaging import detections
+
+            found = detections(
+                outputs, model.classes, model.input_shape[2:], image.shape[:2], args.threshold
+            )
+            shown = found or detections(
+                outputs, model.classes, model.input_shape[2:], image.shape[:2], -1.0
+            )[:3]
+            if not found:
+                print(f"  no detections with score >= {args.threshold}; best {len(shown)}:")
+            for det in shown:
+                box = ", ".join(f"{v:.0f}" for v in det.box)
+                print(f"  {det.score:7.4f}  {det.label:<14} [{box}]")
+            if args.save:
+                out = Path(args.save)
+                if len(args.images) > 1:
+                    out = out.with_name(f"{out.stem}-{Path(image_path).stem}{out.suffix}")
+                import cv2
+
+                cv2.imwrite(str(out), draw(image, found, fps=1.0 / latency))
+                print(f"  annotated image: {out}")
+        print(f"  latency: {latency * 1e3:.2f} ms (median of {args.repeat})")
+        if args.output:
+            _report_outputs(model, outputs, args.output)
+    return 0
+
+
+def _timed(fn, x, repeat: int):
+    outputs = fn(x)
+    times = []
+    for _ in range(max(repeat, 1)):
+        t = time.perf_counter()
+        outputs = fn(x)
+        times.append(time.perf_counter() - t)
+    return outputs, float(np.median(times))
+
+
+def _report_outputs(model, outputs: list[np.ndarray], path: str | None) -> None:
+    for i, out in enumerate(outputs):
+        print(f"output{i} {model.manifest['outputs'][i]['name']}: shape {out.shape} {out.dtype}")
+    if path:
+        np.savez(path, **{f"output{i}": o for i, o in enumerate(outputs)})
+        print(f"wrote {path}")
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    from .profiles import list_profiles
+
+    for p in list_profiles():
+        status = "ready" if p.available else f"needs the {p.runtime} backend (not in this version)"
+        print(f"{p.name:<12} {p.runtime:<7} {status:<45} {p.description}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edgecv", description="Deploy GluonCV/MXNet vision models to edge GPUs and CPUs."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log compiler progress")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("deploy", help="compile a model into a package")
+    d.add_argument("model", help="zoo name/alias (ssd_mobilenet, resnet50, ...) or *-symbol.json")
+    d.add_argument("--params", help="weights file (.params)")
+    d.add_argument("--device", default="cpu", help="device profile (see `edgecv profiles`)")
+    d.add_argument("--input-shape", type=_shape, help="N,C,H,W (default: the model's usual size)")
+    d.add_argument("-o", "--output", help="package folder (default ./MODEL-DEVICE)")
+    d.add_argument("--random-weights", action="store_true",
+                   help="skip the pretrained-weight download; use seeded random weights")
+    d.add_argument("--seed", type=int, default=0, help="seed of random weights")
+    d.set_defaults(func=cmd_deploy)
+
+    r = sub.add_parser("run", help="run a package on images or a tensor")
+    r.add_argument("package", help="package folder or .tar.gz")
+    r.add_argument("images", nargs="*", help="image files")
+    r.add_argument("--input", help="raw input tensor (.npy), no preprocessing")
+    r.add_argument("--output", help="write all outputs to this .npz (output0, output1, ...)")
+    r.add_argument("--save", help="write the annotated image here (detectors)")
+    r.add_argument("--threshold", type=float, default=0.5, help="detection score threshold")
+    r.add_argument("--repeat", type=int, default=5, help="timed runs after one warm-up")
+    r.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("profiles", help="list device profiles")
+    p.set_defaults(func=cmd_profiles)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="[edgecv] %(message)s")
+    warnings.filterwarnings("ignore", module="mxnet")
+    try:
+        return args.func(args)
+    except EdgecvError as err:
+        print(f"edgecv: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("edgecv: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Errors edgecv raises for bad input; the CLI prints their message, never a traceback.
+
+Each message names the thing that was wrong, what was expected, what was found and
+what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class EdgecvError(Exception):
+    """Base class of every error caused by the user's input or environment."""
+
+
+class GraphError(EdgecvError):
+    """The MXNet symbol file is missing, truncated or malformed."""
+
+
+class UnsupportedOpsError(EdgecvError):
+    """The graph holds operators edgecv has no converter for."""
+
+    def __init__(self, counts: dict[str, int], supported: list[str]):
+        self.counts = dict(counts)
+        listed = ", ".join(f"`{op}` (x{n})" for op, n in sorted(counts.items()))
+        super().__init__(
+            f"{len(counts)} operator(s) have no converter: {listed}. "
+            f"Supported MXNet ops: {', '.join(sorted(supported))}. "
+            "Replace them in the model or file an issue for a converter."
+        )
+
+
+class ParamsError(EdgecvError):
+    """The parameters do not match the graph (missing, unreadable or wrong shape)."""
+
+
+class ConversionError(EdgecvError):
+    """One node could not be converted (bad attribute, incompatible shapes)."""
+
+
+class ShapeError(EdgecvError):
+    """An input tensor has the wrong shape or dtype."""
+
+
+class ModelNotFoundError(EdgecvError):
+    """A model name that is neither a known zoo model/alias nor a symbol file."""
+
+
+class ProfileError(EdgecvError):
+    """An unknown or malformed device profile."""
+
+
+class PackageError(EdgecvError):
+    """A deploy package is missing files, corrupt, or from another edgecv version."""

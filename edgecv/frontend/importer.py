@@ -1,0 +1,190 @@
+"""MXNet graph + params -> Relax IRModule.
+
+The whole graph is checked before any node is converted: unsupported operators are
+reported together (with counts), then parameters that are missing or of the wrong
+shape. Parameters become constants bound in the module, so later passes can fold them.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..errors import ConversionError, EdgecvError, GraphError, ParamsError, UnsupportedOpsError
+from .attrs import Attrs
+from .context import Context
+from .converters import CONVERTERS
+from .mxnet_graph import MXNetGraph
+
+
+@dataclass
+class ImportedModel:
+    """A Relax module with one function ``main(inputs...) -> outputs``."""
+
+    mod: tvm.IRModule
+    input_names: list[str]
+    input_shapes: dict[str, tuple[int, ...]]
+    input_dtypes: dict[str, str]
+    output_names: list[str]
+    output_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    output_dtypes: list[str] = field(default_factory=list)
+
+
+def supported_ops() -> list[str]:
+    """The MXNet operator names edgecv converts."""
+    return sorted(CONVERTERS)
+
+
+def check_supported(graph: MXNetGraph) -> None:
+    """Raise one :class:`UnsupportedOpsError` naming every op without a converter."""
+    missing = {op: n for op, n in graph.op_counts().items() if op not in CONVERTERS}
+    if missing:
+        raise UnsupportedOpsError(missing, supported_ops())
+
+
+def _shape_hint(node_attrs: dict[str, str]) -> tuple[int, ...] | None:
+    hint = node_attrs.get("__shape__")
+    if not hint:
+        return None
+    try:
+        shape = tuple(ast.literal_eval(hint))
+    except (ValueError, SyntaxError):
+        return None
+    return None if any(d == 0 for d in shape) else shape
+
+
+def check_params(
+    graph: MXNetGraph, params: dict[str, np.ndarray], input_names: list[str]
+) -> None:
+    """Every non-input variable must have a parameter, of the shape the graph declares."""
+    missing, wrong = [], []
+    for node in graph.nodes:
+        if node.op != "null" or node.name in input_names:
+            continue
+        if node.name not in params:
+            missing.append(node.name)
+            continue
+        hint = _shape_hint(node.attrs)
+        if hint is not None and tuple(params[node.name].shape) != hint:
+            wrong.append(f"`{node.name}` is {tuple(params[node.name].shape)}, graph says {hint}")
+    if missing:
+        shown = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
+        raise ParamsError(
+            f"{len(missing)} parameter(s) the graph needs are not in the params: {shown}. "
+            "Use the .params file exported with this symbol file, or name graph inputs with "
+            "--input-shape if these are inputs."
+        )
+    if wrong:
+        raise ParamsError("parameters of the wrong shape: " + "; ".join(wrong[:8]))
+
+
+def from_mxnet(
+    graph: MXNetGraph,
+    params: dict[str, np.ndarray],
+    input_shapes: dict[str, tuple[int, ...]],
+    input_dtypes: dict[str, str] | None = None,
+) -> ImportedModel:
+    """Convert an MXNet graph to a Relax module.
+
+    Parameters
+    ----------
+    graph : MXNetGraph
+        The parsed symbol (see :func:`~edgecv.frontend.mxnet_graph.load_symbol`).
+    params : dict
+        Parameter arrays by name (see :func:`~edgecv.frontend.mxnet_graph.load_params`).
+    input_shapes : dict
+        Static shape of each graph input, e.g. ``{"data": (1, 3, 224, 224)}``.
+    input_dtypes : dict, optional
+        Dtype of each input; float32 by default.
+
+    Returns
+    -------
+    ImportedModel
+        The module (``main`` takes the inputs in ``input_names`` order) and its signature.
+    """
+    check_supported(graph)
+    input_names = list(input_shapes)
+    variables = set(graph.variable_names())
+    unknown = [n for n in input_names if n not in variables]
+    if unknown:
+        raise GraphError(
+            f"{graph.source}: no graph input named {unknown}; the graph's variables that are "
+            f"not parameters: {sorted(variables - set(params))}"
+        )
+    check_params(graph, params, input_names)
+    dtypes = {n: (input_dtypes or {}).get(n, "float32") for n in input_names}
+
+    bb = relax.BlockBuilder()
+    input_vars = [relax.Var(n, relax.TensorType(input_shapes[n], dtypes[n])) for n in input_names]
+    by_name = dict(zip(input_names, input_vars, strict=True))
+    values: list[list[relax.Expr]] = []
+    with bb.function("main", input_vars):
+        with bb.dataflow():
+            for node in graph.nodes:
+                values.append(_convert_node(bb, graph, node, values, params, by_name))
+            outputs = []
+            for node_index, out_index in graph.heads:
+                produced = values[node_index]
+                if out_index >= len(produced):
+                    raise GraphError(f"{graph.source}: output refers to missing output {out_index}")
+                outputs.append(_as_var(bb, produced[out_index]))
+            result = outputs[0] if len(outputs) == 1 else relax.Tuple(outputs)
+            gv = bb.emit_output(result)
+        bb.emit_func_output(gv)
+    mod = bb.get()
+    output_names = [
+        f"{graph.nodes[i].name}_output{j}" if len(values[i]) > 1 else f"{graph.nodes[i].name}_output"
+        for i, j in graph.heads
+    ]
+    return ImportedModel(
+        mod=mod,
+        input_names=input_names,
+        input_shapes={n: tuple(input_shapes[n]) for n in input_names},
+        input_dtypes=dtypes,
+        output_names=output_names,
+        output_shapes=[Context.shape(o) for o in outputs],
+        output_dtypes=[Context.dtype(o) for o in outputs],
+    )
+
+
+def _as_var(bb: relax.BlockBuilder, expr: relax.Expr) -> relax.Expr:
+    if isinstance(expr, tvm.ir.expr.Constant):
+        # A graph output that is a constant still needs a buffer of its own.
+        return bb.emit(relax.op.add(expr, relax.const(0, str(expr.ty.dtype))))
+    return expr
+
+
+def _convert_node(bb, graph, node, values, params, inputs_by_name) -> list[relax.Expr]:
+    if node.op == "null":
+        if node.name in inputs_by_name:
+            return [inputs_by_name[node.name]]
+        return [relax.const(np.ascontiguousarray(params[node.name]))]
+    args = []
+    for src, out in node.inputs:
+        produced = values[src]
+        if out >= len(produced):
+            raise GraphError(
+                f"{graph.source}: node `{node.name}` uses output {out} of `{graph.nodes[src].name}`, "
+                f"which has {len(produced)} output(s)"
+            )
+        args.append(produced[out])
+    ctx = Context(bb, node)
+    try:
+        result = CONVERTERS[node.op](ctx, args, Attrs(node.op, node.name, node.attrs))
+        results = result if isinstance(result, list) else [result]
+        # Emitting here makes Relax infer shapes now, so a bad node fails with its name.
+        return [r if isinstance(r, (relax.Var, tvm.ir.expr.Constant)) else bb.emit(r) for r in results]
+    except EdgecvError:
+        raise
+    except Exception as err:  # TVM raises many kinds for ill-typed ops; name the node.
+        message = str(err).strip().splitlines()
+        detail = message[-1] if message else type(err).__name__
+        shapes = [Context.shape(a) if hasattr(a, "ty") else "?" for a in args]
+        raise ConversionError(
+            f"node `{node.name}` (op `{node.op}`) with input shapes {shapes} failed to convert: "
+            f"{detail}"
+        ) from None

@@ -1,0 +1,80 @@
+"""Images in and results out: preprocessing, top-k classes, detections, drawing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from .errors import EdgecvError
+
+
+def read_image(path: str | Path) -> np.ndarray:
+    """Read an image file as an HxWx3 uint8 BGR array (OpenCV's convention)."""
+    image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if image is None:
+        raise EdgecvError(f"cannot read image {path}: missing or not an image OpenCV can decode")
+    return image
+
+
+def preprocess(image_bgr: np.ndarray, spec: dict[str, Any], shape: tuple[int, ...]) -> np.ndarray:
+    """BGR uint8 image -> the model's NCHW float input, as the manifest describes."""
+    height, width = shape[2], shape[3]
+    resized = cv2.resize(image_bgr, (width, height), interpolation=cv2.INTER_LINEAR)
+    rgb = resized[:, :, ::-1] if spec.get("color", "RGB") == "RGB" else resized
+    x = rgb.astype(np.float32) * np.float32(spec.get("scale", 1.0))
+    x = (x - np.asarray(spec["mean"], np.float32)) / np.asarray(spec["std"], np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
+
+
+def top_k(logits: np.ndarray, classes: list[str], k: int = 5) -> list[tuple[str, float]]:
+    """The k most probable classes (softmax of the logits) of the first batch item."""
+    z = logits.reshape(logits.shape[0], -1)[0].astype(np.float64)
+    probs = np.exp(z - z.max())
+    probs /= probs.sum()
+    order = np.argsort(-probs, kind="stable")[:k]
+    return [(classes[i] if i < len(classes) else f"class {i}", float(probs[i])) for i in order]
+
+
+@dataclass
+class Detection:
+    label: str
+    score: float
+    box: tuple[float, float, float, float]  # x1, y1, x2, y2 in original image pixels
+
+
+def detections(
+    outputs: list[np.ndarray],
+    classes: list[str],
+    input_hw: tuple[int, int],
+    image_hw: tuple[int, int],
+    threshold: float = 0.5,
+) -> list[Detection]:
+    """GluonCV detector outputs (ids, scores, boxes) -> detections above ``threshold``."""
+    ids, scores, boxes = (o[0] for o in outputs[:3])
+    sy, sx = image_hw[0] / input_hw[0], image_hw[1] / input_hw[1]
+    found = []
+    for cid, score, box in zip(ids.reshape(-1), scores.reshape(-1), boxes.reshape(-1, 4), strict=True):
+        if cid < 0 or score < threshold:
+            continue
+        label = classes[int(cid)] if int(cid) < len(classes) else f"class {int(cid)}"
+        x1, y1, x2, y2 = (float(v) for v in box)
+        found.append(Detection(label, float(score), (x1 * sx, y1 * sy, x2 * sx, y2 * sy)))
+    return found
+
+
+def draw(image_bgr: np.ndarray, found: list[Detection], fps: float | None = None) -> np.ndarray:
+    """A copy of the image with boxes, labels and (optionally) the frame rate drawn on it."""
+    out = image_bgr.copy()
+    for det in found:
+        x1, y1, x2, y2 = (int(round(v)) for v in det.box)
+        cv2.rectangle(out, (x1, y1), (x2, y2), (0, 200, 255), 2)
+        cv2.putText(out, f"{det.label} {det.score:.2f}", (x1, max(12, y1 - 4)),
+                    cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 200, 255), 1, cv2.LINE_AA)
+    if fps is not None:
+        cv2.putText(out, f"{fps:.1f} FPS", (8, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.6,
+                    (0, 255, 0), 2, cv2.LINE_AA)
+    return out

@@ -1,0 +1,77 @@
+"""Device profiles: one JSON file per device in ``device_profiles/``.
+
+A profile names the runtime backend (cpu, opencl, cuda), the TVM target of the
+device and of its host CPU, the device's limits, and which ops run on the GPU.
+Profiles are data: adding a device means adding a file, not code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tvm
+
+from .errors import ProfileError
+
+# Backends this build of edgecv can execute; GPU runtimes arrive with their backends.
+AVAILABLE_RUNTIMES = ("cpu",)
+
+
+def profiles_dir() -> Path:
+    """Where profiles are read from: ``$EDGECV_PROFILES`` or the repo's ``device_profiles``."""
+    env = os.environ.get("EDGECV_PROFILES")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "device_profiles"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One device profile (see the module docstring)."""
+
+    name: str
+    description: str
+    runtime: str
+    target: dict[str, Any]
+    host: dict[str, Any]
+    raw: dict[str, Any]
+
+    def tvm_target(self) -> tvm.target.Target:
+        """The TVM target of the device, with the host CPU attached."""
+        return tvm.target.Target(self.target, host=self.host)
+
+    @property
+    def available(self) -> bool:
+        return self.runtime in AVAILABLE_RUNTIMES
+
+
+def list_profiles() -> list[Profile]:
+    """Every profile in :func:`profiles_dir`, sorted by name."""
+    folder = profiles_dir()
+    if not folder.is_dir():
+        raise ProfileError(f"device profile folder {folder} does not exist; set EDGECV_PROFILES")
+    return [load_profile(p) for p in sorted(folder.glob("*.json"))]
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load a profile by name (``deeplens``) or path to its JSON file."""
+    path = Path(name_or_path)
+    if path.suffix != ".json":
+        path = profiles_dir() / f"{name_or_path}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in profiles_dir().glob("*.json"))
+        raise ProfileError(f"unknown device profile `{name_or_path}`; known profiles: {known}")
+    try:
+        raw = json.loads(path.read_text())
+        return Profile(
+            name=raw["name"],
+            description=raw.get("description", ""),
+            runtime=raw["runtime"],
+            target=raw["target"],
+            host=raw.get("host", {"kind": "llvm"}),
+            raw=raw,
+        )
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ProfileError(f"device profile {path} is malformed: {err!r}") from None

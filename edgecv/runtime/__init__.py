@@ -1,0 +1,1 @@
+"""Runtime: one executor replaying a static plan, one small backend per device kind."""

@@ -1,0 +1,48 @@
+"""The CPU backend: kernels compiled by TVM's LLVM target, called in process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import tvm
+
+from ..errors import PackageError
+from .backend import Backend
+
+
+class CPUBackend(Backend):
+    """Runs kernels of a TVM module built for the host CPU."""
+
+    name = "cpu"
+
+    def __init__(self, module: tvm.runtime.Module):
+        self.module = module
+        self.device = tvm.cpu(0)
+
+    @classmethod
+    def load(cls, path: str | Path) -> CPUBackend:
+        """Load a kernel library written by ``export_library``."""
+        try:
+            return cls(tvm.runtime.load_module(str(path)))
+        except Exception as err:
+            raise PackageError(f"cannot load CPU kernels from {path}: {err}") from None
+
+    def alloc(self, nbytes: int) -> tvm.runtime.Tensor:
+        return tvm.runtime.empty((nbytes,), "uint8", self.device)
+
+    def view(self, storage: tvm.runtime.Tensor, shape: tuple[int, ...], dtype: str):
+        return storage._create_view(tuple(shape), dtype)
+
+    def upload(self, tensor: tvm.runtime.Tensor, array: np.ndarray) -> None:
+        tensor.copyfrom(np.ascontiguousarray(array, dtype=tensor.dtype))
+
+    def download(self, tensor: tvm.runtime.Tensor) -> np.ndarray:
+        return tensor.numpy()
+
+    def kernel(self, name: str) -> Callable[..., None]:
+        try:
+            return self.module[name]
+        except Exception:
+            raise PackageError(f"kernel `{name}` is missing from the CPU kernel library") from None
