@@ -299,7 +299,8 @@ def pad(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
     if len(pad_width) != 2 * ndim:
         raise attrs._fail("pad_width", f"{2 * ndim} values (before/after per axis)", pad_width)
     value = attrs.float("constant_value", 0.0)
-    return R.nn.pad(inputs[0], list(pad_width), mode, value)
+    # Relax names MXNet's "edge" mode "replicate".
+    return R.nn.pad(inputs[0], list(pad_width), {"edge": "replicate"}.get(mode, mode), value)
 
 
 @converts("L2Normalization")

@@ -1,0 +1,36 @@
+"""Numerical comparison used by the tests and benchmarks: one tolerance table by dtype.
+
+Floats compare with ``|a - b| <= atol * scale + rtol * |b|`` where ``scale`` is the
+largest magnitude of the reference (at least 1): a network's outputs differ from
+MXNet's by accumulated rounding that grows with the size of its activations, not
+per element. Integers (class ids, sort and NMS indices) must match exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# dtype -> (rtol, atol relative to the reference's scale)
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float32": (1e-5, 1e-5),
+    "float16": (1e-3, 1e-3),
+    "bfloat16": (1e-2, 1e-2),
+}
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray, name: str = "output", loosen: float = 1.0) -> None:
+    """Assert ``actual`` matches ``expected`` per :data:`TOLERANCES` (exact for integers).
+
+    ``loosen`` multiplies both tolerances; a caller that passes more than 1 must say why.
+    """
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
+    if not np.issubdtype(expected.dtype, np.floating):
+        np.testing.assert_array_equal(actual, expected, err_msg=name)
+        return
+    rtol, atol = TOLERANCES[str(expected.dtype)]
+    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
+    np.testing.assert_allclose(
+        actual, expected, rtol=rtol * loosen, atol=atol * loosen * scale, err_msg=name
+    )

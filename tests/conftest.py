@@ -1,0 +1,49 @@
+"""Shared fixtures: zoo models exported once per test session, with seeded random weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgecv._mxnet import import_mxnet
+
+
+@pytest.fixture(scope="session")
+def export_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("zoo")
+
+
+_EXPORTS: dict[str, object] = {}
+
+
+@pytest.fixture(scope="session")
+def exported(export_dir):
+    """``exported(name)`` -> ExportedModel, built once per session (random weights, seed 0)."""
+    from edgecv.frontend import zoo
+
+    def get(name: str):
+        if name not in _EXPORTS:
+            _EXPORTS[name] = zoo.export(name, export_dir / name, pretrained=False, seed=0)
+        return _EXPORTS[name]
+
+    return get
+
+
+def mxnet_forward(symbol_path: Path, params_path: Path, x: np.ndarray) -> list[np.ndarray]:
+    """MXNet's own forward pass of an exported graph: the independent reference."""
+    mx = import_mxnet()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        net = mx.gluon.SymbolBlock.imports(str(symbol_path), ["data"], str(params_path))
+    out = net(mx.nd.array(x))
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    return [o.asnumpy() for o in outs]
+
+
+def random_input(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """A normalized-image-like input (roughly zero mean, unit variance)."""
+    return np.random.RandomState(seed).normal(0.0, 1.0, size=shape).astype(np.float32)
