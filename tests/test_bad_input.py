@@ -1,0 +1,177 @@
+"""Bad input gives one clear message (and, from the CLI, a non-zero exit, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from edgecv._mxnet import import_mxnet
+from edgecv.cli import main
+from edgecv.errors import (
+    ConversionError,
+    GraphError,
+    ModelNotFoundError,
+    PackageError,
+    ParamsError,
+    ProfileError,
+    ShapeError,
+    UnsupportedOpsError,
+)
+from edgecv.frontend.importer import from_mxnet
+from edgecv.frontend.mxnet_graph import load_params, load_symbol, parse_symbol
+
+mx = import_mxnet()
+S = mx.sym
+
+
+def small_net():
+    d = S.var("data")
+    conv = S.Convolution(d, kernel=(3, 3), num_filter=4, name="conv")
+    return S.FullyConnected(S.relu(conv), num_hidden=3, name="fc")
+
+
+def small_params(shape=(1, 2, 5, 5)):
+    sym = small_net()
+    arg_shapes, _, _ = sym.infer_shape(data=shape)
+    rng = np.random.RandomState(0)
+    return {
+        n: rng.normal(size=s).astype(np.float32)
+        for n, s in zip(sym.list_arguments(), arg_shapes, strict=True)
+        if n != "data"
+    }
+
+
+def test_unsupported_ops_listed_together_with_counts():
+    d = S.var("data")
+    raw = json.loads(S.Group([S.relu(d), S.relu(d), S.sigmoid(d), S.exp(d)]).tojson())
+    for node, op in zip(raw["nodes"][1:], ["Custom", "Custom", "_contrib_Proposal"], strict=False):
+        node["op"] = op
+    graph = parse_symbol(json.dumps(raw))
+    with pytest.raises(UnsupportedOpsError) as err:
+        from_mxnet(graph, {}, {"data": (1, 3, 4, 4)})
+    message = str(err.value)
+    assert "`Custom` (x2)" in message and "`_contrib_Proposal` (x1)" in message
+    assert "Convolution" in message  # lists what is supported
+    assert err.value.counts == {"Custom": 2, "_contrib_Proposal": 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ('{"nodes": [', "not valid JSON"),
+        ("[1, 2]", "not an MXNet symbol graph"),
+        ('{"nodes": [{"op": "null", "name": "data", "inputs": []}, '
+         '{"op": "relu", "name": "r", "inputs": [[5, 0, 0]]}], "heads": [[1, 0, 0]]}', "does not come before"),
+        ('{"nodes": [{"op": "null", "name": "data", "inputs": []}], "heads": []}', "no outputs"),
+    ],
+)
+def test_malformed_symbol(text, fragment):
+    with pytest.raises(GraphError, match=fragment):
+        parse_symbol(text)
+
+
+def test_truncated_symbol_file(tmp_path):
+    path = tmp_path / "m-symbol.json"
+    text = small_net().tojson()
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(GraphError, match="truncated"):
+        load_symbol(path)
+
+
+def test_missing_and_misshaped_params():
+    graph = parse_symbol(small_net().tojson())
+    params = small_params()
+    missing = dict(params)
+    del missing["fc_weight"]
+    with pytest.raises(ParamsError, match="fc_weight"):
+        from_mxnet(graph, missing, {"data": (1, 2, 5, 5)})
+    wrong = dict(params)
+    wrong["conv_weight"] = np.zeros((4, 3, 3, 3), np.float32)
+    with pytest.raises((ParamsError, ConversionError), match="conv"):
+        from_mxnet(graph, wrong, {"data": (1, 2, 5, 5)})
+
+
+def test_input_shape_incompatible_with_params():
+    graph = parse_symbol(small_net().tojson())
+    with pytest.raises(ConversionError, match="fc"):
+        from_mxnet(graph, small_params(), {"data": (1, 2, 7, 7)})
+
+
+def test_corrupt_params_file(tmp_path):
+    path = tmp_path / "bad.params"
+    path.write_bytes(b"not a params file at all")
+    with pytest.raises(ParamsError, match="cannot read params"):
+        load_params(path)
+
+
+def test_unknown_names():
+    from edgecv.frontend.zoo import resolve
+    from edgecv.profiles import load_profile
+
+    with pytest.raises(ModelNotFoundError, match="ssd_mobilenet"):
+        resolve("ssd_mobilnet")
+    with pytest.raises(ProfileError, match="deeplens"):
+        load_profile("deeplense")
+
+
+@pytest.fixture(scope="module")
+def tiny_package(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pkg")
+    prefix = root / "tiny"
+    sym = small_net()
+    sym.save(f"{prefix}-symbol.json")
+    mx.nd.save(f"{prefix}-0000.params", {f"arg:{k}": mx.nd.array(v) for k, v in small_params().items()})
+    assert main(["deploy", f"{prefix}-symbol.json", "--input-shape", "1,2,5,5", "-o", str(root / "pkg")]) == 0
+    return root / "pkg"
+
+
+def test_cli_errors_exit_nonzero_without_traceback(tiny_package, tmp_path, capsys):
+    cases = [
+        (["deploy", "not_a_model"], "unknown model"),
+        (["deploy", "mobilenet", "--device", "nope"], "unknown device profile"),
+        (["deploy", "mobilenet", "--device", "deeplens"], "does not have yet"),
+        (["run", str(tmp_path / "missing")], "does not exist"),
+    ]
+    bad_input = tmp_path / "x.npy"
+    np.save(bad_input, np.zeros((1, 2, 6, 6), np.float32))
+    cases.append((["run", str(tiny_package), "--input", str(bad_input)], "has shape (1, 2, 6, 6)"))
+    for argv, fragment in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert fragment in err, (argv, err)
+        assert "Traceback" not in err
+
+
+def test_package_checks(tiny_package, tmp_path):
+    from edgecv.model import load
+
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(tiny_package, corrupt)
+    with open(corrupt / "params.npz", "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00\x01\x02")
+    with pytest.raises(PackageError, match="corrupt"):
+        load(corrupt)
+    missing = tmp_path / "missing"
+    shutil.copytree(tiny_package, missing)
+    (missing / "plan.json").unlink()
+    with pytest.raises(PackageError, match="missing plan.json"):
+        load(missing)
+    old = tmp_path / "old"
+    shutil.copytree(tiny_package, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest["versions"]["edgecv"] = "0.0.1"
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PackageError, match="redeploy"):
+        load(old)
+
+
+def test_run_rejects_wrong_input_shape(tiny_package):
+    from edgecv.model import load
+
+    model = load(tiny_package)
+    with pytest.raises(ShapeError, match="--input-shape"):
+        model.run(np.zeros((1, 2, 6, 6), np.float32))
