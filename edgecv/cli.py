@@ -51,8 +51,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .model import load
 
     model = load(args.package)
-    if not args.images and args.input is None:
-        raise EdgecvError("nothing to run: give image files or --input X.npy")
+    images = list(args.images)
+    if args.sample:
+        images.append(sample_image(args.sample))
+    if not images and args.input is None:
+        raise EdgecvError("nothing to run: give image files, --sample NAME or --input X.npy")
     if args.input is not None:
         try:
             x = np.load(args.input)
@@ -63,7 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         outputs, latency = _timed(model.run, x, repeat=args.repeat)
         _report_outputs(model, outputs, args.output)
         print(f"latency: {latency * 1e3:.2f} ms (median of {args.repeat})")
-    for image_path in args.images:
+    for image_path in images:
         image = read_image(image_path)
         x = model.preprocess(image)
         outputs, latency = _timed(model.run, x, repeat=args.repeat)
@@ -89,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"  {det.score:7.4f}  {det.label:<14} [{box}]")
             if args.save:
                 out = Path(args.save)
-                if len(args.images) > 1:
+                if len(images) > 1:
                     out = out.with_name(f"{out.stem}-{Path(image_path).stem}{out.suffix}")
                 import cv2
 
@@ -99,6 +102,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.output:
             _report_outputs(model, outputs, args.output)
     return 0
+
+
+SAMPLES = ("astronaut", "chelsea", "coffee", "motorcycle_left", "rocket")
+
+
+def sample_image(name: str) -> str:
+    """Write scikit-image's bundled photo ``name`` to a temporary JPEG; return its path."""
+    import tempfile
+
+    import cv2
+    import skimage.data
+
+    rgb = getattr(skimage.data, name)()
+    if rgb.ndim == 2:
+        rgb = np.stack([rgb] * 3, axis=-1)
+    path = Path(tempfile.gettempdir()) / f"edgecv-sample-{name}.jpg"
+    cv2.imwrite(str(path), np.ascontiguousarray(rgb[:, :, :3][:, :, ::-1]))
+    return str(path)
 
 
 def _timed(fn, x, repeat: int):
@@ -150,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("package", help="package folder or .tar.gz")
     r.add_argument("images", nargs="*", help="image files")
     r.add_argument("--input", help="raw input tensor (.npy), no preprocessing")
+    r.add_argument("--sample", choices=SAMPLES,
+                   help="also run on a real photo shipped inside scikit-image")
     r.add_argument("--output", help="write all outputs to this .npz (output0, output1, ...)")
     r.add_argument("--save", help="write the annotated image here (detectors)")
     r.add_argument("--threshold", type=float, default=0.5, help="detection score threshold")

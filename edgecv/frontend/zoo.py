@@ -176,9 +176,10 @@ def export(
         _random_init(net, seed, tuple(input_shape) if input_shape else model.default_shape)
         weights = f"random(seed={seed})"
         warnings.warn(
-            f"\n*** {model.name}: no pretrained weights could be loaded (no --params file, model "
-            f"store unreachable); using RANDOM weights (seed {seed}). Outputs are meaningless "
-            "for real images. Pass --params FILE with trained weights. ***",
+            f"\n*** {model.name}: using RANDOM weights (seed {seed}): no --params file was given "
+            f"and the GluonCV model store {'was not asked' if not pretrained else 'is unreachable'}"
+            ". Outputs are meaningless for real images; pass --params FILE with trained "
+            "weights. ***",
             stacklevel=2,
         )
     shape = tuple(input_shape) if input_shape else model.default_shape
