@@ -39,12 +39,22 @@ class Profile:
     raw: dict[str, Any]
 
     def tvm_target(self) -> tvm.target.Target:
-        """The TVM target of the device, with the host CPU attached."""
-        return tvm.target.Target(self.target, host=self.host)
+        """The TVM target of the device, with the host CPU attached.
+
+        ``"mcpu": "native"`` means the CPU of the machine that deploys (the ``cpu``
+        profile): LLVM then uses its vector width (AVX-512 here) instead of baseline x86-64.
+        """
+        return tvm.target.Target(_resolve_native(self.target), host=_resolve_native(self.host))
 
     @property
     def available(self) -> bool:
         return self.runtime in AVAILABLE_RUNTIMES
+
+
+def _resolve_native(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec.get("mcpu") != "native":
+        return spec
+    return {**spec, "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
 
 
 def list_profiles() -> list[Profile]:

@@ -1,0 +1,112 @@
+"""edgecv CPU latency vs MXNet's, same machine, same process, same weights.
+
+    python benchmarks/cpu_vs_mxnet.py                 # all seven models
+    python benchmarks/cpu_vs_mxnet.py mobilenet ssd_mobilenet --repeat 20
+
+Prints one row per model: median latency of each after warm-up and the ratio
+(MXNet / edgecv: above 1 means edgecv is faster). Not a test: numbers vary with load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import tvm
+
+from edgecv._mxnet import import_mxnet
+from edgecv.build.pipeline import build_cpu, lower
+from edgecv.frontend import zoo
+from edgecv.frontend.importer import from_mxnet
+from edgecv.frontend.mxnet_graph import load_params, load_symbol
+from edgecv.profiles import load_profile
+from edgecv.runtime.cpu import CPUBackend
+from edgecv.runtime.executor import Executor
+
+MODELS = [
+    "mobilenet1.0",
+    "resnet50_v1",
+    "squeezenet1.0",
+    "ssd_512_mobilenet1.0_voc",
+    "ssd_512_resnet50_v1_voc",
+    "yolo3_mobilenet1.0_coco",
+    "yolo3_darknet53_voc",
+]
+
+
+def median_ms(fn, repeat: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)) * 1e3
+
+
+def bench(name: str, work: Path, repeat: int, schedule: bool) -> dict:
+    mx = import_mxnet()
+    exported = zoo.export(name, work / name, pretrained=False)
+    x = np.random.RandomState(0).normal(size=exported.input_shape).astype(np.float32)
+    t = time.perf_counter()
+    imported = from_mxnet(
+        load_symbol(exported.symbol_path),
+        load_params(exported.params_path),
+        {"data": exported.input_shape},
+    )
+    lowered = lower(imported.mod)
+    lib = build_cpu(lowered.kernels, load_profile("cpu").tvm_target(), schedule=schedule)
+    build_s = time.perf_counter() - t
+    executor = Executor(lowered.plan, CPUBackend(lib), lowered.constants)
+    ours = median_ms(lambda: executor.run([x]), repeat)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        net = mx.gluon.SymbolBlock.imports(
+            str(exported.symbol_path), ["data"], str(exported.params_path)
+        )
+    net.hybridize(static_alloc=True, static_shape=True)
+    xin = mx.nd.array(x)
+
+    def mxnet_run():
+        out = net(xin)
+        for o in out if isinstance(out, (list, tuple)) else [out]:
+            o.wait_to_read()
+
+    theirs = median_ms(mxnet_run, repeat)
+    return {
+        "model": exported.name,
+        "edgecv_ms": ours,
+        "mxnet_ms": theirs,
+        "launches": executor.num_launches,
+        "build_s": build_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=MODELS)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--no-schedule", action="store_true", help="build kernels unscheduled")
+    args = parser.parse_args()
+    print(f"TVM threads: {tvm.runtime.num_threads()}  target: {load_profile('cpu').tvm_target()}")
+    header = f"{'model':<28} {'edgecv ms':>10} {'MXNet ms':>10} {'MXNet/edgecv':>13} {'launches':>9} {'build s':>8}"
+    print(header)
+    print("-" * len(header))
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            r = bench(zoo.resolve(name).name, Path(tmp), args.repeat, not args.no_schedule)
+            print(
+                f"{r['model']:<28} {r['edgecv_ms']:>10.1f} {r['mxnet_ms']:>10.1f} "
+                f"{r['mxnet_ms'] / r['edgecv_ms']:>13.2f} {r['launches']:>9} {r['build_s']:>8.1f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
