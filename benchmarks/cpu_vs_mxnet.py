@@ -95,7 +95,14 @@ def main() -> None:
     parser.add_argument("--no-schedule", action="store_true", help="build kernels unscheduled")
     args = parser.parse_args()
     print(f"TVM threads: {tvm.runtime.num_threads()}  target: {load_profile('cpu').tvm_target()}")
-    header = f"{'model':<28} {'edgecv ms':>10} {'MXNet ms':>10} {'MXNet/edgecv':>13} {'launches':>9} {'build s':>8}"
+    columns = (
+        ("edgecv ms", 10),
+        ("MXNet ms", 10),
+        ("MXNet/edgecv", 13),
+        ("launches", 9),
+        ("build s", 8),
+    )
+    header = f"{'model':<28} " + " ".join(f"{c:>{w}}" for c, w in columns)
     print(header)
     print("-" * len(header))
     with tempfile.TemporaryDirectory() as tmp:

@@ -70,12 +70,23 @@ def main() -> int:
             if model.task == "classification":
                 label, prob = result[0]
                 shown = draw(frame, [], fps)
-                cv2.putText(shown, f"{label} {prob:.2f}", (8, 44), cv2.FONT_HERSHEY_SIMPLEX,
-                            0.6, (0, 200, 255), 2, cv2.LINE_AA)
+                cv2.putText(
+                    shown,
+                    f"{label} {prob:.2f}",
+                    (8, 44),
+                    cv2.FONT_HERSHEY_SIMPLEX,
+                    0.6,
+                    (0, 200, 255),
+                    2,
+                    cv2.LINE_AA,
+                )
             else:
                 shown = draw(frame, result, fps)
-            print(f"{name}: {len(result) if model.task != 'classification' else result[0][0]} "
-                  f"({elapsed * 1e3:.1f} ms)", flush=True)
+            print(
+                f"{name}: {len(result) if model.task != 'classification' else result[0][0]} "
+                f"({elapsed * 1e3:.1f} ms)",
+                flush=True,
+            )
             if out:
                 cv2.imwrite(str(out / name), shown)
             else:

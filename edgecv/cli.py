@@ -82,9 +82,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             found = detections(
                 outputs, model.classes, model.input_shape[2:], image.shape[:2], args.threshold
             )
-            shown = found or detections(
-                outputs, model.classes, model.input_shape[2:], image.shape[:2], -1.0
-            )[:3]
+            shown = (
+                found
+                or detections(outputs, model.classes, model.input_shape[2:], image.shape[:2], -1.0)[
+                    :3
+                ]
+            )
             if not found:
                 print(f"  no detections with score >= {args.threshold}; best {len(shown)}:")
             for det in shown:
@@ -162,8 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--device", default="cpu", help="device profile (see `edgecv profiles`)")
     d.add_argument("--input-shape", type=_shape, help="N,C,H,W (default: the model's usual size)")
     d.add_argument("-o", "--output", help="package folder (default ./MODEL-DEVICE)")
-    d.add_argument("--random-weights", action="store_true",
-                   help="skip the pretrained-weight download; use seeded random weights")
+    d.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="skip the pretrained-weight download; use seeded random weights",
+    )
     d.add_argument("--seed", type=int, default=0, help="seed of random weights")
     d.set_defaults(func=cmd_deploy)
 
@@ -171,8 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("package", help="package folder or .tar.gz")
     r.add_argument("images", nargs="*", help="image files")
     r.add_argument("--input", help="raw input tensor (.npy), no preprocessing")
-    r.add_argument("--sample", choices=SAMPLES,
-                   help="also run on a real photo shipped inside scikit-image")
+    r.add_argument(
+        "--sample", choices=SAMPLES, help="also run on a real photo shipped inside scikit-image"
+    )
     r.add_argument("--output", help="write all outputs to this .npz (output0, output1, ...)")
     r.add_argument("--save", help="write the annotated image here (detectors)")
     r.add_argument("--threshold", type=float, default=0.5, help="detection score threshold")
@@ -186,8 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="[edgecv] %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="[edgecv] %(message)s"
+    )
     warnings.filterwarnings("ignore", module="mxnet")
     try:
         return args.func(args)

@@ -61,7 +61,12 @@ def resolve_source(
         task = "detection" if _looks_like_detector(symbol) else "classification"
         return ModelSource(name, task, symbol, Path(params), shape, [], "params-file")
     exported = zoo.export(
-        model, work_dir, params_file=params, input_shape=input_shape, pretrained=pretrained, seed=seed
+        model,
+        work_dir,
+        params_file=params,
+        input_shape=input_shape,
+        pretrained=pretrained,
+        seed=seed,
     )
     return ModelSource(
         exported.name,
@@ -151,13 +156,20 @@ def deploy(
             },
             "profile": profile.raw,
             "inputs": [
-                {"name": n, "shape": list(imported.input_shapes[n]), "dtype": imported.input_dtypes[n]}
+                {
+                    "name": n,
+                    "shape": list(imported.input_shapes[n]),
+                    "dtype": imported.input_dtypes[n],
+                }
                 for n in imported.input_names
             ],
             "outputs": [
                 {"name": n, "shape": list(s), "dtype": d}
                 for n, s, d in zip(
-                    imported.output_names, imported.output_shapes, imported.output_dtypes, strict=True
+                    imported.output_names,
+                    imported.output_shapes,
+                    imported.output_dtypes,
+                    strict=True,
                 )
             ],
             "preprocessing": {

@@ -57,7 +57,9 @@ def detections(
     ids, scores, boxes = (o[0] for o in outputs[:3])
     sy, sx = image_hw[0] / input_hw[0], image_hw[1] / input_hw[1]
     found = []
-    for cid, score, box in zip(ids.reshape(-1), scores.reshape(-1), boxes.reshape(-1, 4), strict=True):
+    for cid, score, box in zip(
+        ids.reshape(-1), scores.reshape(-1), boxes.reshape(-1, 4), strict=True
+    ):
         if cid < 0 or score < threshold:
             continue
         label = classes[int(cid)] if int(cid) < len(classes) else f"class {int(cid)}"
@@ -72,9 +74,25 @@ def draw(image_bgr: np.ndarray, found: list[Detection], fps: float | None = None
     for det in found:
         x1, y1, x2, y2 = (int(round(v)) for v in det.box)
         cv2.rectangle(out, (x1, y1), (x2, y2), (0, 200, 255), 2)
-        cv2.putText(out, f"{det.label} {det.score:.2f}", (x1, max(12, y1 - 4)),
-                    cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 200, 255), 1, cv2.LINE_AA)
+        cv2.putText(
+            out,
+            f"{det.label} {det.score:.2f}",
+            (x1, max(12, y1 - 4)),
+            cv2.FONT_HERSHEY_SIMPLEX,
+            0.5,
+            (0, 200, 255),
+            1,
+            cv2.LINE_AA,
+        )
     if fps is not None:
-        cv2.putText(out, f"{fps:.1f} FPS", (8, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.6,
-                    (0, 255, 0), 2, cv2.LINE_AA)
+        cv2.putText(
+            out,
+            f"{fps:.1f} FPS",
+            (8, 20),
+            cv2.FONT_HERSHEY_SIMPLEX,
+            0.6,
+            (0, 255, 0),
+            2,
+            cv2.LINE_AA,
+        )
     return out

@@ -47,7 +47,9 @@ class PackageWriter:
     def __init__(self, destination: str | Path):
         self.destination = Path(destination)
         self.destination.parent.mkdir(parents=True, exist_ok=True)
-        self.root = Path(tempfile.mkdtemp(prefix=f".{self.destination.name}.", dir=self.destination.parent))
+        self.root = Path(
+            tempfile.mkdtemp(prefix=f".{self.destination.name}.", dir=self.destination.parent)
+        )
 
     def path(self, relative: str) -> Path:
         full = self.root / relative

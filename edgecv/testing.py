@@ -18,7 +18,9 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 }
 
 
-def assert_close(actual: np.ndarray, expected: np.ndarray, name: str = "output", loosen: float = 1.0) -> None:
+def assert_close(
+    actual: np.ndarray, expected: np.ndarray, name: str = "output", loosen: float = 1.0
+) -> None:
     """Assert ``actual`` matches ``expected`` per :data:`TOLERANCES` (exact for integers).
 
     ``loosen`` multiplies both tolerances; a caller that passes more than 1 must say why.

@@ -63,8 +63,11 @@ def test_unsupported_ops_listed_together_with_counts():
     [
         ('{"nodes": [', "not valid JSON"),
         ("[1, 2]", "not an MXNet symbol graph"),
-        ('{"nodes": [{"op": "null", "name": "data", "inputs": []}, '
-         '{"op": "relu", "name": "r", "inputs": [[5, 0, 0]]}], "heads": [[1, 0, 0]]}', "does not come before"),
+        (
+            '{"nodes": [{"op": "null", "name": "data", "inputs": []}, '
+            '{"op": "relu", "name": "r", "inputs": [[5, 0, 0]]}], "heads": [[1, 0, 0]]}',
+            "does not come before",
+        ),
         ('{"nodes": [{"op": "null", "name": "data", "inputs": []}], "heads": []}', "no outputs"),
     ],
 )
@@ -123,8 +126,15 @@ def tiny_package(tmp_path_factory):
     prefix = root / "tiny"
     sym = small_net()
     sym.save(f"{prefix}-symbol.json")
-    mx.nd.save(f"{prefix}-0000.params", {f"arg:{k}": mx.nd.array(v) for k, v in small_params().items()})
-    assert main(["deploy", f"{prefix}-symbol.json", "--input-shape", "1,2,5,5", "-o", str(root / "pkg")]) == 0
+    mx.nd.save(
+        f"{prefix}-0000.params", {f"arg:{k}": mx.nd.array(v) for k, v in small_params().items()}
+    )
+    assert (
+        main(
+            ["deploy", f"{prefix}-symbol.json", "--input-shape", "1,2,5,5", "-o", str(root / "pkg")]
+        )
+        == 0
+    )
     return root / "pkg"
 
 

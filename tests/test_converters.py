@@ -42,24 +42,52 @@ def run_both(sym, shape, seed=0, positive=False):
     lib = build_cpu(lowered.kernels, tvm.target.Target({"kind": "llvm"}))
     ours = Executor(lowered.plan, CPUBackend(lib), lowered.constants).run([x])
     args = {"data": mx.nd.array(x), **{k: mx.nd.array(v) for k, v in params.items()}}
-    ex = sym.bind(mx.cpu(), {k: args[k] for k in names},
-                  aux_states={k: args[k] for k in sym.list_auxiliary_states()})
+    ex = sym.bind(
+        mx.cpu(),
+        {k: args[k] for k in names},
+        aux_states={k: args[k] for k in sym.list_auxiliary_states()},
+    )
     ref = [o.asnumpy() for o in ex.forward(is_train=False)]
     return ours, ref
 
 
 d = S.var("data")
 CASES = {
-    "conv3x3_s2_bias": (S.Convolution(d, kernel=(3, 3), stride=(2, 2), pad=(1, 1), num_filter=8), (1, 3, 15, 15)),
-    "conv_grouped_dilated": (S.Convolution(d, kernel=(3, 3), dilate=(2, 2), pad=(2, 2), num_group=2, num_filter=4, no_bias=True), (2, 4, 9, 9)),
+    "conv3x3_s2_bias": (
+        S.Convolution(d, kernel=(3, 3), stride=(2, 2), pad=(1, 1), num_filter=8),
+        (1, 3, 15, 15),
+    ),
+    "conv_grouped_dilated": (
+        S.Convolution(
+            d, kernel=(3, 3), dilate=(2, 2), pad=(2, 2), num_group=2, num_filter=4, no_bias=True
+        ),
+        (2, 4, 9, 9),
+    ),
     "conv1d": (S.Convolution(d, kernel=(3,), num_filter=4), (1, 2, 10)),
-    "deconv": (S.Deconvolution(d, kernel=(4, 4), stride=(2, 2), pad=(1, 1), num_filter=3), (1, 4, 5, 5)),
+    "deconv": (
+        S.Deconvolution(d, kernel=(4, 4), stride=(2, 2), pad=(1, 1), num_filter=3),
+        (1, 4, 5, 5),
+    ),
     "batchnorm_fix_gamma": (S.BatchNorm(d, fix_gamma=True, eps=1e-3), (1, 3, 4, 4)),
     "batchnorm": (S.BatchNorm(d, fix_gamma=False, eps=1e-5), (2, 3, 4, 4)),
-    "maxpool_full": (S.Pooling(d, kernel=(3, 3), stride=(2, 2), pool_type="max", pooling_convention="full"), (1, 2, 10, 10)),
-    "maxpool_valid_pad": (S.Pooling(d, kernel=(3, 3), stride=(2, 2), pad=(1, 1), pool_type="max"), (1, 2, 9, 9)),
-    "avgpool_pad": (S.Pooling(d, kernel=(3, 3), stride=(2, 2), pad=(1, 1), pool_type="avg"), (1, 2, 9, 9)),
-    "avgpool_no_pad_count": (S.Pooling(d, kernel=(3, 3), stride=(1, 1), pad=(1, 1), pool_type="avg", count_include_pad=False), (1, 2, 6, 6)),
+    "maxpool_full": (
+        S.Pooling(d, kernel=(3, 3), stride=(2, 2), pool_type="max", pooling_convention="full"),
+        (1, 2, 10, 10),
+    ),
+    "maxpool_valid_pad": (
+        S.Pooling(d, kernel=(3, 3), stride=(2, 2), pad=(1, 1), pool_type="max"),
+        (1, 2, 9, 9),
+    ),
+    "avgpool_pad": (
+        S.Pooling(d, kernel=(3, 3), stride=(2, 2), pad=(1, 1), pool_type="avg"),
+        (1, 2, 9, 9),
+    ),
+    "avgpool_no_pad_count": (
+        S.Pooling(
+            d, kernel=(3, 3), stride=(1, 1), pad=(1, 1), pool_type="avg", count_include_pad=False
+        ),
+        (1, 2, 6, 6),
+    ),
     "global_avg": (S.Pooling(d, kernel=(1, 1), global_pool=True, pool_type="avg"), (1, 3, 5, 7)),
     "global_max": (S.Pooling(d, kernel=(1, 1), global_pool=True, pool_type="max"), (1, 3, 5, 7)),
     "fc_flatten": (S.FullyConnected(d, num_hidden=5), (2, 3, 2, 2)),
@@ -70,21 +98,82 @@ CASES = {
     "elu": (S.LeakyReLU(d, act_type="elu", slope=0.3), (2, 8)),
     "selu": (S.LeakyReLU(d, act_type="selu"), (2, 8)),
     "gelu": (S.LeakyReLU(d, act_type="gelu"), (2, 8)),
-    "activations": (S.Group([S.Activation(d, act_type=a) for a in ("relu", "sigmoid", "tanh", "softrelu", "softsign")]), (2, 8)),
+    "activations": (
+        S.Group(
+            [
+                S.Activation(d, act_type=a)
+                for a in ("relu", "sigmoid", "tanh", "softrelu", "softsign")
+            ]
+        ),
+        (2, 8),
+    ),
     "upsampling": (S.UpSampling(d, scale=2, sample_type="nearest", num_args=1), (1, 2, 3, 4)),
-    "pad_constant": (S.Pad(d, mode="constant", pad_width=(0, 0, 0, 0, 1, 2, 2, 1), constant_value=0.5), (1, 2, 3, 3)),
+    "pad_constant": (
+        S.Pad(d, mode="constant", pad_width=(0, 0, 0, 0, 1, 2, 2, 1), constant_value=0.5),
+        (1, 2, 3, 3),
+    ),
     "pad_edge": (S.Pad(d, mode="edge", pad_width=(0, 0, 0, 0, 1, 1, 1, 1)), (1, 2, 3, 3)),
     "pad_reflect": (S.Pad(d, mode="reflect", pad_width=(0, 0, 0, 0, 1, 1, 1, 1)), (1, 2, 3, 3)),
     "softmax_activation": (S.SoftmaxActivation(d, mode="channel"), (1, 3, 2, 2)),
     "softmax_temperature": (S.softmax(d, axis=1, temperature=2.0), (2, 5)),
     "log_softmax": (S.log_softmax(d, axis=-1), (2, 5)),
-    "broadcast_math": (S.Group([S.broadcast_add(d, S.sum(d, axis=1, keepdims=True)), S.broadcast_mul(d, S.max(d, axis=0, keepdims=True)), S.broadcast_div(d, S.abs(d) + 1), S.broadcast_maximum(d, S.mean(d, axis=(0, 1), keepdims=True))]), (3, 4)),
-    "scalar_math": (S.Group([d * 2, d + 1, 1 - d, 2 / (S.abs(d) + 1), d ** 2, d > 0.1, d <= 0.0, S.maximum(d, 0.2)]), (3, 4)),
-    "unary": (S.Group([S.exp(d), S.sqrt(S.abs(d)), S.square(d), S.negative(d), S.floor(d), S.sigmoid(d)]), (3, 4)),
-    "reshape_special": (S.Group([S.reshape(d, shape=(0, -1)), S.reshape(d, shape=(-3, -2)), S.reshape(d, shape=(0, -4, 2, -1, -2)), S.reshape(d, shape=(-1, 6), reverse=True)]), (2, 4, 3)),
-    "transpose_concat": (S.Concat(S.transpose(d, axes=(0, 2, 1)), S.transpose(d, axes=(0, 2, 1)), dim=2), (2, 3, 4)),
-    "slices": (S.Group([S.slice_axis(d, axis=-1, begin=1, end=None), S.slice(d, begin=(None, 1), end=(None, 3)), S.slice_like(d, S.zeros((2, 2, 2)), axes=(1, 2))]), (2, 3, 4)),
-    "tile_repeat_expand": (S.Group([S.tile(d, reps=(2, 1, 1)), S.repeat(d, repeats=2, axis=-1), S.expand_dims(d, axis=1), S.squeeze(S.expand_dims(d, axis=0), axis=0)]), (2, 3, 4)),
+    "broadcast_math": (
+        S.Group(
+            [
+                S.broadcast_add(d, S.sum(d, axis=1, keepdims=True)),
+                S.broadcast_mul(d, S.max(d, axis=0, keepdims=True)),
+                S.broadcast_div(d, S.abs(d) + 1),
+                S.broadcast_maximum(d, S.mean(d, axis=(0, 1), keepdims=True)),
+            ]
+        ),
+        (3, 4),
+    ),
+    "scalar_math": (
+        S.Group(
+            [d * 2, d + 1, 1 - d, 2 / (S.abs(d) + 1), d**2, d > 0.1, d <= 0.0, S.maximum(d, 0.2)]
+        ),
+        (3, 4),
+    ),
+    "unary": (
+        S.Group([S.exp(d), S.sqrt(S.abs(d)), S.square(d), S.negative(d), S.floor(d), S.sigmoid(d)]),
+        (3, 4),
+    ),
+    "reshape_special": (
+        S.Group(
+            [
+                S.reshape(d, shape=(0, -1)),
+                S.reshape(d, shape=(-3, -2)),
+                S.reshape(d, shape=(0, -4, 2, -1, -2)),
+                S.reshape(d, shape=(-1, 6), reverse=True),
+            ]
+        ),
+        (2, 4, 3),
+    ),
+    "transpose_concat": (
+        S.Concat(S.transpose(d, axes=(0, 2, 1)), S.transpose(d, axes=(0, 2, 1)), dim=2),
+        (2, 3, 4),
+    ),
+    "slices": (
+        S.Group(
+            [
+                S.slice_axis(d, axis=-1, begin=1, end=None),
+                S.slice(d, begin=(None, 1), end=(None, 3)),
+                S.slice_like(d, S.zeros((2, 2, 2)), axes=(1, 2)),
+            ]
+        ),
+        (2, 3, 4),
+    ),
+    "tile_repeat_expand": (
+        S.Group(
+            [
+                S.tile(d, reps=(2, 1, 1)),
+                S.repeat(d, repeats=2, axis=-1),
+                S.expand_dims(d, axis=1),
+                S.squeeze(S.expand_dims(d, axis=0), axis=0),
+            ]
+        ),
+        (2, 3, 4),
+    ),
     "where_likes": (S.where(d > 0, S.ones_like(d), S.zeros_like(d) - 1), (3, 4)),
     "split_stack": (S.Group([*S.split(d, num_outputs=2, axis=1), S.stack(d, d, axis=1)]), (2, 4)),
     "l2norm": (S.L2Normalization(d, mode="channel"), (1, 3, 2, 2)),

@@ -34,7 +34,11 @@ def compile_cpu(exported) -> Executor:
 
 @pytest.mark.parametrize(
     "name",
-    ["mobilenet1.0", pytest.param("resnet50_v1", marks=heavy), pytest.param("squeezenet1.0", marks=heavy)],
+    [
+        "mobilenet1.0",
+        pytest.param("resnet50_v1", marks=heavy),
+        pytest.param("squeezenet1.0", marks=heavy),
+    ],
 )
 def test_classifier_matches_mxnet(exported, name):
     model = exported(name)

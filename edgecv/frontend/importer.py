@@ -57,9 +57,7 @@ def _shape_hint(node_attrs: dict[str, str]) -> tuple[int, ...] | None:
     return None if any(d == 0 for d in shape) else shape
 
 
-def check_params(
-    graph: MXNetGraph, params: dict[str, np.ndarray], input_names: list[str]
-) -> None:
+def check_params(graph: MXNetGraph, params: dict[str, np.ndarray], input_names: list[str]) -> None:
     """Every non-input variable must have a parameter, of the shape the graph declares."""
     missing, wrong = [], []
     for node in graph.nodes:
@@ -72,7 +70,9 @@ def check_params(
         if hint is not None and tuple(params[node.name].shape) != hint:
             wrong.append(f"`{node.name}` is {tuple(params[node.name].shape)}, graph says {hint}")
     if missing:
-        shown = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
+        shown = ", ".join(missing[:8]) + (
+            f", ... ({len(missing)} in all)" if len(missing) > 8 else ""
+        )
         raise ParamsError(
             f"{len(missing)} parameter(s) the graph needs are not in the params: {shown}. "
             "Use the .params file exported with this symbol file, or name graph inputs with "
@@ -137,7 +137,9 @@ def from_mxnet(
         bb.emit_func_output(gv)
     mod = bb.get()
     output_names = [
-        f"{graph.nodes[i].name}_output{j}" if len(values[i]) > 1 else f"{graph.nodes[i].name}_output"
+        f"{graph.nodes[i].name}_output{j}"
+        if len(values[i]) > 1
+        else f"{graph.nodes[i].name}_output"
         for i, j in graph.heads
     ]
     return ImportedModel(
@@ -168,8 +170,8 @@ def _convert_node(bb, graph, node, values, params, inputs_by_name) -> list[relax
         produced = values[src]
         if out >= len(produced):
             raise GraphError(
-                f"{graph.source}: node `{node.name}` uses output {out} of `{graph.nodes[src].name}`, "
-                f"which has {len(produced)} output(s)"
+                f"{graph.source}: node `{node.name}` uses output {out} of "
+                f"`{graph.nodes[src].name}`, which has {len(produced)} output(s)"
             )
         args.append(produced[out])
     ctx = Context(bb, node)
@@ -177,7 +179,9 @@ def _convert_node(bb, graph, node, values, params, inputs_by_name) -> list[relax
         result = CONVERTERS[node.op](ctx, args, Attrs(node.op, node.name, node.attrs))
         results = result if isinstance(result, list) else [result]
         # Emitting here makes Relax infer shapes now, so a bad node fails with its name.
-        return [r if isinstance(r, (relax.Var, tvm.ir.expr.Constant)) else bb.emit(r) for r in results]
+        return [
+            r if isinstance(r, (relax.Var, tvm.ir.expr.Constant)) else bb.emit(r) for r in results
+        ]
     except EdgecvError:
         raise
     except Exception as err:  # TVM raises many kinds for ill-typed ops; name the node.

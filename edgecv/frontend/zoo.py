@@ -88,7 +88,9 @@ def _random_init(net, seed: int, shape: tuple[int, ...]) -> None:
     rng = np.random.RandomState(seed)
     # He-style scaling keeps activations O(1) through deep ReLU stacks, so outputs carry
     # signal a parity test can check (the default init makes ResNet outputs ~1e-20).
-    net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), force_reinit=True)
+    net.initialize(
+        mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), force_reinit=True
+    )
     net(mx.nd.zeros(shape))  # finishes deferred initialization, so shapes are known
     for pname, param in net.collect_params().items():
         shape = param.shape

@@ -110,8 +110,10 @@ def batch_norm(ctx: Context, inputs: list, attrs: Attrs) -> list:
             gamma = R.ones_like(gamma)
         scale = R.divide(gamma, R.sqrt(R.add(var, relax.const(eps, ctx.dtype(var)))))
         out = R.add(
-            R.multiply(R.subtract(data, _channel_vector(ctx, mean, ndim, axis)),
-                       _channel_vector(ctx, scale, ndim, axis)),
+            R.multiply(
+                R.subtract(data, _channel_vector(ctx, mean, ndim, axis)),
+                _channel_vector(ctx, scale, ndim, axis),
+            ),
             _channel_vector(ctx, beta, ndim, axis),
         )
     return [out, mean, var]
@@ -221,9 +223,7 @@ def leaky_relu(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
             alpha_b = alpha
         else:
             alpha_b = _channel_vector(ctx, alpha, ndim)
-        return R.where(
-            R.greater(data, relax.const(0.0, dtype)), data, R.multiply(data, alpha_b)
-        )
+        return R.where(R.greater(data, relax.const(0.0, dtype)), data, R.multiply(data, alpha_b))
     if act_type == "elu":
         slope = relax.const(attrs.float("slope", 0.25), dtype)
         neg = R.multiply(slope, R.subtract(R.exp(data), relax.const(1.0, dtype)))
@@ -243,13 +243,17 @@ def _softmax_axis(ctx: Context, data: relax.Expr, axis: int, temperature: float 
 def softmax(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
     if attrs.bool("use_length", False):
         raise ctx.error("`use_length=True` is not supported")
-    data, axis = _softmax_axis(ctx, inputs[0], attrs.int("axis", -1), attrs.float("temperature", None))
+    data, axis = _softmax_axis(
+        ctx, inputs[0], attrs.int("axis", -1), attrs.float("temperature", None)
+    )
     return R.nn.softmax(data, axis)
 
 
 @converts("log_softmax")
 def log_softmax(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
-    data, axis = _softmax_axis(ctx, inputs[0], attrs.int("axis", -1), attrs.float("temperature", None))
+    data, axis = _softmax_axis(
+        ctx, inputs[0], attrs.int("axis", -1), attrs.float("temperature", None)
+    )
     return R.nn.log_softmax(data, axis)
 
 

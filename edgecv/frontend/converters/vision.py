@@ -41,4 +41,6 @@ def contrib_box_decode(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
         clip=attrs.float("clip", -1.0),
         format=attrs.str("format", "center", choices=("corner", "center")),
     )
-    return ctx.bb.emit_te(box_decode_op.box_decode, inputs[0], inputs[1], primfunc_name_hint="box_decode", **kwargs)
+    return ctx.bb.emit_te(
+        box_decode_op.box_decode, inputs[0], inputs[1], primfunc_name_hint="box_decode", **kwargs
+    )
