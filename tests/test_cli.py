@@ -1,0 +1,124 @@
+"""The CLI end to end: deploy a zoo model, run it on a real photo and on a raw tensor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import mxnet_forward, random_input
+
+from edgecv.cli import main
+
+
+@pytest.fixture(scope="module")
+def mobilenet_package(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "mobilenet-cpu"
+    assert main(["deploy", "mobilenet", "--random-weights", "--device", "cpu", "-o", str(out)]) == 0
+    return out
+
+
+def test_manifest_describes_the_model(mobilenet_package):
+    manifest = json.loads((mobilenet_package / "manifest.json").read_text())
+    assert manifest["model"]["name"] == "mobilenet1.0"
+    assert manifest["model"]["weights"] == "random(seed=0)"
+    assert manifest["profile"]["name"] == "cpu"
+    assert manifest["inputs"] == [{"name": "data", "shape": [1, 3, 224, 224], "dtype": "float32"}]
+    assert manifest["outputs"][0]["shape"] == [1, 1000]
+    assert len(manifest["classes"]) == 1000 and manifest["classes"][0] == "tench"
+    assert set(manifest["files"]) == {"plan.json", "params.npz", "kernels/cpu.so"}
+    assert manifest["versions"]["tvm"].startswith("0.27")
+    build = manifest["build"]
+    assert build["intermediate_bytes"] <= 1.3 * build["live_bytes_lower_bound"]
+
+
+def test_run_on_tensor_writes_outputs_matching_mxnet(mobilenet_package, exported, tmp_path, capsys):
+    x = random_input((1, 3, 224, 224), seed=3)
+    np.save(tmp_path / "x.npy", x)
+    assert (
+        main(
+            [
+                "run",
+                str(mobilenet_package),
+                "--input",
+                str(tmp_path / "x.npy"),
+                "--output",
+                str(tmp_path / "y.npz"),
+                "--repeat",
+                "1",
+            ]
+        )
+        == 0
+    )
+    assert "latency" in capsys.readouterr().out
+    ours = np.load(tmp_path / "y.npz")
+    assert ours.files == ["output0"]
+    # The zoo export is deterministic for a seed, so the test session's export has the
+    # same weights as the package.
+    model = exported("mobilenet1.0")
+    ref = mxnet_forward(model.symbol_path, model.params_path, x)[0]
+    np.testing.assert_allclose(ours["output0"], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_run_on_sample_photo_prints_top5(mobilenet_package):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgecv.cli",
+            "run",
+            str(mobilenet_package),
+            "--sample",
+            "chelsea",
+            "--repeat",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = [
+        line
+        for line in result.stdout.splitlines()
+        if line.startswith("  ") and "latency" not in line
+    ]
+    assert len(lines) == 5
+    probs = [float(line.split()[0]) for line in lines]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0001
+
+
+def test_profiles_lists_all_devices(capsys):
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    for name in ("cpu", "deeplens", "aisage", "jetson_nano", "local"):
+        assert name in out
+
+
+def test_camera_demo_on_image_folder(mobilenet_package, tmp_path):
+    import cv2
+    import skimage.data
+
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    cv2.imwrite(str(frames / "a.jpg"), skimage.data.astronaut()[:, :, ::-1])
+    cv2.imwrite(str(frames / "b.jpg"), skimage.data.coffee()[:, :, ::-1])
+    out = tmp_path / "annotated"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).parent.parent / "demos" / "camera.py"),
+            str(mobilenet_package),
+            "--source",
+            str(frames),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["a.jpg", "b.jpg"]
+    assert cv2.imread(str(out / "a.jpg")).shape == skimage.data.astronaut().shape
