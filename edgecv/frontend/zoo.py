@@ -83,25 +83,85 @@ def resolve(name: str) -> ZooModel:
 
 
 def _random_init(net, seed: int, shape: tuple[int, ...]) -> None:
+    """Seeded random weights that keep every layer's activations O(1).
+
+    MXNet's default initializer makes a ResNet's logits ~1e-20 and a YOLO head's boxes
+    ~1e13: useless for parity checks. Here convolution/dense weights are He-normal, and
+    each BatchNorm's running statistics are set to the actual statistics of its input
+    on one random image (a forward pass in training mode with momentum 0), so every BN
+    outputs roughly N(beta, gamma^2) whatever the depth.
+    """
     mx = import_mxnet()
     mx.random.seed(seed)
     rng = np.random.RandomState(seed)
-    # He-style scaling keeps activations O(1) through deep ReLU stacks, so outputs carry
-    # signal a parity test can check (the default init makes ResNet outputs ~1e-20).
-    net.initialize(
-        mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), force_reinit=True
-    )
+    net.initialize(mx.init.Uniform(0.05), force_reinit=True)
     net(mx.nd.zeros(shape))  # finishes deferred initialization, so shapes are known
     for pname, param in net.collect_params().items():
-        shape = param.shape
-        if pname.endswith("running_var"):
-            param.set_data(mx.nd.array(rng.uniform(0.5, 1.5, shape)))
-        elif pname.endswith("running_mean") or pname.endswith("beta"):
-            param.set_data(mx.nd.array(rng.normal(0, 0.1, shape)))
+        pshape = param.shape
+        if pname.endswith(("weight", "alpha")) and len(pshape) >= 2:
+            fan_in = int(np.prod(pshape[1:]))
+            value = rng.normal(0.0, np.sqrt(2.0 / max(fan_in, 1)), pshape)
         elif pname.endswith("gamma"):
-            param.set_data(mx.nd.array(rng.uniform(0.5, 1.5, shape)))
-        elif pname.endswith("bias"):
-            param.set_data(mx.nd.array(rng.normal(0, 0.1, shape)))
+            value = rng.uniform(0.5, 1.5, pshape)
+        elif pname.endswith("running_var"):
+            value = np.ones(pshape)
+        elif pname.endswith("running_mean"):
+            value = np.zeros(pshape)
+        else:  # beta, bias and anything else 1-D
+            value = rng.normal(0.0, 0.1, pshape)
+        param.set_data(mx.nd.array(value))
+    batch_norms = []
+    net.apply(lambda b: batch_norms.append(b) if isinstance(b, mx.gluon.nn.BatchNorm) else None)
+    calibration = mx.nd.array(rng.normal(0.0, 1.0, shape).astype(np.float32))
+
+    # Gluon BN blocks: a pre-forward hook sets each one's running statistics to those of
+    # the input it is about to normalize, so one inference pass calibrates them in order.
+    def calibrate(block, inputs):
+        x = inputs[0].asnumpy()
+        axes = tuple(i for i in range(x.ndim) if i != 1)
+        block.running_mean.set_data(mx.nd.array(x.mean(axis=axes)))
+        block.running_var.set_data(mx.nd.array(_floored(x.var(axis=axes))))
+
+    handles = [b.register_forward_pre_hook(calibrate) for b in batch_norms]
+    net(calibration)
+    for handle in handles:
+        handle.detach()
+    # BatchNorms written as symbols inside a SymbolBlock (SSD's feature expander) have no
+    # hook: MXNet updates their statistics in the backward pass of a recorded training
+    # step (a forward alone leaves them untouched), with momentum 0.9, so 30 steps.
+    gluon_vars = {id(b.running_var) for b in batch_norms}
+    symbolic = [
+        p
+        for n, p in net.collect_params().items()
+        if n.endswith(("running_var", "moving_var")) and id(p) not in gluon_vars
+    ]
+    if symbolic:
+        frozen = [(b, b._kwargs.get("use_global_stats", False)) for b in batch_norms]
+        for block, _ in frozen:  # keep the hook-calibrated statistics as they are
+            block._kwargs["use_global_stats"] = True
+        for _ in range(30):
+            with mx.autograd.record(train_mode=True):
+                out = net(calibration)
+                heads = [o for o in _flatten(out) if o.dtype == np.float32]
+                loss = mx.nd.add_n(*[h.sum() for h in heads])
+            loss.backward()
+        for block, value in frozen:
+            block._kwargs["use_global_stats"] = value
+    for param in symbolic:
+        param.set_data(mx.nd.array(_floored(param.data().asnumpy())))
+
+
+def _floored(var: np.ndarray) -> np.ndarray:
+    # On small feature maps (SSD's 2x2 and 1x1 layers) one image gives some channels a
+    # near-zero variance, and BN would amplify them by 1/sqrt(eps): floor the variance at
+    # half the layer's median, so no channel is boosted by more than sqrt(2).
+    return np.maximum(var, max(0.5 * float(np.median(var)), 1e-3))
+
+
+def _flatten(out) -> list:
+    if isinstance(out, (list, tuple)):
+        return [x for item in out for x in _flatten(item)]
+    return [out]
 
 
 def _labels(model: ZooModel, net) -> list[str]:
