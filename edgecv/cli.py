@@ -42,6 +42,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=_say,
     )
+    if args.archive:
+        from .package import archive
+
+        path = archive(path)
     print(f"{path}  (deployed in {time.perf_counter() - start:.1f} s)")
     return 0
 
@@ -171,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the pretrained-weight download; use seeded random weights",
     )
     d.add_argument("--seed", type=int, default=0, help="seed of random weights")
+    d.add_argument("--archive", action="store_true", help="also pack the folder as .tar.gz")
     d.set_defaults(func=cmd_deploy)
 
     r = sub.add_parser("run", help="run a package on images or a tensor")

@@ -122,3 +122,33 @@ def test_camera_demo_on_image_folder(mobilenet_package, tmp_path):
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["a.jpg", "b.jpg"]
     assert cv2.imread(str(out / "a.jpg")).shape == skimage.data.astronaut().shape
+
+
+def test_archived_package_loads(tmp_path):
+    from test_bad_input import small_net, small_params
+
+    from edgecv._mxnet import import_mxnet
+    from edgecv.model import load
+
+    mx = import_mxnet()
+    prefix = tmp_path / "tiny"
+    small_net().save(f"{prefix}-symbol.json")
+    mx.nd.save(f"{prefix}-0000.params", {k: mx.nd.array(v) for k, v in small_params().items()})
+    out = tmp_path / "pkg"
+    argv = [
+        "deploy",
+        f"{prefix}-symbol.json",
+        "--input-shape",
+        "1,2,5,5",
+        "-o",
+        str(out),
+        "--archive",
+    ]
+    assert main(argv) == 0
+    archive = tmp_path / "pkg.tar.gz"
+    assert archive.is_file()
+    import shutil
+
+    shutil.rmtree(out)
+    model = load(archive)
+    assert model.run(np.zeros((1, 2, 5, 5), np.float32))[0].shape == (1, 3)
