@@ -19,11 +19,17 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 
 
 def assert_close(
-    actual: np.ndarray, expected: np.ndarray, name: str = "output", loosen: float = 1.0
+    actual: np.ndarray,
+    expected: np.ndarray,
+    name: str = "output",
+    loosen: float = 1.0,
+    scale: float | None = None,
 ) -> None:
     """Assert ``actual`` matches ``expected`` per :data:`TOLERANCES` (exact for integers).
 
     ``loosen`` multiplies both tolerances; a caller that passes more than 1 must say why.
+    ``scale`` overrides the magnitude ``atol`` is relative to, for values computed from
+    larger ones (box corners from pixel-sized anchors).
     """
     actual = np.asarray(actual)
     expected = np.asarray(expected)
@@ -32,7 +38,8 @@ def assert_close(
         np.testing.assert_array_equal(actual, expected, err_msg=name)
         return
     rtol, atol = TOLERANCES[str(expected.dtype)]
-    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
+    if scale is None:
+        scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
     np.testing.assert_allclose(
         actual, expected, rtol=rtol * loosen, atol=atol * loosen * scale, err_msg=name
     )

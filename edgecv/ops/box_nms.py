@@ -1,0 +1,187 @@
+"""``_contrib_box_nms`` for the CPU, in TVM IR; semantics in :mod:`.box_nms_reference`.
+
+Three stages, all in one kernel call:
+
+1. a sort key per box: its score when the box is valid, else the lowest float (a
+   ``te.compute``), so invalid boxes sort last;
+2. a stable descending argsort of the keys per batch (TVM's CPU ``argsort``, a
+   ``std::stable_sort``: equal scores keep their input order, as MXNet's do);
+3. an IR loop per batch (batches in parallel): copy the first ``topk`` valid boxes in
+   sorted order, suppress greedily with a keep-flag per box, then compact the kept
+   rows to the top (in place: a row only ever moves up), converting their format,
+   and fill the rest with -1. Outputs start as -1 rather than branching per field.
+
+The GPU versions (segmented argsort, scan-based valid counts) replace stages 2-3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import te, tirx, topi
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
+
+from .box_nms_reference import box_nms_reference, check_box_nms_attrs
+
+__all__ = ["box_nms", "box_nms_reference"]
+
+
+def _corner(row, coord_start: int, fmt: str, dtype: str):
+    """The corner coordinates (x1, y1, x2, y2) of a box row given as a 4-value accessor."""
+    a, b, c, d = (row(coord_start + k) for k in range(4))
+    if fmt == "corner":
+        return a, b, c, d
+    half = tirx.const(0.5, dtype)
+    return a - c * half, b - d * half, a + c * half, b + d * half
+
+
+def _iou(p, q, dtype: str):
+    zero = tirx.const(0.0, dtype)
+    iw = tirx.max(zero, tirx.min(p[2], q[2]) - tirx.max(p[0], q[0]))
+    ih = tirx.max(zero, tirx.min(p[3], q[3]) - tirx.max(p[1], q[1]))
+    inter = iw * ih
+    area_p = tirx.max(zero, p[2] - p[0]) * tirx.max(zero, p[3] - p[1])
+    area_q = tirx.max(zero, q[2] - q[0]) * tirx.max(zero, q[3] - q[1])
+    union = area_p + area_q - inter
+    return tirx.Select(union > zero, inter / union, zero)
+
+
+def _nms_ir(data, keys, order, out, flags, attrs: dict, lowest):
+    batch, n, k = (int(s) for s in data.shape)
+    dtype = data.dtype
+    cs, si, ii = attrs["coord_start"], attrs["score_index"], attrs["id_index"]
+    topk, in_fmt, out_fmt = attrs["topk"], attrs["in_format"], attrs["out_format"]
+    thresh = tirx.const(attrs["overlap_thresh"], dtype)
+    minus_one = tirx.const(-1.0, dtype)
+    with IRBuilder() as ib:
+        data, keys, order = T.buffer_proxy(data), T.buffer_proxy(keys), T.buffer_proxy(order)
+        out, flags = T.buffer_proxy(out), T.buffer_proxy(flags)
+        with T.parallel(0, batch) as b:
+            count = T.buffer_proxy(T.alloc_buffer((2,), "int32", scope="local"))
+            count[0] = 0
+            with T.serial(0, n) as j:  # valid boxes sort first: count them
+                with T.If(keys[b, order[b, j]] > lowest):
+                    with T.Then():
+                        count[0] = count[0] + 1
+            if topk >= 0:
+                with T.If(count[0] > topk):
+                    with T.Then():
+                        count[0] = topk
+            with T.serial(0, n) as j:
+                with T.If(j < count[0]):
+                    with T.Then():
+                        with T.serial(0, k) as f:
+                            out[b, j, f] = data[b, order[b, j], f]
+                        flags[b, j] = 1
+                    with T.Else():
+                        with T.serial(0, k) as f:
+                            out[b, j, f] = minus_one
+                        flags[b, j] = 0
+
+            def corner(row):
+                return _corner(lambda f: out[b, row, f], cs, in_fmt, dtype)
+
+            with T.serial(0, count[0]) as i:
+                with T.If(flags[b, i] == 1):
+                    with T.Then():
+                        with T.serial(i + 1, count[0]) as j:
+                            same = flags[b, j] == 1
+                            if ii >= 0 and not attrs["force_suppress"]:
+                                same = tirx.all(same, out[b, i, ii] == out[b, j, ii])
+                            with T.If(same):
+                                with T.Then():
+                                    with T.If(_iou(corner(i), corner(j), dtype) > thresh):
+                                        with T.Then():
+                                            flags[b, j] = 0
+            count[1] = 0  # write position of the next kept row
+            with T.serial(0, count[0]) as j:
+                with T.If(flags[b, j] == 1):
+                    with T.Then():
+                        box = T.buffer_proxy(T.alloc_buffer((4,), dtype, scope="local"))
+                        if in_fmt == out_fmt:
+                            for c in range(4):
+                                box[c] = out[b, j, cs + c]
+                        else:
+                            x1, y1, x2, y2 = corner(j)
+                            half = tirx.const(0.5, dtype)
+                            if out_fmt == "center":
+                                values = ((x1 + x2) * half, (y1 + y2) * half, x2 - x1, y2 - y1)
+                            else:
+                                values = (x1, y1, x2, y2)
+                            for c in range(4):
+                                box[c] = values[c]
+                        with T.serial(0, k) as f:
+                            out[b, count[1], f] = out[b, j, f]
+                        for c in range(4):
+                            out[b, count[1], cs + c] = box[c]
+                        count[1] = count[1] + 1
+            with T.serial(0, count[0]) as j:
+                with T.If(j >= count[1]):
+                    with T.Then():
+                        with T.serial(0, k) as f:
+                            out[b, j, f] = minus_one
+    return ib.get()
+
+
+def box_nms(
+    data: te.Tensor,
+    overlap_thresh: float = 0.5,
+    valid_thresh: float = 0.0,
+    topk: int = -1,
+    coord_start: int = 2,
+    score_index: int = 1,
+    id_index: int = -1,
+    background_id: int = -1,
+    force_suppress: bool = False,
+    in_format: str = "corner",
+    out_format: str = "corner",
+) -> te.Tensor:
+    """MXNet ``box_nms`` (first output) as a TVM tensor expression for the CPU.
+
+    Parameters follow MXNet's operator; ``data`` is ``(..., N, K)``. Raises ValueError
+    naming the attribute when one does not fit the data.
+    """
+    shape = [int(s) for s in data.shape]
+    if len(shape) < 2:
+        raise ValueError(f"box_nms: data must be (..., N, K), found shape {tuple(shape)}")
+    check_box_nms_attrs(shape[-1], coord_start, score_index, id_index, in_format, out_format)
+    n, k = shape[-2:]
+    batch = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 2 else 1
+    flat = topi.reshape(data, (batch, n, k)) if len(shape) != 3 else data
+    dtype = data.dtype
+    lowest = tirx.const(float(np.finfo(dtype).min), dtype)
+    threshold = tirx.const(float(np.float32(valid_thresh)), dtype)
+
+    def key(b, i):
+        score = flat[b, i, score_index]
+        valid = score > threshold
+        if id_index >= 0:
+            valid = tirx.all(valid, flat[b, i, id_index] != tirx.const(background_id, dtype))
+        return tirx.Select(valid, score, lowest)
+
+    keys = te.compute((batch, n), key, name="box_nms_keys")
+    order = topi.argsort(keys, axis=1, is_ascend=False, dtype="int32")
+    attrs = dict(
+        overlap_thresh=overlap_thresh,
+        topk=topk,
+        coord_start=coord_start,
+        score_index=score_index,
+        id_index=id_index,
+        force_suppress=force_suppress,
+        in_format=in_format,
+        out_format=out_format,
+    )
+    out, _flags = te.extern(
+        [(batch, n, k), (batch, n)],
+        [flat, keys, order],
+        lambda ins, outs: _nms_ir(ins[0], ins[1], ins[2], outs[0], outs[1], attrs, lowest),
+        dtype=[dtype, "int32"],
+        in_buffers=[
+            tvm.tirx.decl_buffer(b.shape, b.dtype, name, layout=None)
+            for b, name in ((flat, "data"), (keys, "keys"), (order, "order"))
+        ],
+        name="box_nms",
+        tag="box_nms",
+    )
+    return topi.reshape(out, shape) if len(shape) != 3 else out
