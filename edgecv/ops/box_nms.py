@@ -50,7 +50,7 @@ def _iou(p, q, dtype: str):
 def _nms_ir(data, keys, order, out, flags, attrs: dict, lowest):
     batch, n, k = (int(s) for s in data.shape)
     dtype = data.dtype
-    cs, si, ii = attrs["coord_start"], attrs["score_index"], attrs["id_index"]
+    cs, ii = attrs["coord_start"], attrs["id_index"]
     topk, in_fmt, out_fmt = attrs["topk"], attrs["in_format"], attrs["out_format"]
     thresh = tirx.const(attrs["overlap_thresh"], dtype)
     minus_one = tirx.const(-1.0, dtype)
