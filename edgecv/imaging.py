@@ -64,7 +64,11 @@ def detections(
             continue
         label = classes[int(cid)] if int(cid) < len(classes) else f"class {int(cid)}"
         x1, y1, x2, y2 = (float(v) for v in box)
-        found.append(Detection(label, float(score), (x1 * sx, y1 * sy, x2 * sx, y2 * sy)))
+        height, width = image_hw
+        # Boxes may reach past the image (or be garbage from untrained weights): clip.
+        x1, x2 = (min(max(v * sx, 0.0), width - 1.0) for v in (x1, x2))
+        y1, y2 = (min(max(v * sy, 0.0), height - 1.0) for v in (y1, y2))
+        found.append(Detection(label, float(score), (x1, y1, x2, y2)))
     return found
 
 

@@ -97,6 +97,8 @@ def _random_init(net, seed: int, shape: tuple[int, ...]) -> None:
     net.initialize(mx.init.Uniform(0.05), force_reinit=True)
     net(mx.nd.zeros(shape))  # finishes deferred initialization, so shapes are known
     for pname, param in net.collect_params().items():
+        if isinstance(param, mx.gluon.parameter.Constant):
+            continue  # SSD/YOLO anchors and offsets are part of the model, not weights
         pshape = param.shape
         if pname.endswith(("weight", "alpha")) and len(pshape) >= 2:
             fan_in = int(np.prod(pshape[1:]))
@@ -112,7 +114,7 @@ def _random_init(net, seed: int, shape: tuple[int, ...]) -> None:
         param.set_data(mx.nd.array(value))
     batch_norms = []
     net.apply(lambda b: batch_norms.append(b) if isinstance(b, mx.gluon.nn.BatchNorm) else None)
-    calibration = mx.nd.array(rng.normal(0.0, 1.0, shape).astype(np.float32))
+    calibration = mx.nd.array(calibration_image(shape))
 
     # Gluon BN blocks: a pre-forward hook sets each one's running statistics to those of
     # the input it is about to normalize, so one inference pass calibrates them in order.
@@ -156,6 +158,21 @@ def _floored(var: np.ndarray) -> np.ndarray:
     # near-zero variance, and BN would amplify them by 1/sqrt(eps): floor the variance at
     # half the layer's median, so no channel is boosted by more than sqrt(2).
     return np.maximum(var, max(0.5 * float(np.median(var)), 1e-3))
+
+
+def calibration_image(shape: tuple[int, ...]) -> np.ndarray:
+    """A real photo (scikit-image's coffee cup), preprocessed to ``shape`` (N, 3, H, W).
+
+    Random weights are calibrated on it rather than on noise: a network calibrated on
+    i.i.d. noise sees very different activation statistics on any real image and
+    outputs saturated scores and boxes millions of pixels wide.
+    """
+    import cv2
+    import skimage.data
+
+    rgb = cv2.resize(skimage.data.coffee(), (shape[3], shape[2]), interpolation=cv2.INTER_AREA)
+    x = (rgb.astype(np.float32) / 255.0 - np.float32(MEAN_RGB)) / np.float32(STD_RGB)
+    return np.ascontiguousarray(np.broadcast_to(x.transpose(2, 0, 1)[None], shape))
 
 
 def _flatten(out) -> list:
