@@ -28,8 +28,8 @@ def assert_close(
     """Assert ``actual`` matches ``expected`` per :data:`TOLERANCES` (exact for integers).
 
     ``loosen`` multiplies both tolerances; a caller that passes more than 1 must say why.
-    ``scale`` overrides the magnitude ``atol`` is relative to, for values computed from
-    larger ones (box corners from pixel-sized anchors).
+    ``scale`` raises the magnitude ``atol`` is relative to, for values computed from
+    larger ones (box corners from pixel-sized anchors, which cancel to near 0).
     """
     actual = np.asarray(actual)
     expected = np.asarray(expected)
@@ -38,8 +38,7 @@ def assert_close(
         np.testing.assert_array_equal(actual, expected, err_msg=name)
         return
     rtol, atol = TOLERANCES[str(expected.dtype)]
-    if scale is None:
-        scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
+    scale = max(1.0, scale or 0.0, float(np.abs(expected).max(initial=0.0)))
     np.testing.assert_allclose(
         actual, expected, rtol=rtol * loosen, atol=atol * loosen * scale, err_msg=name
     )
