@@ -1,0 +1,108 @@
+"""Default CPU schedules: scheduled kernels compute what the unscheduled ones compute.
+
+Shapes are chosen to hit each tiling case: widths divisible by 16, by 14 and 7 (no
+power-of-two vector fits), narrower than 4 (vectors span rows), odd channel counts,
+strides, depthwise and grouped convolutions, dense layers and pooling.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from edgecv.build.cpu_schedule import schedule_cpu
+from edgecv.build.pipeline import lower
+
+TARGET = tvm.target.Target({"kind": "llvm"})
+
+
+def conv_module(shape, out_channels, kernel, stride, groups, pool=None):
+    rng = np.random.RandomState(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("data", relax.TensorType(shape, "float32"))
+    w = rng.normal(size=(out_channels, shape[1] // groups, kernel, kernel)).astype(np.float32)
+    scale = rng.uniform(0.5, 1.5, (1, out_channels, 1, 1)).astype(np.float32)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if pool:
+                y = bb.emit(pool(x))
+            else:
+                y = bb.emit(
+                    relax.op.nn.conv2d(x, relax.const(w), stride, kernel // 2, groups=groups)
+                )
+                y = bb.emit(relax.op.nn.relu(relax.op.multiply(y, relax.const(scale))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def dense_module(batch, features, outputs):
+    rng = np.random.RandomState(1)
+    bb = relax.BlockBuilder()
+    x = relax.Var("data", relax.TensorType((batch, features), "float32"))
+    w = rng.normal(size=(features, outputs)).astype(np.float32)
+    b = rng.normal(size=(outputs,)).astype(np.float32)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(relax.op.matmul(x, relax.const(w)), relax.const(b)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def compare_kernels(mod) -> int:
+    """Run every kernel scheduled and unscheduled on the same random arguments."""
+    lowered = lower(mod)
+    changed = 0
+    rng = np.random.RandomState(2)
+    for gv, func in lowered.kernels.functions.items():
+        name = gv.name_hint
+        scheduled = schedule_cpu(func.without_attr("global_symbol"), TARGET)
+        changed += not tvm_ffi.structural_equal(scheduled, func.without_attr("global_symbol"))
+        outputs = []
+        step = next(s for s in lowered.plan.steps if s.kernel == name)
+        buffers = [lowered.plan.buffers[a] for a in step.args]
+        args_np = [rng.normal(size=b.shape).astype(b.dtype) for b in buffers]
+        for variant in (func, scheduled.with_attr("global_symbol", name)):
+            lib = tvm.tirx.build(tvm.IRModule({name: variant}), target=TARGET, pipeline=None)
+            args = [tvm.runtime.tensor(a) for a in args_np]
+            lib[name](*args)
+            outputs.append(args[-1].numpy())
+        np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-4, atol=1e-4, err_msg=name)
+    return changed
+
+
+@pytest.mark.parametrize(
+    ("shape", "out_channels", "kernel", "stride", "groups"),
+    [
+        ((1, 16, 32, 32), 24, 3, 1, 1),  # width / 16
+        ((1, 8, 28, 28), 16, 1, 1, 1),  # width 28: 14 lanes
+        ((1, 12, 14, 14), 20, 3, 2, 1),  # stride 2 -> 7x7 output: 7 lanes
+        ((1, 32, 7, 7), 16, 1, 1, 1),  # 7 lanes, channels / 8
+        ((1, 16, 3, 3), 8, 3, 1, 1),  # width < 4: vectors span rows
+        ((2, 6, 10, 10), 10, 3, 1, 1),  # batch 2, channels not / 8
+        ((1, 16, 15, 15), 16, 3, 1, 16),  # depthwise, odd width
+        ((1, 8, 12, 12), 8, 3, 1, 2),  # grouped
+    ],
+)
+def test_convolution_schedules_match(shape, out_channels, kernel, stride, groups):
+    assert compare_kernels(conv_module(shape, out_channels, kernel, stride, groups)) >= 1
+
+
+def test_dense_schedule_matches():
+    assert compare_kernels(dense_module(2, 64, 100)) >= 1
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [
+        lambda x: relax.op.nn.max_pool2d(x, (3, 3), (2, 2), (1, 1)),
+        lambda x: relax.op.nn.avg_pool2d(x, (2, 2), (2, 2)),
+        lambda x: relax.op.mean(x, axis=[2, 3], keepdims=True),
+    ],
+)
+def test_pooling_schedules_match(pool):
+    compare_kernels(conv_module((1, 8, 14, 14), 8, 1, 1, 1, pool=pool))
