@@ -139,8 +139,8 @@ def _extract_plan(main: relax.Function) -> tuple[Plan, dict[str, np.ndarray]]:
                 )
     result = pb.ref(body.body)
     outputs = result if isinstance(result, list) else [result]
-    # A graph output must own its bytes: inputs, constants and views of them are copied
-    # by the executor, temps are pinned by the memory plan (live to the end).
+    # Outputs stay valid to the end of a run: the memory plan keeps their storage live
+    # past the last launch, and the executor copies them out after it.
     plan = Plan(pb.buffers, pb.steps, inputs, outputs)
     return plan, pb.constants
 
