@@ -156,6 +156,26 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_devices(args: argparse.Namespace) -> int:
+    from .runtime.opencl_devices import cuda_devices, opencl_devices
+
+    devices = opencl_devices()
+    print(f"OpenCL devices: {len(devices)}")
+    for dev in devices:
+        subgroups = "intel subgroups" if dev.intel_subgroups else "no subgroups"
+        memory = f"{dev.global_memory_bytes / 2**30:.1f} GiB"
+        local = f"local {dev.local_memory_bytes // 1024} KiB"
+        print(
+            f"  {dev.label}\n      {dev.version}; {subgroups}; {dev.compute_units} compute units; "
+            f"{memory}; {local}; max work-group {dev.max_work_group_size}"
+        )
+    cuda = cuda_devices()
+    print(f"CUDA devices: {len(cuda)}")
+    for name in cuda:
+        print(f"  {name}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgecv", description="Deploy GluonCV/MXNet vision models to edge GPUs and CPUs."
@@ -190,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threshold", type=float, default=0.5, help="detection score threshold")
     r.add_argument("--repeat", type=int, default=5, help="timed runs after one warm-up")
     r.set_defaults(func=cmd_run)
+
+    v = sub.add_parser("devices", help="list OpenCL and CUDA devices on this machine")
+    v.set_defaults(func=cmd_devices)
 
     p = sub.add_parser("profiles", help="list device profiles")
     p.set_defaults(func=cmd_profiles)

@@ -6,7 +6,6 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import tvm
@@ -23,19 +22,6 @@ from .profiles import AVAILABLE_RUNTIMES, Profile, load_profile
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class ModelSource:
-    """Where a model's graph and weights come from, and how to feed it."""
-
-    name: str
-    task: str
-    symbol_path: Path
-    params_path: Path
-    input_shape: tuple[int, ...]
-    classes: list[str]
-    weights: str
-
-
 def resolve_source(
     model: str,
     work_dir: Path,
@@ -43,7 +29,7 @@ def resolve_source(
     input_shape: tuple[int, ...] | None = None,
     pretrained: bool = True,
     seed: int = 0,
-) -> ModelSource:
+) -> zoo.ExportedModel:
     """A zoo name/alias is exported to ``work_dir``; a ``*-symbol.json`` path is used as is."""
     if model.endswith(".json"):
         symbol = Path(model)
@@ -59,23 +45,14 @@ def resolve_source(
         name = symbol.name.removesuffix(".json").removesuffix("-symbol")
         shape = tuple(input_shape) if input_shape else (1, 3, 224, 224)
         task = "detection" if _looks_like_detector(symbol) else "classification"
-        return ModelSource(name, task, symbol, Path(params), shape, [], "params-file")
-    exported = zoo.export(
+        return zoo.ExportedModel(name, task, symbol, Path(params), shape, [], "params-file")
+    return zoo.export(
         model,
         work_dir,
         params_file=params,
         input_shape=input_shape,
         pretrained=pretrained,
         seed=seed,
-    )
-    return ModelSource(
-        exported.name,
-        exported.task,
-        exported.symbol_path,
-        exported.params_path,
-        exported.input_shape,
-        exported.classes,
-        exported.weights,
     )
 
 
@@ -208,4 +185,4 @@ def _check_buildable(profile: Profile) -> None:
         )
 
 
-__all__ = ["EdgecvError", "ModelSource", "deploy", "resolve_source"]
+__all__ = ["EdgecvError", "deploy", "resolve_source"]

@@ -145,6 +145,21 @@ def test_cli_errors_exit_nonzero_without_traceback(tiny_package, tmp_path, capsy
         (["deploy", "mobilenet", "--device", "deeplens"], "does not have yet"),
         (["run", str(tmp_path / "missing")], "does not exist"),
     ]
+    truncated = tmp_path / "cut-symbol.json"
+    text = small_net().tojson()
+    truncated.write_text(text[: len(text) // 3])
+    cases.append(
+        (["deploy", str(truncated), "--params", str(tiny_package / "params.npz")], "truncated")
+    )
+    other = tmp_path / "other-0000.params"
+    mx.nd.save(str(other), {"arg:fc_weight": mx.nd.zeros((3, 4))})
+    (tmp_path / "other-symbol.json").write_text(text)
+    cases.append(
+        (
+            ["deploy", str(tmp_path / "other-symbol.json"), "--input-shape", "1,2,5,5"],
+            "not in the params",
+        )
+    )
     bad_input = tmp_path / "x.npy"
     np.save(bad_input, np.zeros((1, 2, 6, 6), np.float32))
     cases.append((["run", str(tiny_package), "--input", str(bad_input)], "has shape (1, 2, 6, 6)"))

@@ -1,0 +1,114 @@
+"""Finding OpenCL devices, including the CPU runtimes installed from PyPI, with no setup.
+
+Two OpenCL runtimes install with pip and stand in for integrated GPUs on machines
+without one: Intel's CPU runtime (``intel-opencl-rt``, with Intel subgroups) and
+PoCL (``pocl-binary-distribution``, bundled with pyopencl's ICD loader, found as is).
+Intel's package ships an ``.icd`` file naming a path from its build machine, so the
+loader never finds it; :func:`register_pip_runtimes` writes a correct one into a
+cache folder and points the loader at it (``OCL_ICD_VENDORS``) before the first
+platform query. A user who set ``OCL_ICD_VENDORS`` keeps their own setting.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+_REGISTERED = False
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "edgecv" / "icd"
+
+
+def _intel_runtime() -> Path | None:
+    """``libintelocl.so`` of the Intel CPU runtime in this Python environment, if any."""
+    for lib in (Path(sys.prefix) / "lib").glob("libintelocl.so*"):
+        if lib.suffix not in (".py", ".pyc") and lib.is_file():
+            return lib.resolve()
+    return None
+
+
+def register_pip_runtimes() -> None:
+    """Make pip-installed OpenCL runtimes visible to the ICD loader (idempotent)."""
+    global _REGISTERED
+    if _REGISTERED or "OCL_ICD_VENDORS" in os.environ:
+        _REGISTERED = True
+        return
+    intel = _intel_runtime()
+    if intel is not None:
+        folder = _cache_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        icd = folder / "intel-cpu.icd"
+        if not icd.is_file() or icd.read_text().strip() != str(intel):
+            icd.write_text(f"{intel}\n")
+        os.environ["OCL_ICD_VENDORS"] = str(folder)
+    _REGISTERED = True
+
+
+@dataclass(frozen=True)
+class OpenCLDevice:
+    """What edgecv needs to know of one OpenCL device."""
+
+    platform: str
+    name: str
+    version: str
+    intel_subgroups: bool
+    compute_units: int
+    global_memory_bytes: int
+    local_memory_bytes: int
+    max_work_group_size: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.platform} / {self.name}"
+
+    def matches(self, query: str) -> bool:
+        """Case-insensitive match of ``query`` against platform and device names."""
+        return query.lower() in self.label.lower()
+
+
+def opencl_devices() -> list[OpenCLDevice]:
+    """Every OpenCL device on this machine (empty when there is no platform)."""
+    register_pip_runtimes()
+    import pyopencl as cl
+
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:  # "no platforms": the ICD loader found no runtime
+        return []
+    found = []
+    for platform in platforms:
+        for dev in platform.get_devices():
+            found.append(
+                OpenCLDevice(
+                    platform=platform.name.strip(),
+                    name=dev.name.strip(),
+                    version=dev.version.strip(),
+                    intel_subgroups="cl_intel_subgroups" in dev.extensions,
+                    compute_units=int(dev.max_compute_units),
+                    global_memory_bytes=int(dev.global_mem_size),
+                    local_memory_bytes=int(dev.local_mem_size),
+                    max_work_group_size=int(dev.max_work_group_size),
+                )
+            )
+    return found
+
+
+def cuda_devices() -> list[str]:
+    """Names of CUDA devices TVM's runtime can use here (empty without a GPU/driver)."""
+    import tvm
+
+    names = []
+    for index in range(8):
+        try:
+            device = tvm.cuda(index)
+            if not device.exist:
+                break
+            names.append(f"cuda:{index} {device.device_name} (sm_{device.compute_version})")
+        except Exception:  # no driver: TVM raises instead of reporting absence
+            break
+    return names
