@@ -54,7 +54,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .imaging import draw, read_image
     from .model import load
 
-    model = load(args.package)
+    model = load(args.package, on=args.on)
     images = list(args.images)
     if args.sample:
         images.append(sample_image(args.sample))
@@ -209,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--save", help="write the annotated image here (detectors)")
     r.add_argument("--threshold", type=float, default=0.5, help="detection score threshold")
     r.add_argument("--repeat", type=int, default=5, help="timed runs after one warm-up")
+    r.add_argument("--on", help="OpenCL device: part of its platform/device name (intel, pocl)")
     r.set_defaults(func=cmd_run)
 
     v = sub.add_parser("devices", help="list OpenCL and CUDA devices on this machine")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import tvm
@@ -114,13 +116,13 @@ def deploy(
     timings.update(lowered.timings)
     progress(f"compiling {len(lowered.kernels.functions)} kernels for {profile.name}")
     t = time.perf_counter()
-    library = build_cpu(lowered.kernels, profile.tvm_target())
+    write_kernels = _build_kernels(lowered, profile)
     timings["build_s"] = time.perf_counter() - t
 
     output = Path(output) if output else Path(f"{source.name}-{profile.name}")
     writer = PackageWriter(output)
     try:
-        library.export_library(str(writer.path("kernels/cpu.so")))
+        kernel_files = write_kernels(writer)
         writer.write_text("plan.json", lowered.plan.to_json())
         writer.write_arrays("params.npz", lowered.constants)
         plan = lowered.plan
@@ -159,7 +161,7 @@ def deploy(
             "classes": source.classes,
             "versions": {"edgecv": __version__, "tvm": tvm.__version__},
             "build": {
-                "kernels": {"cpu": "kernels/cpu.so"},
+                "kernels": kernel_files,
                 "launches": len(plan.steps),
                 "intermediate_bytes": sum(plan.storage_sizes),
                 "live_bytes_lower_bound": plan.live_bytes_lower_bound(),
@@ -174,6 +176,38 @@ def deploy(
         raise
     progress(f"wrote {path} ({len(plan.steps)} launches)")
     return path
+
+
+def _build_kernels(lowered, profile: Profile) -> Callable[[PackageWriter], dict[str, str]]:
+    """Compile the kernels for the profile's runtime; return how to write them."""
+    if profile.runtime == "opencl":
+        from .build.opencl import build_opencl
+
+        kernels = build_opencl(lowered.kernels, profile.tvm_target())
+        if kernels.unsupported:
+            listed = "; ".join(f"`{k}`: {why}" for k, why in sorted(kernels.unsupported.items()))
+            raise EdgecvError(
+                f"{len(kernels.unsupported)} kernel(s) cannot run on OpenCL yet ({listed}). "
+                "Deploy this model with --device cpu until CPU fallback lands."
+            )
+
+        def write(writer: PackageWriter) -> dict[str, str]:
+            writer.write_text("kernels/opencl.cl", kernels.source)
+            launches = {k: [asdict(x) for x in v] for k, v in kernels.launches.items()}
+            writer.write_text("kernels/opencl_launches.json", json.dumps(launches))
+            return {
+                "opencl": "kernels/opencl.cl",
+                "opencl_launches": "kernels/opencl_launches.json",
+            }
+
+        return write
+    library = build_cpu(lowered.kernels, profile.tvm_target())
+
+    def write_cpu(writer: PackageWriter) -> dict[str, str]:
+        library.export_library(str(writer.path("kernels/cpu.so")))
+        return {"cpu": "kernels/cpu.so"}
+
+    return write_cpu
 
 
 def _check_buildable(profile: Profile) -> None:

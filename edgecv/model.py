@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -18,18 +19,40 @@ from .runtime.executor import Executor
 class DeployedModel:
     """A loaded package: call :meth:`run` on tensors or :meth:`predict` on images."""
 
-    def __init__(self, root: Path, manifest: dict):
+    def __init__(self, root: Path, manifest: dict, on: str | None = None):
         self.root = root
         self.manifest = manifest
         plan = Plan.from_json((root / "plan.json").read_text())
         with np.load(root / "params.npz") as npz:
             constants = {k: npz[k] for k in npz.files}
-        kernels = manifest["build"]["kernels"]
-        if "cpu" not in kernels:
-            raise PackageError(f"{root} has no kernels for a backend this edgecv can run")
         t = time.perf_counter()
-        self.executor = Executor(plan, CPUBackend.load(root / kernels["cpu"]), constants)
+        self.executor = Executor(plan, self._backend(on), constants)
         self.load_s = time.perf_counter() - t
+
+    def _backend(self, on: str | None):
+        kernels = self.manifest["build"]["kernels"]
+        if "cpu" in kernels:
+            return CPUBackend.load(self.root / kernels["cpu"])
+        if "opencl" in kernels:
+            from .build.opencl import Launch
+            from .runtime.opencl import OpenCLBackend
+
+            raw = json.loads((self.root / kernels["opencl_launches"]).read_text())
+            launches = {
+                name: [
+                    Launch(
+                        x["kernel"],
+                        [tuple(a) for a in x["args"]],
+                        tuple(x["global_size"]),
+                        tuple(x["local_size"]),
+                    )
+                    for x in items
+                ]
+                for name, items in raw.items()
+            }
+            source = (self.root / kernels["opencl"]).read_text()
+            return OpenCLBackend(on or _default_device(self.manifest), source, launches)
+        raise PackageError(f"{self.root} has no kernels for a backend this edgecv can run")
 
     @property
     def task(self) -> str:
@@ -60,10 +83,21 @@ class DeployedModel:
         )
 
 
-def load(path: str | Path) -> DeployedModel:
-    """Load a package folder (or ``.tar.gz``) written by ``edgecv deploy``."""
+def _default_device(manifest: dict) -> str:
+    """The OpenCL device a package runs on unless ``--on`` says otherwise."""
+    gpu = manifest["profile"].get("gpu", {})
+    if gpu.get("intel_subgroups") is True:
+        return "intel"  # needs cl_intel_subgroups: Intel's runtime
+    return ""  # the first device found
+
+
+def load(path: str | Path, on: str | None = None) -> DeployedModel:
+    """Load a package folder (or ``.tar.gz``) written by ``edgecv deploy``.
+
+    ``on`` picks the OpenCL device (part of "platform / device", case-insensitive).
+    """
     root, manifest = read_manifest(path)
-    return DeployedModel(root, manifest)
+    return DeployedModel(root, manifest, on)
 
 
 __all__ = ["Detection", "DeployedModel", "load"]

@@ -17,8 +17,8 @@ import tvm
 
 from .errors import ProfileError
 
-# Backends this build of edgecv can execute; GPU runtimes arrive with their backends.
-AVAILABLE_RUNTIMES = ("cpu",)
+# Backends this build of edgecv can execute (CUDA arrives with its backend).
+AVAILABLE_RUNTIMES = ("cpu", "opencl")
 
 
 def profiles_dir() -> Path:

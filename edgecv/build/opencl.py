@@ -89,7 +89,9 @@ def _c_type(ty) -> str:
     text = str(ty)
     if "handle" in text:
         return "pointer"
-    return {"int32": "int", "int64": "long", "float32": "float"}.get(text.split('"')[-2] if '"' in text else text, text)
+    return {"int32": "int", "int64": "long", "float32": "float"}.get(
+        text.split('"')[-2] if '"' in text else text, text
+    )
 
 
 def _read_host(func, device_funcs: dict) -> list[Launch]:
@@ -113,8 +115,11 @@ def _read_host(func, device_funcs: dict) -> list[Launch]:
                 visit(s)
         elif isinstance(stmt, tirx.stmt.DeclBuffer):
             declared[stmt.buffer] = stmt.data
-        elif isinstance(stmt, tirx.stmt.Evaluate) and isinstance(stmt.value, tvm.ir.expr.Call) and \
-                stmt.value.op.same_as(call_kernel):
+        elif (
+            isinstance(stmt, tirx.stmt.Evaluate)
+            and isinstance(stmt.value, tvm.ir.expr.Call)
+            and stmt.value.op.same_as(call_kernel)
+        ):
             launches.append(_launch(stmt.value, device_funcs, param_index))
         else:
             raise UnsupportedHostCode(
@@ -173,7 +178,11 @@ def build_opencl(kernels: tvm.IRModule, target: tvm.target.Target) -> OpenCLKern
         device_funcs.update(found)
     device_mod = tvm.IRModule({tvm.ir.GlobalVar(n): f for n, f in device_funcs.items()})
     device_mod = tvm.transform.Sequential(
-        [tirx.transform.LowerWarpMemory(), tirx.transform.StmtSimplify(), tirx.transform.LowerIntrin()]
+        [
+            tirx.transform.LowerWarpMemory(),
+            tirx.transform.StmtSimplify(),
+            tirx.transform.LowerIntrin(),
+        ]
     )(device_mod)
     source = tvm.get_global_func("target.build.opencl")(device_mod, target).inspect_source()
     return OpenCLKernels(source, launches, unsupported)

@@ -8,6 +8,7 @@ the executor, and each kernel call replays the launches recorded at build time
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -66,7 +67,11 @@ class OpenCLBackend(Backend):
         self.context = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.context)
         try:
-            self.program = cl.Program(self.context, source).build()
+            with warnings.catch_warnings():
+                # Compiler chatter (Intel's "build succeeded" log) is not the user's concern;
+                # a failed build raises below with the full log.
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                self.program = cl.Program(self.context, source).build()
         except cl.RuntimeError as err:
             raise EdgecvError(
                 f"OpenCL program failed to build on {self.device.name}: {str(err)[:2000]}"
