@@ -96,13 +96,21 @@ def _random_init(net, seed: int, shape: tuple[int, ...]) -> None:
     rng = np.random.RandomState(seed)
     net.initialize(mx.init.Uniform(0.05), force_reinit=True)
     net(mx.nd.zeros(shape))  # finishes deferred initialization, so shapes are known
-    for pname, param in net.collect_params().items():
+    params = net.collect_params()
+    for pname, param in params.items():
         if isinstance(param, mx.gluon.parameter.Constant):
             continue  # SSD/YOLO anchors and offsets are part of the model, not weights
         pshape = param.shape
         if pname.endswith(("weight", "alpha")) and len(pshape) >= 2:
             fan_in = int(np.prod(pshape[1:]))
-            value = rng.normal(0.0, np.sqrt(2.0 / max(fan_in, 1)), pshape)
+            std = np.sqrt(2.0 / max(fan_in, 1))
+            if pname.removesuffix("weight") + "bias" in params:
+                # A layer with a bias has no BatchNorm after it: an output head (class
+                # logits, box regressions). A tenth of He scale keeps those in the few-
+                # unit range trained heads produce; at full scale YOLO's exp() box sizes
+                # reach millions of pixels and its sigmoid scores saturate into ties.
+                std *= 0.1
+            value = rng.normal(0.0, std, pshape)
         elif pname.endswith("gamma"):
             value = rng.uniform(0.5, 1.5, pshape)
         elif pname.endswith("running_var"):
