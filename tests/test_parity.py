@@ -96,8 +96,8 @@ def match_detections(
         np.testing.assert_array_equal(ours_rows[:, 0], ref_rows[:, 0], err_msg=f"ids, rows {i}:{j}")
         assert_close(ours_rows[:, 1:2], ref_rows[:, 1:2], f"scores, rows {i}:{j}", loosen)
         # Box sizes are exp(std * d) * anchor: a relative error e in the regression d
-        # becomes std * |d| * e in the box. Untrained weights give |d| of 10-20 (boxes
-        # wider than the image), so boxes get 10x the tolerance of the scores.
+        # becomes std * |d| * e in the box, on top of the corner = center +- size/2
+        # cancellation; boxes get 10x the tolerance of the scores for that.
         assert_close(
             ours_rows[:, 2:], ref_rows[:, 2:], f"boxes, rows {i}:{j}", 10 * loosen, box_scale
         )
