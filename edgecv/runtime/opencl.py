@@ -41,7 +41,8 @@ class OpenCLBackend(Backend):
     Parameters
     ----------
     device_query : str
-        Case-insensitive part of "platform / device" naming the device (``intel``).
+        Case-insensitive part of the platform, vendor or device name (``intel``, ``pocl``);
+        among several matches the first whose compiler builds the program is used.
     source : str
         The OpenCL C program holding every kernel.
     launches : dict
@@ -59,23 +60,35 @@ class OpenCLBackend(Backend):
             dev
             for platform in cl.get_platforms()
             for dev in platform.get_devices()
-            if device_query.lower() in f"{platform.name} / {dev.name}".lower()
+            if device_query.lower() in f"{platform.name} / {platform.vendor} / {dev.name}".lower()
         ]
         if not devices:
             raise EdgecvError(f"no OpenCL device matches `{device_query}`; see `edgecv devices`")
-        self.device = devices[0]
-        self.context = cl.Context([self.device])
-        self.queue = cl.CommandQueue(self.context)
-        try:
-            with warnings.catch_warnings():
-                # Compiler chatter (Intel's "build succeeded" log) is not the user's concern;
-                # a failed build raises below with the full log.
-                warnings.simplefilter("ignore", cl.CompilerWarning)
-                self.program = cl.Program(self.context, source).build()
-        except cl.RuntimeError as err:
+        failures = []
+        for device in devices:  # the first one whose compiler builds the program
+            context = cl.Context([device])
+            try:
+                with warnings.catch_warnings():
+                    # Compiler chatter (Intel's "build succeeded" log) is not the user's
+                    # concern; a failed build is reported below with its log.
+                    warnings.simplefilter("ignore", cl.CompilerWarning)
+                    program = cl.Program(context, source).build()
+            except cl.RuntimeError as err:
+                failures.append(f"{device.name}: {str(err).strip()[:1500]}")
+                continue
+            self.device, self.context, self.program = device, context, program
+            break
+        else:
             raise EdgecvError(
-                f"OpenCL program failed to build on {self.device.name}: {str(err)[:2000]}"
-            ) from None
+                f"the OpenCL program failed to build on every device matching "
+                f"`{device_query}`:\n" + "\n".join(failures)
+            )
+        if failures:
+            skipped = ", ".join(f.split(":")[0] for f in failures)
+            warnings.warn(
+                f"OpenCL device(s) that cannot build the program: {skipped}", stacklevel=2
+            )
+        self.queue = cl.CommandQueue(self.context)
         self.launches = launches
         self._kernels = {k.function_name: k for k in self.program.all_kernels()}
 

@@ -54,6 +54,7 @@ class OpenCLDevice:
     """What edgecv needs to know of one OpenCL device."""
 
     platform: str
+    vendor: str
     name: str
     version: str
     intel_subgroups: bool
@@ -67,8 +68,8 @@ class OpenCLDevice:
         return f"{self.platform} / {self.name}"
 
     def matches(self, query: str) -> bool:
-        """Case-insensitive match of ``query`` against platform and device names."""
-        return query.lower() in self.label.lower()
+        """Case-insensitive match of ``query`` against platform, vendor and device names."""
+        return query.lower() in f"{self.platform} / {self.vendor} / {self.name}".lower()
 
 
 def opencl_devices() -> list[OpenCLDevice]:
@@ -86,6 +87,7 @@ def opencl_devices() -> list[OpenCLDevice]:
             found.append(
                 OpenCLDevice(
                     platform=platform.name.strip(),
+                    vendor=platform.vendor.strip(),
                     name=dev.name.strip(),
                     version=dev.version.strip(),
                     intel_subgroups="cl_intel_subgroups" in dev.extensions,
