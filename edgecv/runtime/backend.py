@@ -31,5 +31,14 @@ class Backend:
         """The compiled kernel ``name``, called with tensors in plan order."""
         raise NotImplementedError("need kernel")
 
+    def bind(self, name: str, tensors: list[Any]) -> Callable[[], None]:
+        """Kernel ``name`` bound to its argument tensors once, at load time.
+
+        Backends whose launches can be prepared (arguments set) override this so an
+        inference only enqueues; the default calls :meth:`kernel` each time.
+        """
+        kernel = self.kernel(name)
+        return lambda: kernel(*tensors)
+
     def synchronize(self) -> None:
         """Wait for queued work (no-op for synchronous devices)."""

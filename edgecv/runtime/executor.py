@@ -53,7 +53,7 @@ class Executor:
                 tensors[buf.id] = backend.view(base, buf.shape, buf.dtype)
         self._tensors = tensors
         self._launches = [
-            (backend.kernel(step.kernel), [tensors[a] for a in step.args]) for step in plan.steps
+            backend.bind(step.kernel, [tensors[a] for a in step.args]) for step in plan.steps
         ]
 
     @property
@@ -74,8 +74,8 @@ class Executor:
                     f"{','.join(map(str, array.shape))} or resize the input"
                 )
             self.backend.upload(self._tensors[buffer_id], array.astype(buf.dtype, copy=False))
-        for kernel, args in self._launches:
-            kernel(*args)
+        for launch in self._launches:
+            launch()
         self.backend.synchronize()
         return [self.backend.download(self._tensors[o]) for o in self.plan.outputs]
 

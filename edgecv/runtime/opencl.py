@@ -90,7 +90,6 @@ class OpenCLBackend(Backend):
             )
         self.queue = cl.CommandQueue(self.context)
         self.launches = launches
-        self._kernels = {k.function_name: k for k in self.program.all_kernels()}
 
     def alloc(self, nbytes: int):
         return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, size=max(nbytes, 4))
@@ -109,23 +108,31 @@ class OpenCLBackend(Backend):
         return out
 
     def kernel(self, name: str) -> Callable[..., None]:
+        def run(*tensors: CLTensor) -> None:
+            self.bind(name, list(tensors))()
+
+        return run
+
+    def bind(self, name: str, tensors: list[CLTensor]) -> Callable[[], None]:
+        """One ``cl.Kernel`` per recorded launch with its arguments set now, so running
+        the step only enqueues (a kernel name shared by several steps gets its own
+        objects per step)."""
         if name not in self.launches:
             raise EdgecvError(f"kernel `{name}` has no OpenCL launches in this package")
-        bound = []
+        prepared = []
         for launch in self.launches[name]:
-            kernel = self._kernels[launch.kernel]
-            bound.append((kernel, launch))
-        enqueue = self.cl.enqueue_nd_range_kernel
-        queue = self.queue
+            kernel = self.cl.Kernel(self.program, launch.kernel)
+            for i, (kind, value, ctype) in enumerate(launch.args):
+                if kind == "buffer":
+                    kernel.set_arg(i, tensors[int(value)].buffer)
+                else:
+                    kernel.set_arg(i, _SCALARS[ctype](value))
+            prepared.append((kernel, launch.global_size, launch.local_size))
+        enqueue, queue = self.cl.enqueue_nd_range_kernel, self.queue
 
-        def run(*tensors: CLTensor) -> None:
-            for kernel, launch in bound:
-                for i, (kind, value, ctype) in enumerate(launch.args):
-                    if kind == "buffer":
-                        kernel.set_arg(i, tensors[int(value)].buffer)
-                    else:
-                        kernel.set_arg(i, _SCALARS[ctype](value))
-                enqueue(queue, kernel, launch.global_size, launch.local_size)
+        def run() -> None:
+            for kernel, global_size, local_size in prepared:
+                enqueue(queue, kernel, global_size, local_size)
 
         return run
 
