@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 import tvm
@@ -181,7 +179,7 @@ def deploy(
 def _build_kernels(lowered, profile: Profile) -> Callable[[PackageWriter], dict[str, str]]:
     """Compile the kernels for the profile's runtime; return how to write them."""
     if profile.runtime == "opencl":
-        from .build.opencl import build_opencl
+        from .build.opencl import build_opencl, launches_to_json
 
         kernels = build_opencl(lowered.kernels, profile.tvm_target())
         if kernels.unsupported:
@@ -193,8 +191,7 @@ def _build_kernels(lowered, profile: Profile) -> Callable[[PackageWriter], dict[
 
         def write(writer: PackageWriter) -> dict[str, str]:
             writer.write_text("kernels/opencl.cl", kernels.source)
-            launches = {k: [asdict(x) for x in v] for k, v in kernels.launches.items()}
-            writer.write_text("kernels/opencl_launches.json", json.dumps(launches))
+            writer.write_text("kernels/opencl_launches.json", launches_to_json(kernels.launches))
             return {
                 "opencl": "kernels/opencl.cl",
                 "opencl_launches": "kernels/opencl_launches.json",

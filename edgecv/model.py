@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -34,22 +33,10 @@ class DeployedModel:
         if "cpu" in kernels:
             return CPUBackend.load(self.root / kernels["cpu"])
         if "opencl" in kernels:
-            from .build.opencl import Launch
+            from .build.opencl import launches_from_json
             from .runtime.opencl import OpenCLBackend
 
-            raw = json.loads((self.root / kernels["opencl_launches"]).read_text())
-            launches = {
-                name: [
-                    Launch(
-                        x["kernel"],
-                        [tuple(a) for a in x["args"]],
-                        tuple(x["global_size"]),
-                        tuple(x["local_size"]),
-                    )
-                    for x in items
-                ]
-                for name, items in raw.items()
-            }
+            launches = launches_from_json((self.root / kernels["opencl_launches"]).read_text())
             source = (self.root / kernels["opencl"]).read_text()
             return OpenCLBackend(on or _default_device(self.manifest), source, launches)
         raise PackageError(f"{self.root} has no kernels for a backend this edgecv can run")

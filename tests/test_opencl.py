@@ -81,3 +81,28 @@ def test_deploy_and_run_opencl_package(tmp_path, capsys):
         main(["run", str(out), "--on", "no-such-device", "--input", str(tmp_path / "x.npy")]) == 2
     )
     assert "no OpenCL device matches" in capsys.readouterr().err
+
+
+def test_first_device_that_builds_is_used():
+    """A package that names no device tries every device until one compiles it.
+
+    PoCL's LLVM may not know the host CPU (it fails every build on AMD Zen 5); the
+    program must then land on the next device, and asking for PoCL alone must fail
+    with a message naming the device and its compiler log.
+    """
+    from edgecv.errors import EdgecvError
+
+    device_or_skip("intel(r) opencl")
+    source = "__kernel void f(__global float* y) { y[get_global_id(0)] += 1.0f; }"
+    backend = OpenCLBackend("", source, {})
+    y = backend.view(backend.alloc(16), (4,), "float32")
+    backend.upload(y, np.zeros(4, np.float32))
+    kernel = backend.cl.Kernel(backend.program, "f")
+    kernel.set_arg(0, y.buffer)
+    backend.cl.enqueue_nd_range_kernel(backend.queue, kernel, (4,), None)
+    np.testing.assert_array_equal(backend.download(y), np.ones(4, np.float32))
+    if any(d.matches("pocl") for d in opencl_devices()):
+        try:
+            OpenCLBackend("pocl", source, {})
+        except EdgecvError as err:
+            assert "pthread" in str(err) and "build" in str(err)

@@ -16,7 +16,8 @@ the CPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 
 import tvm
 from tvm import s_tir, tirx
@@ -37,6 +38,26 @@ class Launch:
     args: list[tuple[str, int | float, str]]  # (kind, value, OpenCL C type of the param)
     global_size: tuple[int, int, int]
     local_size: tuple[int, int, int]
+
+
+def launches_to_json(launches: dict[str, list[Launch]]) -> str:
+    return json.dumps({name: [asdict(x) for x in items] for name, items in launches.items()})
+
+
+def launches_from_json(text: str) -> dict[str, list[Launch]]:
+    raw = json.loads(text)
+    return {
+        name: [
+            Launch(
+                x["kernel"],
+                [tuple(a) for a in x["args"]],
+                tuple(x["global_size"]),
+                tuple(x["local_size"]),
+            )
+            for x in items
+        ]
+        for name, items in raw.items()
+    }
 
 
 @dataclass
