@@ -10,8 +10,8 @@ __version__ = "0.1.0"
 _os.environ.setdefault("TVM_NUM_THREADS", str(len(_os.sched_getaffinity(0))))
 
 
-def load(path):
-    """Load a deployed package; see :func:`edgecv.model.load`."""
+def load(path, on=None):
+    """Load a deployed package (on OpenCL device ``on``); see :func:`edgecv.model.load`."""
     from .model import load as _load
 
-    return _load(path)
+    return _load(path, on=on)

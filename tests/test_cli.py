@@ -152,3 +152,14 @@ def test_archived_package_loads(tmp_path):
     shutil.rmtree(out)
     model = load(archive)
     assert model.run(np.zeros((1, 2, 5, 5), np.float32))[0].shape == (1, 3)
+
+
+def test_public_load_api(mobilenet_package):
+    import skimage.data
+
+    import edgecv
+
+    model = edgecv.load(mobilenet_package)
+    assert model.task == "classification" and model.input_shape == (1, 3, 224, 224)
+    top = model.predict(skimage.data.coffee()[:, :, ::-1].copy(), k=3)
+    assert len(top) == 3 and all(label in model.classes for label, _ in top)
