@@ -157,7 +157,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from .runtime.opencl_devices import cuda_devices, opencl_devices
+    from .runtime.cuda import cuda_devices
+    from .runtime.opencl_devices import opencl_devices
 
     devices = opencl_devices()
     print(f"OpenCL devices: {len(devices)}")
@@ -171,8 +172,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
         )
     cuda = cuda_devices()
     print(f"CUDA devices: {len(cuda)}")
-    for name in cuda:
-        print(f"  {name}")
+    for dev in cuda:
+        print(f"  {dev.label}; {dev.global_memory_bytes / 2**30:.1f} GiB")
+    if not cuda:
+        print("  (no CUDA driver or GPU here: CUDA packages deploy, but run only on a GPU)")
     return 0
 
 

@@ -114,7 +114,7 @@ def deploy(
     timings.update(lowered.timings)
     progress(f"compiling {len(lowered.kernels.functions)} kernels for {profile.name}")
     t = time.perf_counter()
-    write_kernels = _build_kernels(lowered, profile)
+    write_kernels, kernel_facts = _build_kernels(lowered, profile, progress)
     timings["build_s"] = time.perf_counter() - t
 
     output = Path(output) if output else Path(f"{source.name}-{profile.name}")
@@ -160,6 +160,7 @@ def deploy(
             "versions": {"edgecv": __version__, "tvm": tvm.__version__},
             "build": {
                 "kernels": kernel_files,
+                **kernel_facts,
                 "launches": len(plan.steps),
                 "intermediate_bytes": sum(plan.storage_sizes),
                 "live_bytes_lower_bound": plan.live_bytes_lower_bound(),
@@ -176,35 +177,74 @@ def deploy(
     return path
 
 
-def _build_kernels(lowered, profile: Profile) -> Callable[[PackageWriter], dict[str, str]]:
-    """Compile the kernels for the profile's runtime; return how to write them."""
-    if profile.runtime == "opencl":
-        from .build.opencl import build_opencl, launches_to_json
+def _build_kernels(
+    lowered, profile: Profile, progress: Callable[[str], None]
+) -> tuple[Callable[[PackageWriter], dict[str, str]], dict]:
+    """Compile the kernels for the profile's runtime.
 
-        kernels = build_opencl(lowered.kernels, profile.tvm_target())
-        if kernels.unsupported:
-            listed = "; ".join(f"`{k}`: {why}" for k, why in sorted(kernels.unsupported.items()))
-            raise EdgecvError(
-                f"{len(kernels.unsupported)} kernel(s) cannot run on OpenCL yet ({listed}). "
-                "Deploy this model with --device cpu until CPU fallback lands."
-            )
-
-        def write(writer: PackageWriter) -> dict[str, str]:
-            writer.write_text("kernels/opencl.cl", kernels.source)
-            writer.write_text("kernels/opencl_launches.json", launches_to_json(kernels.launches))
-            return {
-                "opencl": "kernels/opencl.cl",
-                "opencl_launches": "kernels/opencl_launches.json",
-            }
-
-        return write
+    Returns how to write them into the package, and facts for the manifest's ``build``.
+    """
+    if profile.runtime in ("opencl", "cuda"):
+        return _build_gpu_kernels(lowered, profile, progress)
     library = build_cpu(lowered.kernels, profile.tvm_target())
 
     def write_cpu(writer: PackageWriter) -> dict[str, str]:
         library.export_library(str(writer.path("kernels/cpu.so")))
         return {"cpu": "kernels/cpu.so"}
 
-    return write_cpu
+    return write_cpu, {}
+
+
+def _build_gpu_kernels(lowered, profile: Profile, progress: Callable[[str], None]):
+    from .build.gpu import launches_to_json
+
+    target = profile.tvm_target()
+    if profile.runtime == "opencl":
+        from .build.opencl import build_opencl
+
+        kernels = build_opencl(lowered.kernels, target)
+        facts = {"requires": kernels.requires}
+    else:
+        from .build.cuda import build_cuda
+
+        progress(f"generating CUDA and compiling it with nvcc for {target.attrs['arch']}")
+        kernels = build_cuda(lowered.kernels, target)
+        facts = {
+            "cuda": {
+                "arch": kernels.arch,
+                "binaries": [k for k in ("cubin", "ptx") if getattr(kernels, k) is not None],
+                "compile_on_device": kernels.cubin is None,
+                "why_source_only": kernels.not_compiled_because,
+            }
+        }
+        if kernels.cubin is None:
+            progress(
+                f"shipping CUDA source only: {kernels.not_compiled_because}; the device "
+                "compiles it with its own nvcc on first run (then cached)"
+            )
+    if kernels.unsupported:
+        listed = "; ".join(f"`{k}`: {why}" for k, why in sorted(kernels.unsupported.items()))
+        raise EdgecvError(
+            f"{len(kernels.unsupported)} kernel(s) cannot run on {profile.runtime} yet "
+            f"({listed}). Deploy this model with --device cpu until CPU fallback lands."
+        )
+    kind = profile.runtime
+
+    def write(writer: PackageWriter) -> dict[str, str]:
+        ext = "cl" if kind == "opencl" else "cu"
+        files = {kind: f"kernels/{kind}.{ext}", f"{kind}_launches": f"kernels/{kind}_launches.json"}
+        writer.write_text(files[kind], kernels.source)
+        writer.write_text(files[f"{kind}_launches"], launches_to_json(kernels.launches))
+        if kind == "cuda":
+            if kernels.cubin is not None:
+                files["cuda_cubin"] = f"kernels/cuda_{kernels.arch}.cubin"
+                writer.path(files["cuda_cubin"]).write_bytes(kernels.cubin)
+            if kernels.ptx is not None:
+                files["cuda_ptx"] = f"kernels/cuda_{kernels.arch}.ptx"
+                writer.write_text(files["cuda_ptx"], kernels.ptx)
+        return files
+
+    return write, facts
 
 
 def _check_buildable(profile: Profile) -> None:

@@ -33,12 +33,25 @@ class DeployedModel:
         if "cpu" in kernels:
             return CPUBackend.load(self.root / kernels["cpu"])
         if "opencl" in kernels:
-            from .build.opencl import launches_from_json
+            from .build.gpu import launches_from_json
             from .runtime.opencl import OpenCLBackend
 
             launches = launches_from_json((self.root / kernels["opencl_launches"]).read_text())
             source = (self.root / kernels["opencl"]).read_text()
-            return OpenCLBackend(on or _default_device(self.manifest), source, launches)
+            requires = self.manifest["build"].get("requires", [])
+            return OpenCLBackend(on or _default_device(self.manifest), source, launches, requires)
+        if "cuda" in kernels:
+            from .build.gpu import launches_from_json
+            from .runtime.cuda import CUDABackend, CudaImages
+
+            launches = launches_from_json((self.root / kernels["cuda_launches"]).read_text())
+            images = CudaImages(
+                arch=self.manifest["build"]["cuda"]["arch"],
+                source=(self.root / kernels["cuda"]).read_text(),
+                cubin=_read_optional(self.root, kernels.get("cuda_cubin"), binary=True),
+                ptx=_read_optional(self.root, kernels.get("cuda_ptx"), binary=False),
+            )
+            return CUDABackend(on or "", images, launches)
         raise PackageError(f"{self.root} has no kernels for a backend this edgecv can run")
 
     @property
@@ -68,6 +81,13 @@ class DeployedModel:
         return detections(
             outputs, self.classes, self.input_shape[2:], image_bgr.shape[:2], threshold
         )
+
+
+def _read_optional(root: Path, relative: str | None, binary: bool):
+    if relative is None:
+        return None
+    path = root / relative
+    return path.read_bytes() if binary else path.read_text()
 
 
 def _default_device(manifest: dict) -> str:

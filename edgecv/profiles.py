@@ -17,8 +17,8 @@ import tvm
 
 from .errors import ProfileError
 
-# Backends this build of edgecv can execute (CUDA arrives with its backend).
-AVAILABLE_RUNTIMES = ("cpu", "opencl")
+# Backends this build of edgecv can deploy for.
+AVAILABLE_RUNTIMES = ("cpu", "opencl", "cuda")
 
 
 def profiles_dir() -> Path:

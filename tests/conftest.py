@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from edgecv._mxnet import import_mxnet
+
+# Compiled-program cache of this test session only: tests see cold and warm starts
+# they caused themselves, never entries left by earlier runs or by the user.
+os.environ["EDGECV_CACHE_DIR"] = tempfile.mkdtemp(prefix="edgecv-test-cache-")
 
 
 @pytest.fixture(scope="session")

@@ -106,3 +106,78 @@ def test_first_device_that_builds_is_used():
             OpenCLBackend("pocl", source, {})
         except EdgecvError as err:
             assert "pthread" in str(err) and "build" in str(err)
+
+
+def test_second_start_loads_the_program_from_the_binary_cache(tmp_path, monkeypatch):
+    from edgecv.runtime import kernel_cache
+
+    device_or_skip("intel(r) opencl")
+    monkeypatch.setenv("EDGECV_CACHE_DIR", str(tmp_path / "cache"))
+    source = "__kernel void twice(__global float* y) { y[get_global_id(0)] *= 2.0f; }"
+    cold = OpenCLBackend("intel", source, {})
+    warm = OpenCLBackend("intel", source, {})
+    assert (cold.program_cached, warm.program_cached) == (False, True)
+    (entry,) = (tmp_path / "cache").iterdir()
+    for backend in (cold, warm):  # both programs compute the same thing
+        y = backend.view(backend.alloc(16), (4,), "float32")
+        backend.upload(y, np.arange(4, dtype=np.float32))
+        kernel = backend.cl.Kernel(backend.program, "twice")
+        kernel.set_arg(0, y.buffer)
+        backend.cl.enqueue_nd_range_kernel(backend.queue, kernel, (4,), None)
+        np.testing.assert_array_equal(backend.download(y), [0, 2, 4, 6])
+    entry.write_bytes(b"not a program binary")  # a corrupt entry is rebuilt, not fatal
+    again = OpenCLBackend("intel", source, {})
+    assert again.program_cached is False
+    assert entry.read_bytes() != b"not a program binary"
+    assert kernel_cache.cache_dir() == tmp_path / "cache"
+
+
+def test_program_using_intel_subgroups_refused_on_a_device_without_them():
+    from edgecv.build.opencl import required_extensions
+    from edgecv.runtime.opencl import DeviceNotFoundError
+
+    source = (
+        "__kernel void shuffle(__global float* y) {\n"
+        "  y[get_global_id(0)] = intel_sub_group_shuffle(y[get_global_id(0)], 0);\n}\n"
+    )
+    requires = required_extensions(source)
+    assert requires == ["cl_intel_subgroups"]
+    plain = [d for d in opencl_devices() if not d.intel_subgroups]
+    if not plain:
+        pytest.skip("every OpenCL device here has Intel subgroups")
+    with pytest.raises(DeviceNotFoundError) as err:
+        OpenCLBackend(plain[0].name, source, {}, requires)
+    message = str(err.value)
+    assert "cl_intel_subgroups" in message and plain[0].name in message
+    if any(d.intel_subgroups for d in opencl_devices()):
+        assert "Intel(R) OpenCL" in message  # names the device that would do
+        backend = OpenCLBackend("intel", source, {}, requires)  # and that one builds it
+        assert backend.program is not None
+
+
+def test_compile_error_names_the_failing_kernel():
+    from edgecv.runtime.opencl import ProgramBuildError
+
+    device_or_skip("intel(r) opencl")
+    source = (
+        "__kernel void fine(__global float* y) { y[0] = 1.0f; }\n\n"
+        "__kernel void broken(__global float* y) {\n  y[0] = no_such_name;\n}\n"
+    )
+    with pytest.raises(ProgramBuildError) as err:
+        OpenCLBackend("intel", source, {})
+    message = str(err.value)
+    assert "kernel broken failed to compile" in message
+    assert "no_such_name" in message  # the compiler's own log follows
+    assert "kernel fine" not in message
+
+
+def test_buffer_larger_than_the_device_allows_is_a_clear_error():
+    from edgecv.runtime.opencl import DeviceMemoryError
+
+    device_or_skip("intel(r) opencl")
+    backend = OpenCLBackend("intel", "__kernel void k(__global float* y) { }", {})
+    too_big = int(backend.device.max_mem_alloc_size) + 1
+    with pytest.raises(DeviceMemoryError) as err:
+        backend.alloc(too_big)
+    assert "cannot allocate one buffer" in str(err.value) and "MiB" in str(err.value)
+    assert backend.allocated_bytes == 0

@@ -1,63 +1,27 @@
-"""Kernels -> OpenCL C source + recorded launch lists (TVM has no OpenCL runtime here).
+"""OpenCL C for a model: one program holding every kernel, plus its launch lists.
 
-Each fused PrimFunc gets a default GPU schedule (``s_tir.dlight``), is lowered through
-TVM's s_tir pipeline up to ``SplitHostDevice``, and is then taken apart:
-
-- the device functions (``calling_conv == 2``) go to TVM's OpenCL code generator,
-  one OpenCL C program for the whole model;
-- the host function is read once, here, into a list of :class:`Launch` records:
-  which kernel, which of the PrimFunc's buffers (or constants) as arguments, and the
-  global/local work sizes. The runtime replays them; it never walks IR.
-
-Host code beyond straight-line launches (loops, workspace allocations: the sort in
-``box_nms``) is reported with :class:`UnsupportedHostCode`, and that kernel stays on
-the CPU.
+The lowering is shared with CUDA (:mod:`.gpu`); this module runs TVM's OpenCL code
+generator over the device functions and records what the program needs from a device
+(:func:`required_extensions`), so a runtime can refuse a device that lacks it before
+compiling anything.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+import re
+from dataclasses import dataclass, field
 
 import tvm
-from tvm import s_tir, tirx
-from tvm.s_tir import dlight
 
-from ..errors import EdgecvError
+from .gpu import Launch, launches_from_json, launches_to_json, lower_device
 
-
-class UnsupportedHostCode(EdgecvError):
-    """A kernel's host code does more than launch device kernels."""
-
-
-@dataclass
-class Launch:
-    """One ``clEnqueueNDRangeKernel``: args are ("buffer", param index) or ("scalar", value)."""
-
-    kernel: str
-    args: list[tuple[str, int | float, str]]  # (kind, value, OpenCL C type of the param)
-    global_size: tuple[int, int, int]
-    local_size: tuple[int, int, int]
-
-
-def launches_to_json(launches: dict[str, list[Launch]]) -> str:
-    return json.dumps({name: [asdict(x) for x in items] for name, items in launches.items()})
-
-
-def launches_from_json(text: str) -> dict[str, list[Launch]]:
-    raw = json.loads(text)
-    return {
-        name: [
-            Launch(
-                x["kernel"],
-                [tuple(a) for a in x["args"]],
-                tuple(x["global_size"]),
-                tuple(x["local_size"]),
-            )
-            for x in items
-        ]
-        for name, items in raw.items()
-    }
+# OpenCL C identifiers that need a device extension, and the extension.
+_EXTENSION_USES = {
+    "cl_intel_subgroups": re.compile(r"\bintel_sub_group_\w+|\bintel_reqd_sub_group_size\b"),
+    "cl_khr_subgroups": re.compile(r"\b(sub_group_\w+|get_sub_group_\w+)\s*\("),
+    "cl_khr_fp16": re.compile(r"\bhalf\d*\b"),
+    "cl_khr_fp64": re.compile(r"\bdouble\d*\b"),
+}
 
 
 @dataclass
@@ -65,145 +29,30 @@ class OpenCLKernels:
     source: str
     launches: dict[str, list[Launch]] = field(default_factory=dict)
     unsupported: dict[str, str] = field(default_factory=dict)  # PrimFunc -> why not
+    requires: list[str] = field(default_factory=list)  # device extensions the source uses
 
 
-def schedule_gpu(kernels: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
-    """Default GPU schedules (thread bindings) for every PrimFunc."""
-    with target:
-        return dlight.ApplyDefaultSchedule(
-            dlight.gpu.Matmul(),
-            dlight.gpu.GEMV(),
-            dlight.gpu.Reduction(),
-            dlight.gpu.GeneralReduction(),
-            dlight.gpu.Fallback(),
-        )(kernels)
-
-
-def _lower_to_split(mod: tvm.IRModule) -> tvm.IRModule:
-    """TVM's s_tir lowering, stopped right after SplitHostDevice (before MakePackedAPI)."""
-    st, tx = s_tir.transform, tirx.transform
-    passes = [
-        st.CanonicalizeLoop(), st.LowerCrossThreadReduction(), st.LowerInitBlock(),
-        st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
-        st.LiftThreadBinding(), st.ManifestSharedMemoryLocalStage(),
-        st.CompactBufferAllocation(), st.LowerAutoCopy(), st.UnifyThreadBinding(),
-        st.LowerMatchBuffer(), st.StmtSimplify(), st.InjectPermutedLayout(),
-        st.AnnotateIrregularLoop(), st.InjectSoftwarePipeline(),
-        st.TransformMmaBufferLayout(), st.LowerOpaqueBlock(), tx.FlattenBuffer(),
-        tx.BF16ComputeLegalize(), tx.NarrowDataType(32), st.LoopPartition(),
-        tx.VectorizeLoop(True), st.InjectVirtualThread(), st.InjectDoubleBuffer(),
-        tx.StorageRewrite(), st.HoistIfThenElse(), tx.UnrollLoop(),
-        st.RenormalizeSplitPattern(), tx.StmtSimplify(), tx.RemoveNoOp(),
-        st.RewriteUnsafeSelect(), tx.CommonSubexprElim(), tx.FP8ComputeLegalize(),
-        tx.VerifyMemory(), tx.AnnotateEntryFunc(), st.ThreadSync("shared"),
-        st.ThreadSync("shared.dyn"), st.ThreadSync("warp"), st.InferFragment(),
-        st.LowerThreadAllreduce(), st.MergeSharedMemoryAllocations(), tx.SplitHostDevice(),
-    ]  # fmt: skip
-    return tvm.transform.Sequential(passes)(mod)
-
-
-def _is_device(func) -> bool:
-    return bool(func.attrs) and int(func.attrs.get("calling_conv", 0)) == 2
-
-
-def _c_type(ty) -> str:
-    text = str(ty)
-    if "handle" in text:
-        return "pointer"
-    return {"int32": "int", "int64": "long", "float32": "float"}.get(
-        text.split('"')[-2] if '"' in text else text, text
-    )
-
-
-def _read_host(func, device_funcs: dict) -> list[Launch]:
-    params = list(func.params)
-    declared: dict = {}
-    launches: list[Launch] = []
-    call_kernel = tvm.ir.Op.get("tirx.call_ffi_kernel")
-
-    def param_index(var) -> int:
-        for i, p in enumerate(params):
-            if p.same_as(var):
-                return i
-        for buf, data in declared.items():
-            if buf.same_as(var):
-                return param_index(data.args[0])
-        raise UnsupportedHostCode(f"{func.attrs['global_symbol']}: argument {var} is no buffer")
-
-    def visit(stmt) -> None:
-        if isinstance(stmt, tirx.stmt.SeqStmt):
-            for s in stmt.seq:
-                visit(s)
-        elif isinstance(stmt, tirx.stmt.DeclBuffer):
-            declared[stmt.buffer] = stmt.data
-        elif (
-            isinstance(stmt, tirx.stmt.Evaluate)
-            and isinstance(stmt.value, tvm.ir.expr.Call)
-            and stmt.value.op.same_as(call_kernel)
-        ):
-            launches.append(_launch(stmt.value, device_funcs, param_index))
-        else:
-            raise UnsupportedHostCode(
-                f"{func.attrs['global_symbol']}: host code has a {type(stmt).__name__}"
-            )
-
-    visit(func.body)
-    return launches
-
-
-def _launch(call, device_funcs: dict, param_index) -> Launch:
-    name = str(call.args[0].value)
-    device = device_funcs[name]
-    tags = [str(t) for t in device.attrs["tirx.kernel_launch_params"]]
-    n_args = len(device.params)
-    values = [int(v) for v in call.args[1 + n_args : 1 + n_args + len(tags)]]
-    groups, local = [1, 1, 1], [1, 1, 1]
-    for tag, value in zip(tags, values, strict=True):
-        axis = "xyz".index(tag[-1])
-        (groups if tag.startswith("blockIdx") else local)[axis] = value
-    args = []
-    for expr, param in zip(call.args[1 : 1 + n_args], device.params, strict=True):
-        ctype = _c_type(param.ty)
-        if isinstance(expr, tvm.ir.expr.Call) and expr.op.name == "tirx.buffer_data":
-            args.append(("buffer", param_index(expr.args[0]), ctype))
-        elif isinstance(expr, (tirx.IntImm, tirx.FloatImm)):
-            args.append(("scalar", expr.value, ctype))
-        else:
-            raise UnsupportedHostCode(f"{name}: argument {expr} is computed on the host")
-    global_size = tuple(g * b for g, b in zip(groups, local, strict=True))
-    return Launch(name, args, global_size, tuple(local))
+def required_extensions(source: str) -> list[str]:
+    """Device extensions the OpenCL C ``source`` uses (Intel subgroups imply khr ones)."""
+    found = {ext for ext, pattern in _EXTENSION_USES.items() if pattern.search(source)}
+    if "cl_intel_subgroups" in found:
+        found.discard("cl_khr_subgroups")  # intel's extension provides the khr builtins too
+    return sorted(found)
 
 
 def build_opencl(kernels: tvm.IRModule, target: tvm.target.Target) -> OpenCLKernels:
     """Schedule, lower and generate OpenCL for every kernel that supports it."""
-    # Passes may update a module they hold the only reference to in place: work on a copy
-    # so the caller's kernels stay target-free (the CPU build reuses them).
-    kernels = tvm.IRModule(dict(kernels.functions.items()))
-    scheduled = tirx.transform.BindTarget(target)(schedule_gpu(kernels, target))
-    device_funcs: dict = {}
-    launches: dict[str, list[Launch]] = {}
-    unsupported: dict[str, str] = {}
-    for gv, func in scheduled.functions.items():
-        try:
-            split = _lower_to_split(tvm.IRModule({gv: func}))
-        except Exception as err:  # a kernel dlight could not schedule, etc.
-            unsupported[gv.name_hint] = str(err).strip().splitlines()[-1][:200]
-            continue
-        found = {g.name_hint: f for g, f in split.functions.items() if _is_device(f)}
-        host = [f for f in split.functions.values() if not _is_device(f)][0]
-        try:
-            launches[gv.name_hint] = _read_host(host, found)
-        except UnsupportedHostCode as err:
-            unsupported[gv.name_hint] = str(err)
-            continue
-        device_funcs.update(found)
-    device_mod = tvm.IRModule({tvm.ir.GlobalVar(n): f for n, f in device_funcs.items()})
-    device_mod = tvm.transform.Sequential(
-        [
-            tirx.transform.LowerWarpMemory(),
-            tirx.transform.StmtSimplify(),
-            tirx.transform.LowerIntrin(),
-        ]
-    )(device_mod)
-    source = tvm.get_global_func("target.build.opencl")(device_mod, target).inspect_source()
-    return OpenCLKernels(source, launches, unsupported)
+    lowered = lower_device(kernels, target)
+    source = tvm.get_global_func("target.build.opencl")(lowered.device_mod, target)
+    text = source.inspect_source()
+    return OpenCLKernels(text, lowered.launches, lowered.unsupported, required_extensions(text))
+
+
+__all__ = [
+    "Launch",
+    "OpenCLKernels",
+    "build_opencl",
+    "launches_from_json",
+    "launches_to_json",
+    "required_extensions",
+]

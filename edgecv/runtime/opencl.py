@@ -1,23 +1,35 @@
 """The OpenCL backend: TVM-generated OpenCL C, run through pyopencl.
 
 TVM's wheel has no OpenCL runtime, so this backend is the runtime: one program per
-model (built once per device, then cached by the driver), buffers allocated once by
-the executor, and each kernel call replays the launches recorded at build time
-(:class:`~edgecv.build.opencl.Launch`) with ``clEnqueueNDRangeKernel``.
+model, compiled once per device and driver and then loaded from the on-disk binary
+cache (:mod:`.kernel_cache`), buffers allocated once by the executor, and each kernel
+call replays the launches recorded at build time (:class:`~edgecv.build.gpu.Launch`)
+with ``clEnqueueNDRangeKernel``. Devices are refused, with the reason, before any
+compilation when they lack an extension the program uses.
 """
 
 from __future__ import annotations
 
+import re
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..build.opencl import Launch
+from ..build.gpu import Launch
 from ..errors import EdgecvError
+from . import kernel_cache
 from .backend import Backend
 from .opencl_devices import register_pip_runtimes
+
+
+def build_options(requires: Sequence[str]) -> list[str]:
+    """OpenCL C 3.0 only for subgroup builtins (Intel's compiler wants it there); other
+    programs stay OpenCL C 1.2, which every device (Mali's included) compiles."""
+    return ["-cl-std=CL3.0"] if any("subgroups" in ext for ext in requires) else []
+
 
 _SCALARS = {"int": np.int32, "long": np.int64, "float": np.float32}
 
@@ -47,42 +59,70 @@ class OpenCLBackend(Backend):
         The OpenCL C program holding every kernel.
     launches : dict
         PrimFunc name -> its launches, as recorded by :func:`~edgecv.build.opencl.build_opencl`.
+    requires : list of str
+        Device extensions the program uses (``cl_intel_subgroups``): devices without
+        them are refused before anything is compiled.
     """
 
     name = "opencl"
 
-    def __init__(self, device_query: str, source: str, launches: dict[str, list[Launch]]):
+    def __init__(
+        self,
+        device_query: str,
+        source: str,
+        launches: dict[str, list[Launch]],
+        requires: Sequence[str] = (),
+    ):
         register_pip_runtimes()
         import pyopencl as cl
 
         self.cl = cl
-        devices = [
-            dev
-            for platform in cl.get_platforms()
-            for dev in platform.get_devices()
-            if device_query.lower() in f"{platform.name} / {platform.vendor} / {dev.name}".lower()
-        ]
-        if not devices:
-            raise EdgecvError(f"no OpenCL device matches `{device_query}`; see `edgecv devices`")
+        try:
+            platforms = cl.get_platforms()
+        except cl.Error:
+            platforms = []
+        every = [(p, d) for p in platforms for d in p.get_devices()]
+        query = device_query.lower()
+        matching = [(p, d) for p, d in every if query in f"{_label(p, d)} / {p.vendor}".lower()]
+        if not matching:
+            listed = "; ".join(_label(p, d) for p, d in every) or "none"
+            raise DeviceNotFoundError(
+                f"no OpenCL device matches `{device_query}` (devices here: {listed}); "
+                "see `edgecv devices`"
+            )
+        capable = [(p, d) for p, d in matching if not _missing(d, requires)]
+        if not capable:
+            able = [_label(p, d) for p, d in every if not _missing(d, requires)]
+            missing = sorted({ext for _, d in matching for ext in _missing(d, requires)})
+            raise DeviceNotFoundError(
+                f"this package needs {', '.join(missing)}, which "
+                f"{'; '.join(_label(p, d) for p, d in matching)} lacks; "
+                + (
+                    f"devices that have it: {'; '.join(able)} (pick one with --on)"
+                    if able
+                    else "no device on this machine has it: redeploy for a profile without "
+                    "that capability (aisage, local) or --device cpu"
+                )
+            )
         failures = []
-        for device in devices:  # the first one whose compiler builds the program
+        started = time.perf_counter()
+        for platform, device in capable:  # the first one whose compiler builds the program
             context = cl.Context([device])
             try:
-                with warnings.catch_warnings():
-                    # Compiler chatter (Intel's "build succeeded" log) is not the user's
-                    # concern; a failed build is reported below with its log.
-                    warnings.simplefilter("ignore", cl.CompilerWarning)
-                    program = cl.Program(context, source).build()
-            except cl.RuntimeError as err:
-                failures.append(f"{device.name}: {str(err).strip()[:1500]}")
+                program, self.program_cached = _build_program(
+                    cl, context, device, source, build_options(requires)
+                )
+            except ProgramBuildError as err:
+                failures.append(f"{_label(platform, device)}: {err}")
                 continue
             self.device, self.context, self.program = device, context, program
             break
         else:
-            raise EdgecvError(
+            raise ProgramBuildError(
                 f"the OpenCL program failed to build on every device matching "
                 f"`{device_query}`:\n" + "\n".join(failures)
             )
+        self.build_s = time.perf_counter() - started
         if failures:
             skipped = ", ".join(f.split(":")[0] for f in failures)
             warnings.warn(
@@ -90,9 +130,32 @@ class OpenCLBackend(Backend):
             )
         self.queue = cl.CommandQueue(self.context)
         self.launches = launches
+        self.allocated_bytes = 0
+        self.label = _label(self.device.platform, self.device)
 
     def alloc(self, nbytes: int):
-        return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, size=max(nbytes, 4))
+        nbytes = max(nbytes, 4)
+        device = self.device
+        if nbytes > device.max_mem_alloc_size:
+            raise DeviceMemoryError(
+                f"{self.label} cannot allocate one buffer of {nbytes / 2**20:.1f} MiB "
+                f"(its largest is {device.max_mem_alloc_size / 2**20:.1f} MiB)"
+            )
+        if self.allocated_bytes + nbytes > device.global_mem_size:
+            raise DeviceMemoryError(
+                f"{self.label} is out of memory: the model needs more than "
+                f"{(self.allocated_bytes + nbytes) / 2**20:.1f} MiB, the device has "
+                f"{device.global_mem_size / 2**20:.1f} MiB"
+            )
+        try:
+            buffer = self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, size=nbytes)
+        except self.cl.MemoryError as err:
+            raise DeviceMemoryError(
+                f"{self.label} is out of memory allocating {nbytes / 2**20:.1f} MiB after "
+                f"{self.allocated_bytes / 2**20:.1f} MiB: {err}"
+            ) from None
+        self.allocated_bytes += nbytes
+        return buffer
 
     def view(self, storage, shape: tuple[int, ...], dtype: str) -> CLTensor:
         buffer = storage.buffer if isinstance(storage, CLTensor) else storage
@@ -137,4 +200,75 @@ class OpenCLBackend(Backend):
         return run
 
     def synchronize(self) -> None:
-        self.queue.finish()
+        try:
+            self.queue.finish()
+        except self.cl.MemoryError as err:  # lazy allocation fails at first use
+            raise DeviceMemoryError(f"{self.label} ran out of memory: {err}") from None
+
+
+class DeviceNotFoundError(EdgecvError):
+    """No device matches the query, or none has what the package needs."""
+
+
+class ProgramBuildError(EdgecvError):
+    """The device's OpenCL compiler rejected the program."""
+
+
+class DeviceMemoryError(EdgecvError):
+    """The device cannot hold the model's buffers."""
+
+
+def _label(platform, device) -> str:
+    return f"{platform.name.strip()} / {device.name.strip()}"
+
+
+def _missing(device, requires: Sequence[str]) -> list[str]:
+    extensions = set(device.extensions.split())
+    return [ext for ext in requires if ext not in extensions]
+
+
+def _build_program(cl, context, device, source: str, options: list[str]) -> tuple[object, bool]:
+    """Build ``source`` for ``device``, from the on-disk binary cache when possible.
+
+    Returns the program and whether it came from the cache.
+    """
+    platform = device.platform
+    key = kernel_cache.cache_key(
+        "opencl", source, " ".join(options), platform.name, platform.version,
+        device.name, device.version, device.driver_version,
+    )  # fmt: skip
+    binary = kernel_cache.read(key, "clbin")
+    if binary is not None:
+        try:
+            program = cl.Program(context, [device], [binary]).build(options=options)
+            return program, True
+        except cl.Error:  # a corrupt or foreign entry: forget it and compile the source
+            kernel_cache.forget(key, "clbin")
+    try:
+        with warnings.catch_warnings():
+            # Compiler chatter (Intel's "build succeeded" log) is not the user's concern.
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            program = cl.Program(context, source).build(options=options)
+    except cl.RuntimeError as err:
+        log = str(err).strip()
+        raise ProgramBuildError(
+            f"{failing_kernels(source, log)} failed to compile:\n{log[:3000]}"
+        ) from None
+    binaries = program.get_info(cl.program_info.BINARIES)
+    if binaries and binaries[0]:
+        kernel_cache.write(key, "clbin", bytes(binaries[0]))
+    return program, False
+
+
+def failing_kernels(source: str, log: str) -> str:
+    """ "kernel a, b" for the kernels holding the lines a compiler log calls errors."""
+    lines = source.splitlines()
+    names = []
+    numbers = sorted({int(n) for n in re.findall(r"(?m)^\S*?:(\d+):\d+: error", log)})
+    for number in numbers:
+        for text in reversed(lines[:number]):
+            found = re.search(r"__kernel\s+void\s+(?:__attribute__\(\(.*?\)\)\s*)?(\w+)\s*\(", text)
+            if found:
+                names.append(found.group(1))
+                break
+    return "kernel " + ", ".join(dict.fromkeys(names)) if names else "the program"

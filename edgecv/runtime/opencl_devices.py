@@ -98,19 +98,3 @@ def opencl_devices() -> list[OpenCLDevice]:
                 )
             )
     return found
-
-
-def cuda_devices() -> list[str]:
-    """Names of CUDA devices TVM's runtime can use here (empty without a GPU/driver)."""
-    import tvm
-
-    names = []
-    for index in range(8):
-        try:
-            device = tvm.cuda(index)
-            if not device.exist:
-                break
-            names.append(f"cuda:{index} {device.device_name} (sm_{device.compute_version})")
-        except Exception:  # no driver: TVM raises instead of reporting absence
-            break
-    return names
