@@ -48,7 +48,9 @@ def test_every_kernel_of_a_model_compiles_with_nvcc(exported):
         for launch in items:
             block = int(np.prod(launch.local_size))
             assert 1 <= block <= 1024, launch
-            assert all(g % b == 0 for g, b in zip(launch.global_size, launch.local_size)), launch
+            assert all(
+                g % b == 0 for g, b in zip(launch.global_size, launch.local_size, strict=True)
+            ), launch
 
 
 @needs_nvcc
@@ -62,7 +64,8 @@ def test_jetson_nano_package_carries_source_for_on_device_compilation(tmp_path, 
     prefix = tmp_path / "tiny"
     small_net().save(f"{prefix}-symbol.json")
     mx.nd.save(f"{prefix}-0000.params", {k: mx.nd.array(v) for k, v in small_params().items()})
-    nano = deploy(f"{prefix}-symbol.json", tmp_path / "nano", "jetson_nano", input_shape=(1, 2, 5, 5))
+    symbol = f"{prefix}-symbol.json"
+    nano = deploy(symbol, tmp_path / "nano", "jetson_nano", input_shape=(1, 2, 5, 5))
     manifest = json.loads((nano / "manifest.json").read_text())
     cuda = manifest["build"]["cuda"]
     assert cuda["arch"] == "sm_53" and cuda["compile_on_device"] is True
