@@ -9,6 +9,8 @@ __version__ = "0.1.0"
 # user chose otherwise. Must happen before TVM's runtime starts its pool.
 _os.environ.setdefault("TVM_NUM_THREADS", str(len(_os.sched_getaffinity(0))))
 
+from .errors import EdgecvError  # noqa: E402  (after the environment is set)
+
 
 def load(path, on=None):
     """Load a deployed package (on OpenCL device ``on``); see :func:`edgecv.model.load`."""

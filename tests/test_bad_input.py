@@ -142,7 +142,6 @@ def test_cli_errors_exit_nonzero_without_traceback(tiny_package, tmp_path, capsy
     cases = [
         (["deploy", "not_a_model"], "unknown model"),
         (["deploy", "mobilenet", "--device", "nope"], "unknown device profile"),
-        (["deploy", "mobilenet", "--device", "jetson_nano"], "does not have yet"),
         (["run", str(tmp_path / "missing")], "does not exist"),
     ]
     truncated = tmp_path / "cut-symbol.json"
