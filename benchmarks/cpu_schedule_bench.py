@@ -94,9 +94,7 @@ def layer_module(layer: Layer) -> tvm.IRModule:
                 y = bb.emit(relax.op.add(relax.op.matmul(x, relax.const(w)), relax.const(bias)))
             else:
                 pad = layer.kernel // 2
-                conv = relax.op.nn.conv2d(
-                    x, relax.const(w), layer.stride, pad, groups=layer.groups
-                )
+                conv = relax.op.nn.conv2d(x, relax.const(w), layer.stride, pad, groups=layer.groups)
                 bn = relax.op.add(relax.op.multiply(conv, relax.const(scale)), relax.const(shift))
                 y = bb.emit(relax.op.nn.relu(bn))
             out = bb.emit_output(y)

@@ -80,7 +80,8 @@ def measure(package: Path, on: str, repeat: int, cache: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("models", nargs="*", default=["squeezenet1.0", "mobilenet1.0", "resnet50_v1"])
+    default = ["squeezenet1.0", "mobilenet1.0", "resnet50_v1"]
+    parser.add_argument("models", nargs="*", default=default)
     parser.add_argument("--profiles", nargs="*", default=list(DEVICES))
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()

@@ -11,6 +11,8 @@ _os.environ.setdefault("TVM_NUM_THREADS", str(len(_os.sched_getaffinity(0))))
 
 from .errors import EdgecvError  # noqa: E402  (after the environment is set)
 
+__all__ = ["EdgecvError", "__version__", "load"]
+
 
 def load(path, on=None):
     """Load a deployed package (on OpenCL device ``on``); see :func:`edgecv.model.load`."""
