@@ -41,13 +41,42 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         pretrained=not args.random_weights,
         seed=args.seed,
         progress=_say,
+        cpu_ops=[op.strip() for op in (args.cpu_ops or "").split(",") if op.strip()],
+        gpu_only=args.gpu_only,
+        host=args.host,
+        check_on=None if args.no_device_check else "auto",
     )
+    if args.explain:
+        from .package import read_manifest
+
+        explain(read_manifest(path)[1])
     if args.archive:
         from .package import archive
 
         path = archive(path)
     print(f"{path}  (deployed in {time.perf_counter() - start:.1f} s)")
     return 0
+
+
+def explain(manifest: dict) -> None:
+    """Print where each launch runs and every device copy (``deploy --explain``)."""
+    placement = manifest["build"].get("placement")
+    if placement is None:
+        print(f"placement: every launch on the {manifest['profile']['runtime']} device")
+        return
+    counts = placement["launches"]
+    print(f"placement: {counts['gpu']} launches on the GPU, {counts['cpu']} on the CPU")
+    for node in placement["cpu_nodes"]:
+        from .fallback import REASONS
+
+        detail = f" [{node['detail']}]" if node["detail"] else ""
+        print(
+            f"  cpu  {node['kernel']} ({', '.join(node['ops'])}): {REASONS[node['reason']]}{detail}"
+        )
+    print(f"copies: {len(placement['copies'])}, {placement['copy_bytes']:,} bytes per inference")
+    for c in placement["copies"]:
+        shape = "x".join(map(str, c["shape"]))
+        print(f"  {c['from']}->{c['to']}  {shape} {c['dtype']}  {c['bytes']:,} bytes")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -199,6 +228,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--seed", type=int, default=0, help="seed of random weights")
     d.add_argument("--archive", action="store_true", help="also pack the folder as .tar.gz")
+    d.add_argument(
+        "--cpu-ops", metavar="OPS", help="comma-separated operators to run on the CPU (box_nms)"
+    )
+    d.add_argument(
+        "--gpu-only", action="store_true", help="fail instead of running any launch on the CPU"
+    )
+    d.add_argument(
+        "--explain", action="store_true", help="print the placement: CPU launches, copies"
+    )
+    d.add_argument(
+        "--host",
+        choices=["native"],
+        help="compile CPU fallback for this machine, not the profile's host",
+    )
+    d.add_argument(
+        "--no-device-check",
+        action="store_true",
+        help="do not compile the OpenCL program on a local device at deploy time",
+    )
     d.set_defaults(func=cmd_deploy)
 
     r = sub.add_parser("run", help="run a package on images or a tensor")

@@ -25,13 +25,23 @@ class DeployedModel:
         with np.load(root / "params.npz") as npz:
             constants = {k: npz[k] for k in npz.files}
         t = time.perf_counter()
-        self.executor = Executor(plan, self._backend(on), constants)
+        self.executor = Executor(plan, self._backends(plan, on), constants)
         self.load_s = time.perf_counter() - t
 
-    def _backend(self, on: str | None):
+    def _backends(self, plan: Plan, on: str | None) -> dict:
+        """One backend per device the plan uses: the GPU's, and the CPU's for fallback."""
         kernels = self.manifest["build"]["kernels"]
-        if "cpu" in kernels:
-            return CPUBackend.load(self.root / kernels["cpu"])
+        if "opencl" not in kernels and "cuda" not in kernels:
+            return {"cpu": CPUBackend.load(self.root / kernels["cpu"])}
+        backends = {"gpu": self._gpu_backend(on)}
+        if "cpu" in plan.devices() or any(b.device == "cpu" for b in plan.buffers):
+            if "cpu" not in kernels:
+                raise PackageError(f"{self.root}: the plan runs on the CPU but has no CPU kernels")
+            backends["cpu"] = CPUBackend.load(self.root / kernels["cpu"])
+        return backends
+
+    def _gpu_backend(self, on: str | None):
+        kernels = self.manifest["build"]["kernels"]
         if "opencl" in kernels:
             from .build.gpu import launches_from_json
             from .runtime.opencl import OpenCLBackend

@@ -29,7 +29,7 @@ from . import __version__
 from .errors import PackageError
 
 FORMAT = "edgecv-package"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: plans place steps and buffers on devices (CPU fallback)
 MANIFEST = "manifest.json"
 
 

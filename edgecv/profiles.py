@@ -46,6 +46,16 @@ class Profile:
         """
         return tvm.target.Target(_resolve_native(self.target), host=_resolve_native(self.host))
 
+    def host_target(self) -> tvm.target.Target:
+        """The TVM target of the host CPU alone (for CPU fallback kernels)."""
+        return tvm.target.Target(_resolve_native(self.host))
+
+    def with_native_host(self) -> Profile:
+        """This profile with its host CPU replaced by the deploying machine's."""
+        host = {"kind": "llvm", "mcpu": "native"}
+        return Profile(self.name, self.description, self.runtime, self.target, host,
+                       {**self.raw, "host": host})  # fmt: skip
+
     @property
     def available(self) -> bool:
         return self.runtime in AVAILABLE_RUNTIMES

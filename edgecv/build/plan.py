@@ -26,6 +26,7 @@ class Buffer:
     name: str = ""
     view_of: int | None = None  # for kind == "view": the buffer whose bytes it reinterprets
     storage: int | None = None  # for kind == "temp": the storage slot
+    device: str = "cpu"  # where its bytes live: "cpu" or "gpu" (see edgecv.fallback)
 
     @property
     def nbytes(self) -> int:
@@ -34,12 +35,17 @@ class Buffer:
 
 @dataclass
 class Step:
-    """One kernel launch: ``kernel(*args)`` with outputs last (destination passing)."""
+    """One kernel launch: ``kernel(*args)`` with outputs last (destination passing).
+
+    ``kind == "copy"`` is a device copy instead: ``args == [source, destination]``, two
+    buffers of one shape on different devices; ``device`` is the destination's.
+    """
 
     kernel: str
     args: list[int]
     num_outputs: int = 1
     device: str = "cpu"
+    kind: str = "kernel"  # "kernel" | "copy"
 
 
 @dataclass
@@ -51,6 +57,7 @@ class Plan:
     inputs: list[int]
     outputs: list[int]
     storage_sizes: list[int] = field(default_factory=list)
+    storage_devices: list[str] = field(default_factory=list)  # the device of each slot
 
     # -- memory planning -------------------------------------------------------------
     def root(self, buffer_id: int) -> int:
@@ -65,8 +72,8 @@ class Plan:
 
         Liveness runs over launches: a buffer is live from the step that writes it to
         the last step that reads it (through any view). Graph outputs live to the end.
-        A freed slot is reused by the next buffer it fits best (smallest slot that is
-        large enough, else the largest free slot, grown).
+        A freed slot is reused by the next buffer on the same device that it fits best
+        (smallest slot that is large enough, else the largest free slot, grown).
         """
         last_use: dict[int, int] = {}
         end = len(self.steps)
@@ -76,6 +83,7 @@ class Plan:
         for out in self.outputs:
             last_use[self.root(out)] = end
         sizes: list[int] = []
+        devices: list[str] = []
         free: list[int] = []
         assigned: set[int] = set()
         for index, step in enumerate(self.steps):
@@ -84,15 +92,17 @@ class Plan:
                 if buf.kind != "temp" or buf.id in assigned:
                     continue
                 need = _aligned(buf.nbytes)
-                fits = [s for s in free if sizes[s] >= need]
+                here = [s for s in free if devices[s] == buf.device]
+                fits = [s for s in here if sizes[s] >= need]
                 if fits:
                     slot = min(fits, key=lambda s: sizes[s])
-                elif free:
-                    slot = max(free, key=lambda s: sizes[s])
+                elif here:
+                    slot = max(here, key=lambda s: sizes[s])
                     sizes[slot] = need
                 else:
                     slot = len(sizes)
                     sizes.append(need)
+                    devices.append(buf.device)
                 if slot in free:
                     free.remove(slot)
                 buf.storage = slot
@@ -104,9 +114,11 @@ class Plan:
                         free.append(root.storage)
                     last_use[root.id] = end + 1  # freed once
         self.storage_sizes = sizes
+        self.storage_devices = devices
 
-    def live_bytes_lower_bound(self) -> int:
-        """The largest total size of intermediate buffers live at one launch."""
+    def live_bytes_lower_bound(self, device: str | None = None) -> int:
+        """The largest total size of intermediate buffers live at one launch (on
+        ``device`` only, when given)."""
         first, last = {}, {}
         for index, step in enumerate(self.steps):
             for arg in step.args:
@@ -120,10 +132,16 @@ class Plan:
             live = sum(
                 self.buffers[b].nbytes
                 for b in first
-                if self.buffers[b].kind == "temp" and first[b] <= index <= last[b]
+                if self.buffers[b].kind == "temp"
+                and first[b] <= index <= last[b]
+                and device in (None, self.buffers[b].device)
             )
             peak = max(peak, live)
         return peak
+
+    def devices(self) -> list[str]:
+        """The devices the plan's launches run on, in order of first use."""
+        return list(dict.fromkeys(step.device for step in self.steps)) or ["cpu"]
 
     # -- serialization ---------------------------------------------------------------
     def to_json(self) -> str:
@@ -134,6 +152,7 @@ class Plan:
                 "inputs": self.inputs,
                 "outputs": self.outputs,
                 "storage_sizes": self.storage_sizes,
+                "storage_devices": self.storage_devices,
             },
             indent=1,
         )
@@ -148,6 +167,7 @@ class Plan:
             inputs=raw["inputs"],
             outputs=raw["outputs"],
             storage_sizes=raw["storage_sizes"],
+            storage_devices=raw.get("storage_devices", ["cpu"] * len(raw["storage_sizes"])),
         )
 
 

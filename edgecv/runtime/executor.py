@@ -8,35 +8,49 @@ calls the bound kernels in order and copies the outputs out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ..build.plan import Plan
-from ..errors import ShapeError
+from ..errors import EdgecvError, ShapeError
 from .backend import Backend
 
 
 class Executor:
-    """Runs one plan on one backend.
+    """Runs one plan on its backends.
 
     Parameters
     ----------
     plan : Plan
         The static plan (memory already planned).
-    backend : Backend
-        The device backend holding the compiled kernels.
+    backends : Backend or dict
+        The backend running every step, or one per device name the plan uses
+        (``{"gpu": OpenCLBackend, "cpu": CPUBackend}`` for a plan with CPU fallback).
     constants : dict
         Constant (parameter) arrays by buffer name.
     """
 
-    def __init__(self, plan: Plan, backend: Backend, constants: dict[str, np.ndarray]):
+    def __init__(
+        self, plan: Plan, backends: Backend | dict[str, Backend], constants: dict[str, np.ndarray]
+    ):
         self.plan = plan
-        self.backend = backend
-        slots = [backend.alloc(size) for size in plan.storage_sizes]
+        if isinstance(backends, Backend):
+            backends = {device: backends for device in {"cpu", "gpu", *plan.devices()}}
+        missing = {b.device for b in plan.buffers} - set(backends)
+        if missing:
+            raise EdgecvError(f"internal: no backend given for device(s) {sorted(missing)}")
+        self.backends = backends
+        self.backend = backends[plan.devices()[0]]
+        slot_devices = plan.storage_devices or ["cpu"] * len(plan.storage_sizes)
+        slots = [
+            backends[device].alloc(size)
+            for size, device in zip(plan.storage_sizes, slot_devices, strict=True)
+        ]
         tensors: list = [None] * len(plan.buffers)
         self.allocated_bytes = sum(plan.storage_sizes)
         for buf in plan.buffers:
+            backend = backends[buf.device]
             if buf.kind == "temp":
                 tensors[buf.id] = backend.view(slots[buf.storage], buf.shape, buf.dtype)
             elif buf.kind in ("input", "const"):
@@ -50,11 +64,24 @@ class Executor:
                 root = plan.buffers[plan.root(buf.id)]
                 slot = slots[root.storage] if root.kind == "temp" else None
                 base = slot if slot is not None else _storage_of(tensors, root.id)
-                tensors[buf.id] = backend.view(base, buf.shape, buf.dtype)
+                tensors[buf.id] = backends[buf.device].view(base, buf.shape, buf.dtype)
         self._tensors = tensors
         self._launches = [
-            backend.bind(step.kernel, [tensors[a] for a in step.args]) for step in plan.steps
-        ]
+            self._bind_copy(step) if step.kind == "copy"
+            else backends[step.device].bind(step.kernel, [tensors[a] for a in step.args])
+            for step in plan.steps
+        ]  # fmt: skip
+
+    def _bind_copy(self, step) -> Callable[[], None]:
+        source, destination = (self.plan.buffers[a] for a in step.args)
+        src_backend = self.backends[source.device]
+        dst_backend = self.backends[destination.device]
+        src, dst = self._tensors[source.id], self._tensors[destination.id]
+
+        def run() -> None:  # downloads wait for the source device's queued work
+            dst_backend.upload(dst, src_backend.download(src))
+
+        return run
 
     @property
     def num_launches(self) -> int:
@@ -73,11 +100,16 @@ class Executor:
                     f"for {tuple(buf.shape)}; redeploy with --input-shape "
                     f"{','.join(map(str, array.shape))} or resize the input"
                 )
-            self.backend.upload(self._tensors[buffer_id], array.astype(buf.dtype, copy=False))
+            backend = self.backends[buf.device]
+            backend.upload(self._tensors[buffer_id], array.astype(buf.dtype, copy=False))
         for launch in self._launches:
             launch()
-        self.backend.synchronize()
-        return [self.backend.download(self._tensors[o]) for o in self.plan.outputs]
+        for backend in set(self.backends.values()):
+            backend.synchronize()
+        return [
+            self.backends[self.plan.buffers[o].device].download(self._tensors[o])
+            for o in self.plan.outputs
+        ]
 
 
 def _storage_of(tensors: list, buffer_id: int):

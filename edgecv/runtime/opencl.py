@@ -104,7 +104,7 @@ class OpenCLBackend(Backend):
                     "that capability (aisage, local) or --device cpu"
                 )
             )
-        failures = []
+        failures, failing = [], []
         started = time.perf_counter()
         for platform, device in capable:  # the first one whose compiler builds the program
             context = cl.Context([device])
@@ -114,13 +114,15 @@ class OpenCLBackend(Backend):
                 )
             except ProgramBuildError as err:
                 failures.append(f"{_label(platform, device)}: {err}")
+                failing.extend(err.kernels)
                 continue
             self.device, self.context, self.program = device, context, program
             break
         else:
             raise ProgramBuildError(
                 f"the OpenCL program failed to build on every device matching "
-                f"`{device_query}`:\n" + "\n".join(failures)
+                f"`{device_query}`:\n" + "\n".join(failures),
+                dict.fromkeys(failing),
             )
         self.build_s = time.perf_counter() - started
         if failures:
@@ -211,7 +213,18 @@ class DeviceNotFoundError(EdgecvError):
 
 
 class ProgramBuildError(EdgecvError):
-    """The device's OpenCL compiler rejected the program."""
+    """The device's OpenCL compiler rejected the program (``kernels``: the ones named
+    by its log, empty when it rejected everything, e.g. a compiler that cannot run)."""
+
+    def __init__(self, message: str, kernels: Sequence[str] = ()):
+        super().__init__(message)
+        self.kernels = list(kernels)
+
+
+def compile_on_device(query: str, source: str, requires: Sequence[str] = ()) -> str:
+    """Compile ``source`` on the first matching device (filling the program cache);
+    return the device's label. Raises like :class:`OpenCLBackend`."""
+    return OpenCLBackend(query, source, {}, requires).label
 
 
 class DeviceMemoryError(EdgecvError):
@@ -248,12 +261,13 @@ def _build_program(cl, context, device, source: str, options: list[str]) -> tupl
         with warnings.catch_warnings():
             # Compiler chatter (Intel's "build succeeded" log) is not the user's concern.
             warnings.simplefilter("ignore", cl.CompilerWarning)
-            program = cl.Program(context, source).build(options=options)
+            # edgecv's cache below replaces pyopencl's (keyed by driver too)
+            program = cl.Program(context, source).build(options=options, cache_dir=False)
     except cl.RuntimeError as err:
         log = str(err).strip()
-        raise ProgramBuildError(
-            f"{failing_kernels(source, log)} failed to compile:\n{log[:3000]}"
-        ) from None
+        names = failing_kernels(source, log)
+        what = "kernel " + ", ".join(names) if names else "the program"
+        raise ProgramBuildError(f"{what} failed to compile:\n{log[:3000]}", names) from None
     binaries = program.get_info(cl.program_info.BINARIES)
     if binaries and binaries[0]:
         kernel_cache.write(key, "clbin", bytes(binaries[0]))
@@ -271,4 +285,4 @@ def failing_kernels(source: str, log: str) -> str:
             if found:
                 names.append(found.group(1))
                 break
-    return "kernel " + ", ".join(dict.fromkeys(names)) if names else "the program"
+    return list(dict.fromkeys(names))

@@ -1,0 +1,186 @@
+"""The two-pass CPU fallback: placement reasons, copy insertion, and mixed execution."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import mxnet_forward
+
+from edgecv.build.plan import Buffer, Plan, Step
+from edgecv.fallback import GpuOnlyError, insert_copies, place
+from edgecv.fallback.placement import Placement
+
+
+def chain_plan() -> Plan:
+    """x -> a -> t1 -> b -> t2 -> c -> out, plus d(t1) -> t3 and a parameter w read by a, b."""
+    buffers = [
+        Buffer(0, (4,), "float32", "input", "x"),
+        Buffer(1, (4,), "float32", "const", "w"),
+        Buffer(2, (4,), "float32", "temp"),  # t1 = a(x, w)
+        Buffer(3, (4,), "float32", "temp"),  # t2 = b(t1, w)
+        Buffer(4, (4,), "float32", "temp"),  # t3 = d(t1)
+        Buffer(5, (2, 2), "float32", "view", view_of=3),  # reshape of t2
+        Buffer(6, (2, 2), "float32", "temp"),  # out = c(view, t3)
+    ]
+    steps = [
+        Step("a", [0, 1, 2]),
+        Step("b", [2, 1, 3]),
+        Step("d", [2, 4]),
+        Step("c", [5, 4, 6]),
+    ]
+    return Plan(buffers, steps, inputs=[0], outputs=[6])
+
+
+def test_copies_only_on_edges_that_cross_devices():
+    plan = chain_plan()
+    result, copies = insert_copies(plan, Placement(["gpu", "cpu", "cpu", "gpu"]))
+    kinds = [(s.kind, s.kernel, s.device) for s in result.steps]
+    assert kinds == [
+        ("kernel", "a", "gpu"),
+        ("copy", "copy", "cpu"),  # t1 to the CPU, once for both CPU readers b and d
+        ("kernel", "b", "cpu"),
+        ("kernel", "d", "cpu"),
+        ("copy", "copy", "gpu"),  # the view of t2 back to the GPU
+        ("copy", "copy", "gpu"),  # t3 to the GPU
+        ("kernel", "c", "gpu"),
+    ]
+    t1_cpu = result.steps[1].args[1]
+    assert result.steps[1].args[0] == 2 and result.buffers[t1_cpu].device == "cpu"
+    assert result.steps[2].args[0] == t1_cpu and result.steps[3].args[0] == t1_cpu
+    # the parameter is read on both devices: uploaded twice, never copied at run time
+    w_cpu = result.steps[2].args[1]
+    assert w_cpu != 1 and result.buffers[w_cpu].kind == "const"
+    assert result.buffers[w_cpu].name == "w" and result.buffers[w_cpu].device == "cpu"
+    assert [(c.from_device, c.to_device, c.shape) for c in copies] == [
+        ("gpu", "cpu", (4,)), ("cpu", "gpu", (2, 2)), ("cpu", "gpu", (4,)),
+    ]  # fmt: skip
+    assert sum(c.nbytes for c in copies) == 16 + 16 + 16
+    assert plan.steps[1].args == [2, 1, 3]  # the input plan is left as it was
+
+
+def test_no_copies_when_every_launch_is_on_one_device():
+    for device in ("gpu", "cpu"):
+        result, copies = insert_copies(chain_plan(), Placement([device] * 4))
+        assert copies == [] and [s.kind for s in result.steps] == ["kernel"] * 4
+        assert {b.device for b in result.buffers} == {device}
+
+
+def test_memory_slots_are_never_shared_across_devices():
+    result, _ = insert_copies(chain_plan(), Placement(["gpu", "cpu", "cpu", "gpu"]))
+    for buf in result.buffers:
+        if buf.kind == "temp":
+            assert result.storage_devices[buf.storage] == buf.device
+    assert set(result.storage_devices) == {"gpu", "cpu"}
+
+
+def test_input_read_first_on_the_cpu_lives_there():
+    result, copies = insert_copies(chain_plan(), Placement(["cpu", "gpu", "gpu", "gpu"]))
+    assert result.buffers[0].device == "cpu"
+    assert [(c.source, c.to_device) for c in copies] == [(2, "gpu")]
+
+
+def test_placement_reasons_in_order():
+    plan = chain_plan()
+    ops = {"a": ["conv2d", "relu"], "b": ["box_nms"], "c": ["argsort"], "d": ["relu"]}
+    placement = place(
+        plan,
+        ops,
+        gpu_ops=["conv2d", "relu", "box_nms", "argsort", "erf"],
+        no_gpu_kernel={"b": "host code sorts"},
+        gpu_build_failed={"c": "kernel c failed to compile"},
+        cpu_ops=["relu"],
+    )
+    assert placement.devices == ["cpu", "cpu", "cpu", "cpu"]
+    reasons = {(n.kernel, n.reason, n.detail) for n in placement.cpu_nodes}
+    assert reasons == {
+        ("a", "forced", "relu"),
+        ("b", "no-gpu-kernel", "host code sorts"),
+        ("c", "gpu-build-failed", "kernel c failed to compile"),
+        ("d", "forced", "relu"),
+    }
+    listed = place(plan, ops, gpu_ops=["conv2d", "relu"])
+    assert listed.devices == ["gpu", "cpu", "gpu", "cpu"]  # steps run a, b, d, c
+    assert [(n.kernel, n.reason, n.detail) for n in listed.cpu_nodes] == [
+        ("b", "not-on-gpu-list", "box_nms"), ("c", "not-on-gpu-list", "argsort"),
+    ]  # fmt: skip
+    assert place(plan, ops, gpu_ops="all").devices == ["gpu"] * 4
+
+
+def test_gpu_only_refuses_with_the_offending_launches():
+    ops = {"a": ["conv2d"], "b": ["box_nms"], "c": ["add"], "d": ["relu"]}
+    with pytest.raises(GpuOnlyError) as err:
+        place(chain_plan(), ops, "all", no_gpu_kernel={"b": "host code sorts"}, gpu_only=True)
+    message = str(err.value)
+    assert "1 launch(es)" in message and "b (box_nms): no GPU implementation" in message
+    assert place(chain_plan(), ops, "all", gpu_only=True).on("gpu") == 4
+
+
+def _tiny_model(tmp_path):
+    from test_bad_input import small_net, small_params
+
+    from edgecv._mxnet import import_mxnet
+
+    mx = import_mxnet()
+    prefix = tmp_path / "tiny"
+    small_net().save(f"{prefix}-symbol.json")
+    mx.nd.save(f"{prefix}-0000.params", {k: mx.nd.array(v) for k, v in small_params().items()})
+    return f"{prefix}-symbol.json", f"{prefix}-0000.params"
+
+
+def test_operator_left_off_the_gpu_list_runs_on_the_cpu(tmp_path, capsys):
+    """A profile without `relu` on its GPU list: that launch falls back, with copies."""
+    from test_opencl import device_or_skip
+
+    from edgecv.cli import main
+    from edgecv.model import load
+    from edgecv.profiles import load_profile
+
+    device_or_skip("intel(r) opencl")
+    symbol, params = _tiny_model(tmp_path)
+    raw = dict(load_profile("deeplens").raw, name="no_relu")
+    raw["gpu_ops"] = ["conv2d", "add", "matmul", "dense", "permute_dims", "multiply"]
+    (tmp_path / "no_relu.json").write_text(json.dumps(raw))
+    out = tmp_path / "pkg"
+    argv = ["deploy", symbol, "--device", str(tmp_path / "no_relu.json"),
+            "--input-shape", "1,2,5,5", "-o", str(out), "--explain"]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    placement = manifest["build"]["placement"]
+    assert placement["launches"]["cpu"] >= 1
+    assert all(n["reason"] == "not-on-gpu-list" for n in placement["cpu_nodes"])
+    assert any("relu" in n["ops"] for n in placement["cpu_nodes"])
+    assert len(placement["copies"]) >= 1 and "operator not on the profile's GPU list" in printed
+    assert f"copies: {len(placement['copies'])}" in printed
+    model = load(out, on="intel")
+    assert set(model.executor.backends) == {"gpu", "cpu"}
+    x = np.random.RandomState(0).normal(size=(1, 2, 5, 5)).astype(np.float32)
+    from edgecv.testing import assert_close
+
+    assert_close(model.run(x)[0], mxnet_forward(symbol, params, x)[0], "tiny with CPU relu")
+    assert main([*argv[:-1], "--gpu-only"]) == 2
+    assert "--gpu-only" in capsys.readouterr().err
+
+
+def test_forced_cpu_ops_give_the_same_outputs_as_all_gpu(tmp_path, exported):
+    """squeezenet with every max_pool2d forced onto the CPU vs the all-GPU package."""
+    from test_opencl import device_or_skip
+
+    from edgecv.deploy import deploy
+    from edgecv.model import load
+
+    device_or_skip("intel(r) opencl")
+    model = exported("squeezenet1.0")
+    symbol, params = str(model.symbol_path), str(model.params_path)
+    gpu = deploy(symbol, tmp_path / "gpu", "deeplens", params=params, input_shape=model.input_shape)
+    mixed = deploy(symbol, tmp_path / "mixed", "deeplens", params=params,
+                   input_shape=model.input_shape, cpu_ops=["max_pool2d"])  # fmt: skip
+    facts = json.loads((mixed / "manifest.json").read_text())["build"]["placement"]
+    assert facts["launches"]["cpu"] == 3 and len(facts["copies"]) == 6
+    x = np.random.RandomState(2).uniform(0, 1, model.input_shape).astype(np.float32)
+    all_gpu, with_cpu = load(gpu, on="intel").run(x)[0], load(mixed, on="intel").run(x)[0]
+    np.testing.assert_allclose(with_cpu, all_gpu, rtol=1e-5, atol=1e-6)
+    ref = mxnet_forward(model.symbol_path, model.params_path, x)[0]
+    assert np.argmax(with_cpu) == np.argmax(ref)
