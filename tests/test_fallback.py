@@ -184,3 +184,31 @@ def test_forced_cpu_ops_give_the_same_outputs_as_all_gpu(tmp_path, exported):
     np.testing.assert_allclose(with_cpu, all_gpu, rtol=1e-5, atol=1e-6)
     ref = mxnet_forward(model.symbol_path, model.params_path, x)[0]
     assert np.argmax(with_cpu) == np.argmax(ref)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize(
+    "name", ["ssd_512_mobilenet1.0_voc", "ssd_512_resnet50_v1_voc", "yolo3_mobilenet1.0_coco"]
+)
+def test_detector_with_nms_on_the_cpu_matches_mxnet(tmp_path, exported, name):
+    """Everything on Intel's OpenCL device but the NMS (and its sort), which runs on the
+    CPU (no GPU kernel for it yet): same detections as MXNet."""
+    from conftest import random_input
+    from test_opencl import device_or_skip
+    from test_parity import depth_loosening, match_detections
+
+    from edgecv.deploy import deploy
+    from edgecv.model import load
+
+    device_or_skip("intel(r) opencl")
+    model = exported(name)
+    package = deploy(str(model.symbol_path), tmp_path / "pkg", "deeplens",
+                     params=str(model.params_path), input_shape=model.input_shape)  # fmt: skip
+    facts = json.loads((package / "manifest.json").read_text())["build"]["placement"]
+    assert [n["ops"] for n in facts["cpu_nodes"]] == [["box_nms"]]
+    assert len(facts["copies"]) == 2  # boxes to the CPU, kept boxes back
+    x = random_input(model.input_shape)
+    ours = load(package, on="intel").run(x)
+    ref = mxnet_forward(model.symbol_path, model.params_path, x)
+    compared = match_detections(ours, ref, depth_loosening(model), max(model.input_shape[2:]))
+    assert compared > 0
