@@ -103,3 +103,26 @@ def test_scan_kernel_is_clean(rows, n, threads, exclusive):
     )
     assert_clean(report)
     np.testing.assert_array_equal(out, scan_reference(x, exclusive))
+
+
+@pytest.mark.parametrize(("lengths", "block"), [([1], 2), ([0, 3, 5, 0, 9], 4), ([40, 1, 23], 16)])
+def test_segmented_argsort_kernels_are_clean(lengths, block):
+    from edgecv.ops.argsort import (
+        segmented_argsort_gpu,
+        segmented_argsort_reference,
+        workspace_shapes,
+    )
+
+    total = sum(lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    keys = np.random.RandomState(total).randint(0, 4, total).astype(np.float32)
+    func = segmented_argsort_gpu(total, len(lengths), "float32", True, block)
+    kernels = build_opencl(
+        tvm.IRModule({"segmented_argsort": func}), load_profile("aisage").tvm_target()
+    )
+    dtypes = ["float32", "int32", "int32"] * 2
+    work = [np.zeros(s, d) for s, d in zip(workspace_shapes(total), dtypes, strict=True)]
+    arrays = [keys, offsets, np.zeros(total, np.int32), *work]
+    results, report = run_on_oclgrind(kernels.source, kernels.launches, "segmented_argsort", arrays)
+    assert_clean(report)
+    np.testing.assert_array_equal(results[2], segmented_argsort_reference(keys, offsets, True))

@@ -1,0 +1,204 @@
+"""Segmented argsort for GPUs, written once in TIR: balanced blocks, then merge passes.
+
+The segments (one per image, per class, ...) are laid end to end in one array of
+``total`` keys, with ``offsets[s]`` the start of segment ``s`` (``offsets[-1] ==
+total``; empty and one-element segments are fine). Work is cut by position, never by
+segment, so a long segment and many short ones cost the same:
+
+1. each key gets its segment id (a binary search in ``offsets``);
+2. block sort: one work-group per block of ``block`` keys sorts it in local memory
+   (bitonic network, a barrier per step);
+3. merge passes: sorted runs of ``block``, ``2 block``, ``4 block``... keys merge
+   pairwise, each work-item placing one element by a binary search for its rank in the
+   partner run, one launch per pass, ping-ponging between two workspaces.
+
+Every comparison is on ``(segment, key, index)`` -- segment ascending, key ascending
+or descending, index ascending -- so the order is total, segments never mix (the
+array is already in segment order) and equal keys keep their input order (stable).
+The result is each element's index within its segment, as MXNet's ``argsort`` gives.
+:func:`segmented_argsort_reference` is the NumPy reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
+
+__all__ = ["segmented_argsort_gpu", "segmented_argsort_reference", "workspace_shapes"]
+
+SUPPORTED_DTYPES = ("float32", "int32")
+_LAST_SEGMENT = 2**31 - 1  # pads a block: sorts after every real element
+
+
+def segmented_argsort_reference(
+    keys: np.ndarray, offsets: np.ndarray, descending: bool = False
+) -> np.ndarray:
+    """Stable argsort of each segment ``keys[offsets[s]:offsets[s+1]]``, concatenated."""
+    out = np.empty(len(keys), np.int32)
+    for start, end in zip(offsets[:-1], offsets[1:], strict=True):
+        segment = keys[start:end]
+        # stable descending: sort the negated rank order, ties by position
+        order = np.lexsort((np.arange(len(segment)), -segment if descending else segment))
+        out[start:end] = order
+    return out
+
+
+def _passes(total: int, block: int) -> int:
+    count, width = 0, block
+    while width < total:
+        count, width = count + 1, width * 2
+    return count
+
+
+def workspace_shapes(total: int) -> list[tuple[int]]:
+    """Shapes of the six workspace buffers (keys, indices, segments; two of each)."""
+    return [(total,)] * 6
+
+
+def segmented_argsort_gpu(
+    total: int,
+    num_segments: int,
+    dtype: str = "float32",
+    descending: bool = False,
+    block: int = 256,
+) -> tirx.PrimFunc:
+    """The sort as a scheduled GPU PrimFunc.
+
+    Arguments: ``keys (total,)``, ``offsets (num_segments + 1,) int32``, the result
+    ``indices (total,) int32``, then six workspaces (:func:`workspace_shapes`).
+    """
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"argsort: dtype {dtype} is not supported (use {SUPPORTED_DTYPES})")
+    if total < 1 or num_segments < 1:
+        raise ValueError(f"argsort: need total >= 1 and a segment, got {total}, {num_segments}")
+    if block < 2 or block & (block - 1):
+        raise ValueError(f"argsort: block must be a power of two >= 2, not {block}")
+    blocks = -(-total // block)
+    int32 = "int32"
+
+    def before(s1, k1, i1, s2, k2, i2):
+        """(s1, k1, i1) sorts strictly before (s2, k2, i2)."""
+        key_first = k1 > k2 if descending else k1 < k2
+        return tirx.Or(s1 < s2, tirx.And(s1 == s2, tirx.Or(key_first, tirx.And(k1 == k2, i1 < i2))))
+
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("segmented_argsort")
+            T.func_attr({"tirx.is_scheduled": True, "global_symbol": "segmented_argsort"})
+
+            def arg(name, shape, dt):
+                return T.buffer_proxy(T.match_buffer(T.arg(name, T.handle()), shape, dt))
+
+            keys = arg("keys", (total,), dtype)
+            offsets = arg("offsets", (num_segments + 1,), int32)
+            result = arg("indices", (total,), int32)
+            work = [
+                (arg(f"key_{s}", (total,), dtype), arg(f"index_{s}", (total,), int32),
+                 arg(f"segment_{s}", (total,), int32))
+                for s in "ab"
+            ]  # fmt: skip
+
+            # 1 + 2. segment ids and block sort, one work-group per block
+            bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+            with T.launch_thread(bx, blocks), T.launch_thread(tx, block):
+                sk = T.buffer_proxy(T.alloc_buffer((block,), dtype, scope="shared"))
+                si = T.buffer_proxy(T.alloc_buffer((block,), int32, scope="shared"))
+                ss = T.buffer_proxy(T.alloc_buffer((block,), int32, scope="shared"))
+                lo = T.buffer_proxy(T.alloc_buffer((3,), int32, scope="local"))
+                tmp_k = T.buffer_proxy(T.alloc_buffer((1,), dtype, scope="local"))
+                g = bx * block + tx
+                with T.If(g < total):
+                    with T.Then():
+                        lo[0] = 0  # last segment whose start <= g (binary search)
+                        lo[1] = num_segments
+                        with T.While(lo[1] - lo[0] > 1):
+                            lo[2] = (lo[0] + lo[1]) // 2
+                            with T.If(offsets[lo[2]] <= g):
+                                with T.Then():
+                                    lo[0] = lo[2]
+                                with T.Else():
+                                    lo[1] = lo[2]
+                        ss[tx] = lo[0]
+                        sk[tx] = keys[g]
+                        si[tx] = g
+                    with T.Else():
+                        ss[tx] = _LAST_SEGMENT
+                        sk[tx] = keys[0]
+                        si[tx] = g
+                T.evaluate(T.tvm_storage_sync("shared"))
+                size = 2
+                while size <= block:  # bitonic network
+                    stride = size // 2
+                    while stride >= 1:
+                        # every work-item reads its pair, then (after a barrier) writes only
+                        # its own slot: no divergent writes to shared memory
+                        partner = tx ^ stride
+                        up = (tx & size) == 0
+                        tmp_k[0] = sk[partner]
+                        lo[0] = si[partner]
+                        lo[1] = ss[partner]
+                        p_first = before(lo[1], tmp_k[0], lo[0], ss[tx], sk[tx], si[tx])
+                        keep_first = (tx < partner) == up
+                        lo[2] = tirx.Select(
+                            tirx.Select(keep_first, p_first, tirx.Not(p_first)), 1, 0
+                        )
+                        T.evaluate(T.tvm_storage_sync("shared"))
+                        sk[tx] = tirx.Select(lo[2] == 1, tmp_k[0], sk[tx])
+                        si[tx] = tirx.Select(lo[2] == 1, lo[0], si[tx])
+                        ss[tx] = tirx.Select(lo[2] == 1, lo[1], ss[tx])
+                        T.evaluate(T.tvm_storage_sync("shared"))
+                        stride //= 2
+                    size *= 2
+                with T.If(g < total):
+                    with T.Then():
+                        work[0][0][g] = sk[tx]
+                        work[0][1][g] = si[tx]
+                        work[0][2][g] = ss[tx]
+
+            # 3. merge passes: runs of `width` merge pairwise
+            width, src = block, 0
+            threads = min(block, 256)
+            for _ in range(_passes(total, block)):
+                (k_in, i_in, s_in), (k_out, i_out, s_out) = work[src], work[1 - src]
+                bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+                with T.launch_thread(bx, -(-total // threads)), T.launch_thread(tx, threads):
+                    pos = T.buffer_proxy(T.alloc_buffer((4,), int32, scope="local"))
+                    e = bx * threads + tx
+                    with T.If(e < total):
+                        with T.Then():
+                            run = e // width
+                            left = (run // 2) * 2 * width
+                            mid = tirx.min(left + width, total)
+                            end = tirx.min(left + 2 * width, total)
+                            in_left = run % 2 == 0
+                            # search the partner run for this element's rank
+                            pos[0] = tirx.Select(in_left, mid, left)  # low
+                            pos[1] = tirx.Select(in_left, end, mid)  # high
+                            with T.While(pos[0] < pos[1]):
+                                pos[2] = (pos[0] + pos[1]) // 2
+                                with T.If(before(s_in[pos[2]], k_in[pos[2]], i_in[pos[2]],
+                                                 s_in[e], k_in[e], i_in[e])):  # fmt: skip
+                                    with T.Then():
+                                        pos[0] = pos[2] + 1
+                                    with T.Else():
+                                        pos[1] = pos[2]
+                            rank = pos[0] - tirx.Select(in_left, mid, left)
+                            own = e - tirx.Select(in_left, left, mid)
+                            pos[3] = left + own + rank
+                            k_out[pos[3]] = k_in[e]
+                            i_out[pos[3]] = i_in[e]
+                            s_out[pos[3]] = s_in[e]
+                width, src = width * 2, 1 - src
+
+            # 4. indices within their segments
+            k_in, i_in, s_in = work[src]
+            bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+            threads = min(block, 256)
+            with T.launch_thread(bx, -(-total // threads)), T.launch_thread(tx, threads):
+                e = bx * threads + tx
+                with T.If(e < total):
+                    with T.Then():
+                        result[e] = i_in[e] - offsets[s_in[e]]
+    return ib.get()

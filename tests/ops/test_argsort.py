@@ -1,0 +1,113 @@
+"""Segmented argsort on OpenCL against NumPy (stable) and MXNet's argsort."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgecv.build.opencl import build_opencl
+from edgecv.ops.argsort import (
+    segmented_argsort_gpu,
+    segmented_argsort_reference,
+    workspace_shapes,
+)
+from edgecv.profiles import load_profile
+from edgecv.runtime.opencl_devices import opencl_devices
+
+pytestmark = pytest.mark.skipif(
+    not any(d.matches("intel(r) opencl") for d in opencl_devices()),
+    reason="no Intel OpenCL runtime here",
+)
+
+
+@functools.cache
+def _backend(total, segments, dtype, descending, block, device="intel"):
+    from edgecv.runtime.opencl import OpenCLBackend
+
+    func = segmented_argsort_gpu(total, segments, dtype, descending, block)
+    kernels = build_opencl(
+        tvm.IRModule({"segmented_argsort": func}), load_profile("aisage").tvm_target()
+    )
+    assert not kernels.unsupported
+    return OpenCLBackend(device, kernels.source, kernels.launches)
+
+
+def sort_on_opencl(keys, offsets, descending=False, block=64, device="intel"):
+    backend = _backend(len(keys), len(offsets) - 1, str(keys.dtype), descending, block, device)
+    arrays = [keys, offsets.astype(np.int32), np.zeros(len(keys), np.int32)]
+    for shape, dtype in zip(workspace_shapes(len(keys)), [keys.dtype, "int32", "int32"] * 2,
+                            strict=True):  # fmt: skip
+        arrays.append(np.zeros(shape, dtype))
+    tensors = []
+    for array in arrays:
+        tensor = backend.view(backend.alloc(array.nbytes), array.shape, str(array.dtype))
+        backend.upload(tensor, array)
+        tensors.append(tensor)
+    backend.bind("segmented_argsort", tensors)()
+    backend.synchronize()
+    return backend.download(tensors[2])
+
+
+def offsets_of(lengths):
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        [1],  # one element
+        [0, 1, 0, 2, 0],  # empty segments
+        [63], [64], [65],  # around a block
+        [300, 1, 1000, 7, 0, 33],  # segments spanning block interfaces
+        [70000],  # > 2^16 elements, 11 merge passes
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_edge_cases_match_the_stable_reference(lengths, descending, dtype):
+    rng = np.random.RandomState(len(lengths) + sum(lengths))
+    total = sum(lengths)
+    keys = rng.randint(-5, 5, total).astype(dtype)  # many equal keys: stability matters
+    offsets = offsets_of(lengths)
+    got = sort_on_opencl(keys, offsets, descending)
+    np.testing.assert_array_equal(got, segmented_argsort_reference(keys, offsets, descending))
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 200), min_size=1, max_size=12).filter(lambda x: sum(x) > 0),
+    descending=st.booleans(),
+    block=st.sampled_from([2, 16, 128]),
+    seed=st.integers(0, 2**16),
+)
+def test_random_segments(lengths, descending, block, seed):
+    keys = np.random.RandomState(seed).normal(size=sum(lengths)).astype(np.float32)
+    keys[::3] = 0.5  # and ties
+    offsets = offsets_of(lengths)
+    got = sort_on_opencl(keys, offsets, descending, block)
+    np.testing.assert_array_equal(got, segmented_argsort_reference(keys, offsets, descending))
+
+
+def test_rows_match_mxnet_argsort():
+    from edgecv._mxnet import import_mxnet
+
+    mx = import_mxnet()
+    rows = np.random.RandomState(3).permutation(4 * 500).reshape(4, 500).astype(np.float32)
+    for descending in (False, True):
+        theirs = mx.nd.argsort(mx.nd.array(rows), axis=-1, is_ascend=not descending)
+        ours = sort_on_opencl(rows.reshape(-1), offsets_of([500] * 4), descending)
+        np.testing.assert_array_equal(ours.reshape(4, 500), theirs.asnumpy().astype(np.int32))
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="float64"):
+        segmented_argsort_gpu(4, 1, "float64")
+    with pytest.raises(ValueError, match="power of two"):
+        segmented_argsort_gpu(4, 1, block=48)
+    with pytest.raises(ValueError, match="total >= 1"):
+        segmented_argsort_gpu(0, 1)
