@@ -45,6 +45,9 @@ class Launch:
     args: list[tuple[str, int | float, str]]  # (kind, value, C type of the param)
     global_size: tuple[int, int, int]
     local_size: tuple[int, int, int]
+    # bytes of each device workspace of the PrimFunc (the same list on each of its
+    # launches); ("workspace", i) arguments name them. The runtime allocates them once.
+    workspaces: list[int] = field(default_factory=list)
 
 
 def launches_to_json(launches: dict[str, list[Launch]]) -> str:
@@ -60,6 +63,7 @@ def launches_from_json(text: str) -> dict[str, list[Launch]]:
                 [tuple(a) for a in x["args"]],
                 tuple(x["global_size"]),
                 tuple(x["local_size"]),
+                list(x.get("workspaces", [])),
             )
             for x in items
         ]
@@ -127,13 +131,17 @@ def _c_type(ty) -> str:
 def _read_host(func, device_funcs: dict) -> list[Launch]:
     params = list(func.params)
     declared: dict = {}
+    workspaces: list = []  # host-allocated global buffers, in order
     launches: list[Launch] = []
     call_kernel = tvm.ir.Op.get("tirx.call_ffi_kernel")
 
-    def param_index(var) -> int:
+    def param_index(var) -> tuple[str, int]:
         for i, p in enumerate(params):
             if p.same_as(var):
-                return i
+                return "buffer", i
+        for i, buf in enumerate(workspaces):
+            if buf.same_as(var) or buf.data.same_as(var):
+                return "workspace", i
         for buf, data in declared.items():
             if buf.same_as(var):
                 return param_index(data.args[0])
@@ -145,6 +153,12 @@ def _read_host(func, device_funcs: dict) -> list[Launch]:
                 visit(s)
         elif isinstance(stmt, tirx.stmt.DeclBuffer):
             declared[stmt.buffer] = stmt.data
+        elif isinstance(stmt, tirx.stmt.AllocBuffer) and stmt.buffer.scope() == "global":
+            if not all(isinstance(d, tirx.IntImm) for d in stmt.buffer.shape):
+                raise UnsupportedHostCode(
+                    f"{func.attrs['global_symbol']}: workspace of dynamic size"
+                )
+            workspaces.append(stmt.buffer)
         elif (
             isinstance(stmt, tirx.stmt.Evaluate)
             and isinstance(stmt.value, tvm.ir.expr.Call)
@@ -157,7 +171,17 @@ def _read_host(func, device_funcs: dict) -> list[Launch]:
             )
 
     visit(func.body)
+    sizes = [_nbytes(buf) for buf in workspaces]
+    for launch in launches:
+        launch.workspaces = list(sizes)
     return launches
+
+
+def _nbytes(buf) -> int:
+    count = 1
+    for dim in buf.shape:
+        count *= int(dim)
+    return count * tvm.DataType(str(buf.dtype)).bits // 8
 
 
 def _launch(call, device_funcs: dict, param_index) -> Launch:
@@ -176,7 +200,11 @@ def _launch(call, device_funcs: dict, param_index) -> Launch:
     for expr, param in zip(call.args[1 : 1 + n_args], device.params, strict=True):
         ctype = _c_type(param.ty)
         if isinstance(expr, tvm.ir.expr.Call) and expr.op.name == "tirx.buffer_data":
-            args.append(("buffer", param_index(expr.args[0]), ctype))
+            kind, index = param_index(expr.args[0])
+            args.append((kind, index, ctype))
+        elif isinstance(expr, tirx.Var) and "handle" in str(expr.ty):
+            kind, index = param_index(expr)
+            args.append((kind, index, ctype))
         elif isinstance(expr, (tirx.IntImm, tirx.FloatImm)):
             args.append(("scalar", expr.value, ctype))
         else:

@@ -236,10 +236,15 @@ class CUDABackend(Backend):
         if name not in self.launches:
             raise EdgecvError(f"kernel `{name}` has no CUDA launches in this package")
         prepared = []
-        for launch in self.launches[name]:
+        launches = self.launches[name]
+        sizes = launches[0].workspaces if launches else []
+        workspaces = [self.alloc(size) for size in sizes]  # once per step, at load
+        for launch in launches:
             values = [
                 ctypes.c_uint64(tensors[int(value)].pointer)
                 if kind == "buffer"
+                else ctypes.c_uint64(workspaces[int(value)].pointer)
+                if kind == "workspace"
                 else _SCALARS[ctype](value)
                 for kind, value, ctype in launch.args
             ]

@@ -186,11 +186,16 @@ class OpenCLBackend(Backend):
         if name not in self.launches:
             raise EdgecvError(f"kernel `{name}` has no OpenCL launches in this package")
         prepared = []
-        for launch in self.launches[name]:
+        launches = self.launches[name]
+        sizes = launches[0].workspaces if launches else []
+        workspaces = [self.alloc(size) for size in sizes]  # once per step, at load
+        for launch in launches:
             kernel = self.cl.Kernel(self.program, launch.kernel)
             for i, (kind, value, ctype) in enumerate(launch.args):
                 if kind == "buffer":
                     kernel.set_arg(i, tensors[int(value)].buffer)
+                elif kind == "workspace":
+                    kernel.set_arg(i, workspaces[int(value)])
                 else:
                     kernel.set_arg(i, _SCALARS[ctype](value))
             prepared.append((kernel, launch.global_size, launch.local_size))
