@@ -256,7 +256,7 @@ class CUDABackend(Backend):
             prepared.append((function, grid, launch.local_size, params, values))
         launch_kernel, check = self.driver.lib.cuLaunchKernel, self.driver.check
 
-        def run() -> None:
+        def run(_workspaces=workspaces) -> None:
             for function, grid, block, params, _keep in prepared:
                 check(
                     "cuLaunchKernel",

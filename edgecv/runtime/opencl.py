@@ -201,7 +201,7 @@ class OpenCLBackend(Backend):
             prepared.append((kernel, launch.global_size, launch.local_size))
         enqueue, queue = self.cl.enqueue_nd_range_kernel, self.queue
 
-        def run() -> None:
+        def run(_keep=workspaces) -> None:  # set_arg holds no reference: run() does
             for kernel, global_size, local_size in prepared:
                 enqueue(queue, kernel, global_size, local_size)
 
