@@ -69,20 +69,7 @@ def segmented_argsort_gpu(
     Arguments: ``keys (total,)``, ``offsets (num_segments + 1,) int32``, the result
     ``indices (total,) int32``, then six workspaces (:func:`workspace_shapes`).
     """
-    if dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"argsort: dtype {dtype} is not supported (use {SUPPORTED_DTYPES})")
-    if total < 1 or num_segments < 1:
-        raise ValueError(f"argsort: need total >= 1 and a segment, got {total}, {num_segments}")
-    if block < 2 or block & (block - 1):
-        raise ValueError(f"argsort: block must be a power of two >= 2, not {block}")
-    blocks = -(-total // block)
-    int32 = "int32"
-
-    def before(s1, k1, i1, s2, k2, i2):
-        """(s1, k1, i1) sorts strictly before (s2, k2, i2)."""
-        key_first = k1 > k2 if descending else k1 < k2
-        return tirx.Or(s1 < s2, tirx.And(s1 == s2, tirx.Or(key_first, tirx.And(k1 == k2, i1 < i2))))
-
+    _check(total, num_segments, dtype, block)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("segmented_argsort")
@@ -92,113 +79,151 @@ def segmented_argsort_gpu(
                 return T.buffer_proxy(T.match_buffer(T.arg(name, T.handle()), shape, dt))
 
             keys = arg("keys", (total,), dtype)
-            offsets = arg("offsets", (num_segments + 1,), int32)
-            result = arg("indices", (total,), int32)
+            offsets = arg("offsets", (num_segments + 1,), "int32")
+            result = arg("indices", (total,), "int32")
             work = [
-                (arg(f"key_{s}", (total,), dtype), arg(f"index_{s}", (total,), int32),
-                 arg(f"segment_{s}", (total,), int32))
+                (arg(f"key_{s}", (total,), dtype), arg(f"index_{s}", (total,), "int32"),
+                 arg(f"segment_{s}", (total,), "int32"))
                 for s in "ab"
             ]  # fmt: skip
 
-            # 1 + 2. segment ids and block sort, one work-group per block
-            bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-            with T.launch_thread(bx, blocks), T.launch_thread(tx, block):
-                sk = T.buffer_proxy(T.alloc_buffer((block,), dtype, scope="shared"))
-                si = T.buffer_proxy(T.alloc_buffer((block,), int32, scope="shared"))
-                ss = T.buffer_proxy(T.alloc_buffer((block,), int32, scope="shared"))
-                lo = T.buffer_proxy(T.alloc_buffer((3,), int32, scope="local"))
-                tmp_k = T.buffer_proxy(T.alloc_buffer((1,), dtype, scope="local"))
-                g = bx * block + tx
-                with T.If(g < total):
-                    with T.Then():
-                        lo[0] = 0  # last segment whose start <= g (binary search)
-                        lo[1] = num_segments
-                        with T.While(lo[1] - lo[0] > 1):
-                            lo[2] = (lo[0] + lo[1]) // 2
-                            with T.If(offsets[lo[2]] <= g):
-                                with T.Then():
-                                    lo[0] = lo[2]
-                                with T.Else():
-                                    lo[1] = lo[2]
-                        ss[tx] = lo[0]
-                        sk[tx] = keys[g]
-                        si[tx] = g
-                    with T.Else():
-                        ss[tx] = _LAST_SEGMENT
-                        sk[tx] = keys[0]
-                        si[tx] = g
-                T.evaluate(T.tvm_storage_sync("shared"))
-                size = 2
-                while size <= block:  # bitonic network
-                    stride = size // 2
-                    while stride >= 1:
-                        # every work-item reads its pair, then (after a barrier) writes only
-                        # its own slot: no divergent writes to shared memory
-                        partner = tx ^ stride
-                        up = (tx & size) == 0
-                        tmp_k[0] = sk[partner]
-                        lo[0] = si[partner]
-                        lo[1] = ss[partner]
-                        p_first = before(lo[1], tmp_k[0], lo[0], ss[tx], sk[tx], si[tx])
-                        keep_first = (tx < partner) == up
-                        lo[2] = tirx.Select(
-                            tirx.Select(keep_first, p_first, tirx.Not(p_first)), 1, 0
-                        )
-                        T.evaluate(T.tvm_storage_sync("shared"))
-                        sk[tx] = tirx.Select(lo[2] == 1, tmp_k[0], sk[tx])
-                        si[tx] = tirx.Select(lo[2] == 1, lo[0], si[tx])
-                        ss[tx] = tirx.Select(lo[2] == 1, lo[1], ss[tx])
-                        T.evaluate(T.tvm_storage_sync("shared"))
-                        stride //= 2
-                    size *= 2
-                with T.If(g < total):
-                    with T.Then():
-                        work[0][0][g] = sk[tx]
-                        work[0][1][g] = si[tx]
-                        work[0][2][g] = ss[tx]
-
-            # 3. merge passes: runs of `width` merge pairwise
-            width, src = block, 0
-            threads = min(block, 256)
-            for _ in range(_passes(total, block)):
-                (k_in, i_in, s_in), (k_out, i_out, s_out) = work[src], work[1 - src]
-                bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-                with T.launch_thread(bx, -(-total // threads)), T.launch_thread(tx, threads):
-                    pos = T.buffer_proxy(T.alloc_buffer((4,), int32, scope="local"))
-                    e = bx * threads + tx
-                    with T.If(e < total):
+            def segment_of(g, scratch):
+                """Last segment whose start <= g: a binary search in ``offsets``."""
+                scratch[0] = 0
+                scratch[1] = num_segments
+                with T.While(scratch[1] - scratch[0] > 1):
+                    scratch[2] = (scratch[0] + scratch[1]) // 2
+                    with T.If(offsets[scratch[2]] <= g):
                         with T.Then():
-                            run = e // width
-                            left = (run // 2) * 2 * width
-                            mid = tirx.min(left + width, total)
-                            end = tirx.min(left + 2 * width, total)
-                            in_left = run % 2 == 0
-                            # search the partner run for this element's rank
-                            pos[0] = tirx.Select(in_left, mid, left)  # low
-                            pos[1] = tirx.Select(in_left, end, mid)  # high
-                            with T.While(pos[0] < pos[1]):
-                                pos[2] = (pos[0] + pos[1]) // 2
-                                with T.If(before(s_in[pos[2]], k_in[pos[2]], i_in[pos[2]],
-                                                 s_in[e], k_in[e], i_in[e])):  # fmt: skip
-                                    with T.Then():
-                                        pos[0] = pos[2] + 1
-                                    with T.Else():
-                                        pos[1] = pos[2]
-                            rank = pos[0] - tirx.Select(in_left, mid, left)
-                            own = e - tirx.Select(in_left, left, mid)
-                            pos[3] = left + own + rank
-                            k_out[pos[3]] = k_in[e]
-                            i_out[pos[3]] = i_in[e]
-                            s_out[pos[3]] = s_in[e]
-                width, src = width * 2, 1 - src
+                            scratch[0] = scratch[2]
+                        with T.Else():
+                            scratch[1] = scratch[2]
+                return scratch[0]
 
-            # 4. indices within their segments
-            k_in, i_in, s_in = work[src]
-            bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-            threads = min(block, 256)
-            with T.launch_thread(bx, -(-total // threads)), T.launch_thread(tx, threads):
-                e = bx * threads + tx
-                with T.If(e < total):
-                    with T.Then():
-                        result[e] = i_in[e] - offsets[s_in[e]]
+            emit_segmented_sort(
+                keys, result, work, total, segment_of, lambda seg: offsets[seg],
+                dtype, descending, block,
+            )  # fmt: skip
     return ib.get()
+
+
+def _check(total: int, num_segments: int, dtype: str, block: int) -> None:
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"argsort: dtype {dtype} is not supported (use {SUPPORTED_DTYPES})")
+    if total < 1 or num_segments < 1:
+        raise ValueError(f"argsort: need total >= 1 and a segment, got {total}, {num_segments}")
+    if block < 2 or block & (block - 1):
+        raise ValueError(f"argsort: block must be a power of two >= 2, not {block}")
+
+
+def emit_segmented_sort(
+    keys, result, work, total: int, segment_of, segment_start, dtype: str,
+    descending: bool, block: int,
+):  # fmt: skip
+    """Emit the sort's launches into the PrimFunc being built (see the module docstring).
+
+    ``keys``/``result`` are ``(total,)`` buffers, ``work`` two (key, index, segment)
+    workspace triples; ``segment_of(g, scratch)`` may emit statements using the 3-int
+    local ``scratch`` and returns the segment of position ``g``; ``segment_start(s)`` is
+    the first position of segment ``s``. Returns the work triple holding the sorted
+    (key, index, segment) arrays.
+    """
+    blocks = -(-total // block)
+    int32 = "int32"
+
+    def before(s1, k1, i1, s2, k2, i2):
+        """(s1, k1, i1) sorts strictly before (s2, k2, i2)."""
+        key_first = k1 > k2 if descending else k1 < k2
+        return tirx.Or(s1 < s2, tirx.And(s1 == s2, tirx.Or(key_first, tirx.And(k1 == k2, i1 < i2))))
+
+    # 1 + 2. segment ids and block sort, one work-group per block
+    bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+    with T.launch_thread(bx, blocks), T.launch_thread(tx, block):
+        sk = T.buffer_proxy(T.alloc_buffer((block,), dtype, scope="shared"))
+        si = T.buffer_proxy(T.alloc_buffer((block,), int32, scope="shared"))
+        ss = T.buffer_proxy(T.alloc_buffer((block,), int32, scope="shared"))
+        lo = T.buffer_proxy(T.alloc_buffer((3,), int32, scope="local"))
+        tmp_k = T.buffer_proxy(T.alloc_buffer((1,), dtype, scope="local"))
+        g = bx * block + tx
+        with T.If(g < total):
+            with T.Then():
+                ss[tx] = segment_of(g, lo)
+                sk[tx] = keys[g]
+                si[tx] = g
+            with T.Else():
+                ss[tx] = _LAST_SEGMENT
+                sk[tx] = keys[0]
+                si[tx] = g
+        T.evaluate(T.tvm_storage_sync("shared"))
+        size = 2
+        while size <= block:  # bitonic network
+            stride = size // 2
+            while stride >= 1:
+                # every work-item reads its pair, then (after a barrier) writes only
+                # its own slot: no divergent writes to shared memory
+                partner = tx ^ stride
+                up = (tx & size) == 0
+                tmp_k[0] = sk[partner]
+                lo[0] = si[partner]
+                lo[1] = ss[partner]
+                p_first = before(lo[1], tmp_k[0], lo[0], ss[tx], sk[tx], si[tx])
+                keep_first = (tx < partner) == up
+                lo[2] = tirx.Select(tirx.Select(keep_first, p_first, tirx.Not(p_first)), 1, 0)
+                T.evaluate(T.tvm_storage_sync("shared"))
+                sk[tx] = tirx.Select(lo[2] == 1, tmp_k[0], sk[tx])
+                si[tx] = tirx.Select(lo[2] == 1, lo[0], si[tx])
+                ss[tx] = tirx.Select(lo[2] == 1, lo[1], ss[tx])
+                T.evaluate(T.tvm_storage_sync("shared"))
+                stride //= 2
+            size *= 2
+        with T.If(g < total):
+            with T.Then():
+                work[0][0][g] = sk[tx]
+                work[0][1][g] = si[tx]
+                work[0][2][g] = ss[tx]
+
+    # 3. merge passes: runs of `width` merge pairwise
+    width, src = block, 0
+    threads = min(block, 256)
+    for _ in range(_passes(total, block)):
+        (k_in, i_in, s_in), (k_out, i_out, s_out) = work[src], work[1 - src]
+        bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+        with T.launch_thread(bx, -(-total // threads)), T.launch_thread(tx, threads):
+            pos = T.buffer_proxy(T.alloc_buffer((4,), int32, scope="local"))
+            e = bx * threads + tx
+            with T.If(e < total):
+                with T.Then():
+                    run = e // width
+                    left = (run // 2) * 2 * width
+                    mid = tirx.min(left + width, total)
+                    end = tirx.min(left + 2 * width, total)
+                    in_left = run % 2 == 0
+                    # search the partner run for this element's rank
+                    pos[0] = tirx.Select(in_left, mid, left)  # low
+                    pos[1] = tirx.Select(in_left, end, mid)  # high
+                    with T.While(pos[0] < pos[1]):
+                        pos[2] = (pos[0] + pos[1]) // 2
+                        with T.If(before(s_in[pos[2]], k_in[pos[2]], i_in[pos[2]],
+                                         s_in[e], k_in[e], i_in[e])):  # fmt: skip
+                            with T.Then():
+                                pos[0] = pos[2] + 1
+                            with T.Else():
+                                pos[1] = pos[2]
+                    rank = pos[0] - tirx.Select(in_left, mid, left)
+                    own = e - tirx.Select(in_left, left, mid)
+                    pos[3] = left + own + rank
+                    k_out[pos[3]] = k_in[e]
+                    i_out[pos[3]] = i_in[e]
+                    s_out[pos[3]] = s_in[e]
+        width, src = width * 2, 1 - src
+
+    # 4. indices within their segments
+    k_in, i_in, s_in = work[src]
+    bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+    threads = min(block, 256)
+    with T.launch_thread(bx, -(-total // threads)), T.launch_thread(tx, threads):
+        e = bx * threads + tx
+        with T.If(e < total):
+            with T.Then():
+                result[e] = i_in[e] - segment_start(s_in[e])
+    return work[src]

@@ -51,44 +51,50 @@ def _check(shape, dtype: str) -> tuple[int, int]:
     return int(shape[0]), int(shape[1])
 
 
-def _gpu_func(rows: int, n: int, dtype: str, exclusive: bool, threads: int) -> tirx.PrimFunc:
+def emit_scan(data, out, rows: int, n: int, dtype: str, exclusive: bool, threads: int) -> None:
+    """Emit the scan's launch into the PrimFunc being built: ``(rows, n)`` buffers
+    ``data`` -> ``out`` (they may be workspaces of a larger operator)."""
     chunk = max(1, -(-n // threads))
     zero = tirx.const(0, dtype)
+    row, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+    with T.launch_thread(row, rows), T.launch_thread(tx, threads):
+        totals = T.buffer_proxy(T.alloc_buffer((threads,), dtype, scope="shared"))
+        acc = T.buffer_proxy(T.alloc_buffer((2,), dtype, scope="local"))
+        start = tx * chunk
+        acc[0] = zero
+        with T.serial(0, chunk) as i:  # 1. up-sweep: scan the own chunk
+            with T.If(start + i < n):
+                with T.Then():
+                    if exclusive:
+                        out[row, start + i] = acc[0]
+                        acc[0] = acc[0] + data[row, start + i]
+                    else:
+                        acc[0] = acc[0] + data[row, start + i]
+                        out[row, start + i] = acc[0]
+        totals[tx] = acc[0]
+        T.evaluate(T.tvm_storage_sync("shared"))
+        offset = 1
+        while offset < threads:  # 2. Hillis-Steele over the chunk totals
+            acc[1] = tirx.Select(tx >= offset, totals[tirx.max(tx - offset, 0)], zero)
+            T.evaluate(T.tvm_storage_sync("shared"))
+            totals[tx] = totals[tx] + acc[1]
+            T.evaluate(T.tvm_storage_sync("shared"))
+            offset *= 2
+        acc[1] = tirx.Select(tx > 0, totals[tirx.max(tx - 1, 0)], zero)
+        with T.serial(0, chunk) as i:  # 3. down-sweep: add the preceding chunks
+            with T.If(start + i < n):
+                with T.Then():
+                    out[row, start + i] = out[row, start + i] + acc[1]
+
+
+def _gpu_func(rows: int, n: int, dtype: str, exclusive: bool, threads: int) -> tirx.PrimFunc:
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("scan")
             T.func_attr({"tirx.is_scheduled": True, "global_symbol": "scan"})
             data = T.buffer_proxy(T.match_buffer(T.arg("data", T.handle()), (rows, n), dtype))
             out = T.buffer_proxy(T.match_buffer(T.arg("out", T.handle()), (rows, n), dtype))
-            row, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-            with T.launch_thread(row, rows), T.launch_thread(tx, threads):
-                totals = T.buffer_proxy(T.alloc_buffer((threads,), dtype, scope="shared"))
-                acc = T.buffer_proxy(T.alloc_buffer((2,), dtype, scope="local"))
-                start = tx * chunk
-                acc[0] = zero
-                with T.serial(0, chunk) as i:  # 1. up-sweep: scan the own chunk
-                    with T.If(start + i < n):
-                        with T.Then():
-                            if exclusive:
-                                out[row, start + i] = acc[0]
-                                acc[0] = acc[0] + data[row, start + i]
-                            else:
-                                acc[0] = acc[0] + data[row, start + i]
-                                out[row, start + i] = acc[0]
-                totals[tx] = acc[0]
-                T.evaluate(T.tvm_storage_sync("shared"))
-                offset = 1
-                while offset < threads:  # 2. Hillis-Steele over the chunk totals
-                    acc[1] = tirx.Select(tx >= offset, totals[tirx.max(tx - offset, 0)], zero)
-                    T.evaluate(T.tvm_storage_sync("shared"))
-                    totals[tx] = totals[tx] + acc[1]
-                    T.evaluate(T.tvm_storage_sync("shared"))
-                    offset *= 2
-                acc[1] = tirx.Select(tx > 0, totals[tirx.max(tx - 1, 0)], zero)
-                with T.serial(0, chunk) as i:  # 3. down-sweep: add the preceding chunks
-                    with T.If(start + i < n):
-                        with T.Then():
-                            out[row, start + i] = out[row, start + i] + acc[1]
+            emit_scan(data, out, rows, n, dtype, exclusive, threads)
     return ib.get()
 
 
