@@ -185,3 +185,206 @@ def box_nms(
         tag="box_nms",
     )
     return topi.reshape(out, shape) if len(shape) != 3 else out
+
+
+# -- GPU ------------------------------------------------------------------------------
+
+
+def _barrier(target_kind: str) -> None:
+    """A work-group barrier that also orders global memory (the flags live there)."""
+    if target_kind == "opencl":  # CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE
+        T.evaluate(T.call_extern("void", "barrier", tirx.const(3, "uint32")))
+    else:  # CUDA's __syncthreads orders global memory within a block too
+        T.evaluate(T.tvm_storage_sync("shared"))
+
+
+def box_nms_gpu(
+    shape: tuple[int, ...],
+    dtype: str = "float32",
+    target_kind: str = "opencl",
+    threads: int = 256,
+    **attrs,
+) -> tirx.PrimFunc:
+    """MXNet ``box_nms`` (first output) as a scheduled GPU PrimFunc ``(data, out)``.
+
+    The stages, each a launch (batch rows are the sort's segments):
+
+    1. keys: the score of a valid box, else the lowest float (invalid sorts last);
+    2. segmented stable argsort of the keys, descending (:mod:`.argsort`);
+    3. per row: the number of valid boxes (binary search in the sorted keys), cut to
+       ``topk``;
+    4. gather the valid boxes in score order (the rest of the row is -1), flag them;
+    5. suppression: one work-group per row walks the boxes in order; for each box still
+       flagged, its work-items clear the flags of the later boxes it overlaps;
+    6. write positions of the kept boxes: an exclusive scan of the flags (:mod:`.scan`);
+    7. compaction: each kept box moves to its position (in ``out_format``), every row
+       past the kept ones becomes -1.
+
+    Initialized outputs, not branches, mark invalid rows; work-items cover boxes, the
+    work-groups rows. ``attrs`` are MXNet's (see :func:`box_nms`).
+    """
+    from .argsort import emit_segmented_sort
+    from .scan import emit_scan
+
+    attrs = {
+        "overlap_thresh": 0.5, "valid_thresh": 0.0, "topk": -1, "coord_start": 2,
+        "score_index": 1, "id_index": -1, "background_id": -1, "force_suppress": False,
+        "in_format": "corner", "out_format": "corner", **attrs,
+    }  # fmt: skip
+    shape = tuple(int(d) for d in shape)
+    if len(shape) < 2:
+        raise ValueError(f"box_nms: data must be (..., N, K), found shape {shape}")
+    n, k = shape[-2:]
+    check_box_nms_attrs(k, attrs["coord_start"], attrs["score_index"], attrs["id_index"],
+                        attrs["in_format"], attrs["out_format"])  # fmt: skip
+    batch = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 2 else 1
+    total = batch * n
+    cs, si, ii = attrs["coord_start"], attrs["score_index"], attrs["id_index"]
+    topk, in_fmt, out_fmt = attrs["topk"], attrs["in_format"], attrs["out_format"]
+    lowest = tirx.const(float(np.finfo(dtype).min), dtype)
+    valid_thresh = tirx.const(float(np.float32(attrs["valid_thresh"])), dtype)
+    background = tirx.const(attrs["background_id"], dtype)
+    thresh = tirx.const(attrs["overlap_thresh"], dtype)
+    minus_one = tirx.const(-1.0, dtype)
+    flat = threads  # work-items per group of the one-item-per-element launches
+
+    def launch(groups: int, items: int):
+        bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+        return T.launch_thread(bx, groups), T.launch_thread(tx, items), bx, tx
+
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("box_nms")
+            T.func_attr({"tirx.is_scheduled": True, "global_symbol": "box_nms"})
+            data = T.buffer_proxy(T.match_buffer(T.arg("data", T.handle()), (batch, n, k), dtype))
+            out = T.buffer_proxy(T.match_buffer(T.arg("out", T.handle()), (batch, n, k), dtype))
+
+            def workspace(shape_, dt):
+                return T.buffer_proxy(T.alloc_buffer(shape_, dt, scope="global"))
+
+            keys = workspace((total,), dtype)
+            order = workspace((total,), "int32")
+            work = [(workspace((total,), dtype), workspace((total,), "int32"),
+                     workspace((total,), "int32")) for _ in range(2)]  # fmt: skip
+            count = workspace((batch,), "int32")
+            rows = workspace((batch, n, k), dtype)
+            flags = workspace((batch, n), "int32")
+            position = workspace((batch, n), "int32")
+
+            # 1. keys
+            g_frame, t_frame, bx, tx = launch(-(-total // flat), flat)
+            with g_frame, t_frame:
+                g = bx * flat + tx
+                with T.If(g < total):
+                    with T.Then():
+                        b, i = g // n, g % n
+                        valid = data[b, i, si] > valid_thresh
+                        if ii >= 0:
+                            valid = tirx.all(valid, data[b, i, ii] != background)
+                        keys[g] = tirx.Select(valid, data[b, i, si], lowest)
+
+            # 2. sort each row by key, descending, stable
+            sorted_keys, _, _ = emit_segmented_sort(
+                keys, order, work, total, lambda g, scratch: g // n, lambda s: s * n,
+                dtype, True, min(threads, 256),
+            )  # fmt: skip
+
+            # 3. valid boxes per row: the first invalid key in the sorted row
+            g_frame, t_frame, bx, tx = launch(-(-batch // flat), flat)
+            with g_frame, t_frame:
+                b = bx * flat + tx
+                with T.If(b < batch):
+                    with T.Then():
+                        span = T.buffer_proxy(T.alloc_buffer((3,), "int32", scope="local"))
+                        span[0] = 0
+                        span[1] = n
+                        with T.While(span[0] < span[1]):
+                            span[2] = (span[0] + span[1]) // 2
+                            with T.If(sorted_keys[b * n + span[2]] > lowest):
+                                with T.Then():
+                                    span[0] = span[2] + 1
+                                with T.Else():
+                                    span[1] = span[2]
+                        count[b] = span[0] if topk < 0 else tirx.min(span[0], topk)
+
+            # 4. gather in score order; the rest of the row is -1
+            g_frame, t_frame, bx, tx = launch(-(-total // flat), flat)
+            with g_frame, t_frame:
+                g = bx * flat + tx
+                with T.If(g < total):
+                    with T.Then():
+                        b, j = g // n, g % n
+                        keep = j < count[b]
+                        for f in range(k):
+                            rows[b, j, f] = tirx.Select(keep, data[b, order[g], f], minus_one)
+                        flags[b, j] = tirx.Select(keep, 1, 0)
+
+            # 5. suppression: one work-group per row
+            g_frame, t_frame, bx, tx = launch(batch, threads)
+            with g_frame, t_frame:
+                b = bx
+                state = T.buffer_proxy(T.alloc_buffer((2,), "int32", scope="local"))
+                state[0] = count[b]
+
+                def corner(j):
+                    return _corner(lambda f: rows[b, j, f], cs, in_fmt, dtype)
+
+                with T.serial(0, state[0]) as i:
+                    _barrier(target_kind)  # flags cleared for earlier boxes are visible
+                    state[1] = flags[b, i]
+                    with T.If(state[1] == 1):
+                        with T.Then():
+                            with T.serial(0, (state[0] + threads - 1) // threads) as step:
+                                j = step * threads + tx
+                                same = tirx.all(j > i, j < state[0])
+                                with T.If(same):
+                                    with T.Then():
+                                        cond = flags[b, j] == 1
+                                        if ii >= 0 and not attrs["force_suppress"]:
+                                            cond = tirx.all(cond, rows[b, i, ii] == rows[b, j, ii])
+                                        with T.If(cond):
+                                            with T.Then():
+                                                with T.If(
+                                                    _iou(corner(i), corner(j), dtype) > thresh
+                                                ):
+                                                    with T.Then():
+                                                        flags[b, j] = 0
+                _barrier(target_kind)
+
+            # 6. where each kept box goes
+            emit_scan(flags, position, batch, n, "int32", True, min(threads, 256))
+
+            # 7. compaction (and the output format)
+            g_frame, t_frame, bx, tx = launch(-(-total // flat), flat)
+            with g_frame, t_frame:
+                g = bx * flat + tx
+                with T.If(g < total):
+                    with T.Then():
+                        b, j = g // n, g % n
+                        kept = position[b, n - 1] + flags[b, n - 1]
+                        with T.If(flags[b, j] == 1):
+                            with T.Then():
+                                dst = position[b, j]
+                                for f in range(k):
+                                    out[b, dst, f] = rows[b, j, f]
+                                if in_fmt != out_fmt:
+                                    x1, y1, x2, y2 = _corner(
+                                        lambda f: rows[b, j, f], cs, in_fmt, dtype
+                                    )
+                                    half = tirx.const(0.5, dtype)
+                                    if out_fmt == "center":
+                                        values = (
+                                            (x1 + x2) * half,
+                                            (y1 + y2) * half,
+                                            x2 - x1,
+                                            y2 - y1,
+                                        )
+                                    else:
+                                        values = (x1, y1, x2, y2)
+                                    for c in range(4):
+                                        out[b, dst, cs + c] = values[c]
+                        with T.If(j >= kept):
+                            with T.Then():
+                                for f in range(k):
+                                    out[b, j, f] = minus_one
+    return ib.get()
