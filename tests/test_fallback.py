@@ -190,9 +190,9 @@ def test_forced_cpu_ops_give_the_same_outputs_as_all_gpu(tmp_path, exported):
 @pytest.mark.parametrize(
     "name", ["ssd_512_mobilenet1.0_voc", "ssd_512_resnet50_v1_voc", "yolo3_mobilenet1.0_coco"]
 )
-def test_detector_with_nms_on_the_cpu_matches_mxnet(tmp_path, exported, name):
-    """Everything on Intel's OpenCL device but the NMS (and its sort), which runs on the
-    CPU (no GPU kernel for it yet): same detections as MXNet."""
+def test_detector_with_nms_on_the_cpu_matches_all_gpu_and_mxnet(tmp_path, exported, name):
+    """On Intel's OpenCL device: the all-GPU package (GPU box_nms) and the one with
+    --cpu-ops box_nms give the same detections, and both match MXNet."""
     from conftest import random_input
     from test_opencl import device_or_skip
     from test_parity import depth_loosening, match_detections
@@ -202,13 +202,20 @@ def test_detector_with_nms_on_the_cpu_matches_mxnet(tmp_path, exported, name):
 
     device_or_skip("intel(r) opencl")
     model = exported(name)
-    package = deploy(str(model.symbol_path), tmp_path / "pkg", "deeplens",
-                     params=str(model.params_path), input_shape=model.input_shape)  # fmt: skip
-    facts = json.loads((package / "manifest.json").read_text())["build"]["placement"]
-    assert [n["ops"] for n in facts["cpu_nodes"]] == [["box_nms"]]
+    common = dict(params=str(model.params_path), input_shape=model.input_shape)
+    symbol = str(model.symbol_path)
+    gpu = deploy(symbol, tmp_path / "gpu", "deeplens", **common)
+    mixed = deploy(symbol, tmp_path / "mixed", "deeplens", cpu_ops=["box_nms"], **common)
+    facts = json.loads((gpu / "manifest.json").read_text())["build"]["placement"]
+    assert facts["launches"]["cpu"] == 0 and facts["copies"] == []
+    facts = json.loads((mixed / "manifest.json").read_text())["build"]["placement"]
+    assert [(n["ops"], n["reason"]) for n in facts["cpu_nodes"]] == [(["box_nms"], "forced")]
     assert len(facts["copies"]) == 2  # boxes to the CPU, kept boxes back
     x = random_input(model.input_shape)
-    ours = load(package, on="intel").run(x)
+    all_gpu = load(gpu, on="intel").run(x)
+    with_cpu = load(mixed, on="intel").run(x)
     ref = mxnet_forward(model.symbol_path, model.params_path, x)
-    compared = match_detections(ours, ref, depth_loosening(model), max(model.input_shape[2:]))
-    assert compared > 0
+    scale = max(model.input_shape[2:])
+    assert match_detections(all_gpu, with_cpu, 1.0, scale) > 0
+    assert match_detections(all_gpu, ref, depth_loosening(model), scale) > 0
+    assert match_detections(with_cpu, ref, depth_loosening(model), scale) > 0

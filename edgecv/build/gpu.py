@@ -213,11 +213,33 @@ def _launch(call, device_funcs: dict, param_index) -> Launch:
     return Launch(name, args, global_size, tuple(local))
 
 
+def _gpu_version(func, target: tvm.target.Target):
+    """The GPU PrimFunc of an edgecv operator kernel (tagged ``edgecv.op`` by the
+    importer), with the same parameters; None for every other kernel."""
+    tag = func.attrs.get("edgecv.op") if func.attrs else None
+    if tag is None:
+        return None
+    spec = json.loads(str(tag))
+    op = spec.pop("op")
+    if op == "box_nms":
+        from ..ops.box_nms import box_nms_gpu
+
+        shape, dtype = tuple(spec.pop("shape")), spec.pop("dtype")
+        threads = min(256, int(target.attrs.get("max_num_threads", 256)))
+        return box_nms_gpu(shape, dtype, str(target.kind.name), threads, **spec)
+    return None
+
+
 def lower_device(kernels: tvm.IRModule, target: tvm.target.Target) -> DeviceKernels:
     """Schedule and lower every kernel that supports it; split device from host code."""
     # Passes may update a module they hold the only reference to in place: work on a copy
     # so the caller's kernels stay target-free (the CPU build reuses them).
-    kernels = tvm.IRModule(dict(kernels.functions.items()))
+    kernels = tvm.IRModule(
+        {
+            gv: (_gpu_version(func, target) or func).with_attr("global_symbol", gv.name_hint)
+            for gv, func in kernels.functions.items()
+        }
+    )
     scheduled = tirx.transform.BindTarget(target)(schedule_gpu(kernels, target))
     device_funcs: dict = {}
     launches: dict[str, list[Launch]] = {}

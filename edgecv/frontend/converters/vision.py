@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from tvm import relax
 
 from ..attrs import Attrs
@@ -26,6 +28,15 @@ def contrib_box_nms(ctx: Context, inputs: list, attrs: Attrs) -> list:
         out_format=attrs.str("out_format", "corner", choices=("corner", "center")),
     )
     out = ctx.bb.emit_te(box_nms_op.box_nms, inputs[0], primfunc_name_hint="box_nms", **kwargs)
+    # Tag the kernel with its operator and attributes: GPU builds swap in the GPU
+    # version of the same operator (edgecv.build.gpu.GPU_VERSIONS).
+    call = ctx.bb.lookup_binding(out)
+    gv = call.args[0]
+    ty = inputs[0].ty
+    shape = [int(d) for d in ty.shape]
+    tag = {"op": "box_nms", "shape": shape, "dtype": str(ty.dtype), **kwargs}
+    tagged = ctx.bb.get()[gv].with_attr("edgecv.op", json.dumps(tag))
+    ctx.bb.update_func(gv, tagged)
     return [out]
 
 
