@@ -1,17 +1,14 @@
-"""What CPU fallback costs: detectors on a local OpenCL device with the NMS on the CPU.
+"""What CPU fallback costs: detectors all on OpenCL vs with the NMS on the CPU.
 
     python benchmarks/fallback_overhead.py          # SSD-MobileNet, SSD-ResNet50, YOLOv3
     python benchmarks/fallback_overhead.py ssd_512_mobilenet1.0_voc --repeat 5
 
-For each detector and local OpenCL device: end-to-end latency, the number of device
-copies and bytes copied per inference, and the time the copies take, timed step by
-step inside the same runs (the OpenCL queue is drained before and after each copy, so
-a copy's time is its own). ``copy %`` is that time over the whole inference. A second
-column set runs the same package with every step timed the same way, so the share of
-the NMS itself is visible too.
-
-The all-GPU comparison of the issue needs a GPU NMS (the vision-operator issue); until
-then the overhead is measured directly as the copies' share of the inference.
+For each detector and local OpenCL device, two packages of the same weights: every
+launch on the GPU (edgecv's GPU box_nms), and ``--cpu-ops box_nms`` (the NMS and its
+sort on the CPU, two device copies). Printed: both end-to-end latencies (median,
+alternating runs), the copies and bytes copied per inference, the copies' own time
+(timed step by step with the queues drained around each step) and its share of the
+mixed package's inference, and the NMS step's time on each device.
 
 Not a test: numbers depend on the machine and its load.
 """
@@ -34,28 +31,30 @@ from edgecv.runtime.opencl_devices import opencl_devices
 MODELS = ["ssd_512_mobilenet1.0_voc", "ssd_512_resnet50_v1_voc", "yolo3_mobilenet1.0_coco"]
 
 
-def timed_run(executor, x: np.ndarray) -> tuple[float, float, float]:
-    """One inference step by step: (total, copy, cpu-kernel) seconds."""
+def nms_time(executor, x, repeat: int) -> tuple[float, float]:
+    """Median (copy seconds, box_nms seconds) over step-by-step timed runs."""
     plan = executor.plan
-    sync = [b.synchronize for b in set(executor.backends.values())]
-    executor.backends[plan.buffers[plan.inputs[0]].device].upload(
-        executor._tensors[plan.inputs[0]], x
-    )
-    copies = cpu = 0.0
-    start = time.perf_counter()
-    for step, launch in zip(plan.steps, executor._launches, strict=True):
-        for s in sync:
-            s()
-        t = time.perf_counter()
-        launch()
-        for s in sync:
-            s()
-        spent = time.perf_counter() - t
-        if step.kind == "copy":
-            copies += spent
-        elif step.device == "cpu":
-            cpu += spent
-    return time.perf_counter() - start, copies, cpu
+    copies, nms = [], []
+    for _ in range(repeat):
+        sync = [b.synchronize for b in set(executor.backends.values())]
+        first = plan.buffers[plan.inputs[0]]
+        executor.backends[first.device].upload(executor._tensors[plan.inputs[0]], x)
+        c = n = 0.0
+        for step, launch in zip(plan.steps, executor._launches, strict=True):
+            for s in sync:
+                s()
+            t = time.perf_counter()
+            launch()
+            for s in sync:
+                s()
+            spent = time.perf_counter() - t
+            if step.kind == "copy":
+                c += spent
+            elif step.kernel.startswith("box_nms"):
+                n += spent
+        copies.append(c)
+        nms.append(n)
+    return statistics.median(copies), statistics.median(nms)
 
 
 def main() -> None:
@@ -67,40 +66,42 @@ def main() -> None:
     warnings.simplefilter("ignore")
     present = opencl_devices()
     header = (
-        f"{'model':<26}{'device':<28}{'ms':>9}{'copies':>7}{'bytes':>12}"
-        f"{'copy ms':>9}{'copy %':>8}{'NMS ms':>8}{'launches':>9}"
+        f"{'model':<26}{'device':<16}{'all-GPU ms':>11}{'NMS-CPU ms':>11}{'overhead':>9}"
+        f"{'copies':>7}{'bytes':>12}{'copy ms':>8}{'copy %':>7}{'NMS gpu ms':>11}{'NMS cpu ms':>11}"
     )
     print(header)
     print("-" * len(header))
     with tempfile.TemporaryDirectory(prefix="edgecv-bench-") as tmp:
         for name in args.models:
-            package = deploy(name, Path(tmp) / name, "deeplens", pretrained=False)
+            gpu_pkg = deploy(name, Path(tmp) / f"{name}-gpu", "deeplens", pretrained=False)
+            cpu_pkg = deploy(name, Path(tmp) / f"{name}-mixed", "deeplens", pretrained=False,
+                             cpu_ops=["box_nms"])  # fmt: skip
             for query in args.devices:
                 if not any(d.matches(query) for d in present):
                     continue
                 try:
-                    model = edgecv.load(package, on=query)
+                    gpu, mixed = edgecv.load(gpu_pkg, on=query), edgecv.load(cpu_pkg, on=query)
                 except edgecv.EdgecvError as err:
-                    print(f"{name:<26}{query:<28}  not run: {str(err).splitlines()[0][:80]}")
+                    print(f"{name:<26}{query:<16}  not run: {str(err).splitlines()[0][:80]}")
                     continue
-                x = np.random.RandomState(0).uniform(-1, 1, model.input_shape).astype(np.float32)
-                model.run(x)  # warm-up
-                plain = []
-                for _ in range(args.repeat):
-                    t = time.perf_counter()
-                    model.run(x)
-                    plain.append(time.perf_counter() - t)
-                steps = [timed_run(model.executor, x) for _ in range(args.repeat)]
-                placement = model.manifest["build"]["placement"]
-                total = statistics.median(plain)
-                copy_s = statistics.median(s[1] for s in steps)
-                nms_s = statistics.median(s[2] for s in steps)
-                label = model.executor.backends["gpu"].label
+                x = np.random.RandomState(0).uniform(-1, 1, gpu.input_shape).astype(np.float32)
+                gpu.run(x), mixed.run(x)  # warm-up
+                times = {"gpu": [], "mixed": []}
+                for _ in range(args.repeat):  # alternate, so drift hits both alike
+                    for key, model in (("gpu", gpu), ("mixed", mixed)):
+                        t = time.perf_counter()
+                        model.run(x)
+                        times[key].append(time.perf_counter() - t)
+                t_gpu, t_mixed = (statistics.median(times[k]) for k in ("gpu", "mixed"))
+                copy_s, nms_cpu = nms_time(mixed.executor, x, args.repeat)
+                _, nms_gpu = nms_time(gpu.executor, x, args.repeat)
+                placement = mixed.manifest["build"]["placement"]
+                label = gpu.executor.backends["gpu"].label.split(" / ")[0]
                 print(
-                    f"{name:<26}{label[:27]:<28}{total * 1e3:>9.1f}{len(placement['copies']):>7}"
-                    f"{placement['copy_bytes']:>12,}{copy_s * 1e3:>9.2f}"
-                    f"{100 * copy_s / total:>7.2f}%{nms_s * 1e3:>8.1f}"
-                    f"{model.executor.num_launches:>9}",
+                    f"{name:<26}{label[:15]:<16}{t_gpu * 1e3:>11.1f}{t_mixed * 1e3:>11.1f}"
+                    f"{100 * (t_mixed - t_gpu) / t_gpu:>8.1f}%{len(placement['copies']):>7}"
+                    f"{placement['copy_bytes']:>12,}{copy_s * 1e3:>8.2f}"
+                    f"{100 * copy_s / t_mixed:>6.2f}%{nms_gpu * 1e3:>11.1f}{nms_cpu * 1e3:>11.1f}",
                     flush=True,
                 )
 
