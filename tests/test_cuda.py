@@ -128,3 +128,30 @@ def test_classifier_on_cuda_matches_mxnet(exported):
     ours = Executor(lowered.plan, backend, lowered.constants).run([x])
     ref = mxnet_forward(model.symbol_path, model.params_path, x)
     assert_close(ours[0], ref[0], "squeezenet1.0 on CUDA", loosen=depth_loosening(model))
+
+
+@needs_nvcc
+def test_vision_operator_kernels_compile_with_nvcc():
+    """The same TIR that runs on OpenCL lowers to CUDA: every kernel of edgecv's own
+    operators (the sort, the scan, NMS, ROIAlign) compiles for the Orin's sm_87."""
+    import tvm
+
+    from edgecv.ops.argsort import segmented_argsort_gpu
+    from edgecv.ops.box_nms import box_nms_gpu
+    from edgecv.ops.roi_align import roi_align_gpu
+    from edgecv.ops.scan import scan_gpu
+
+    funcs = {
+        "scan": scan_gpu(2, 1000, "int32", True, 256),
+        "segmented_argsort": segmented_argsort_gpu(5000, 3, "float32", True, 256),
+        "box_nms": box_nms_gpu((1, 6132, 6), "float32", "cuda", 256, id_index=0, topk=400),
+        "roi_align": roi_align_gpu(
+            (1, 16, 32, 32), (100, 5), "float32", 256, pooled_size=(7, 7), spatial_scale=0.0625
+        ),  # fmt: skip
+    }
+    kernels = build_cuda(tvm.IRModule(funcs), load_profile("jetson_orin_nano").tvm_target())
+    assert not kernels.unsupported
+    assert set(kernels.launches) == set(funcs)
+    for items in kernels.launches.values():
+        for launch in items:
+            assert f".entry {launch.kernel}(" in kernels.ptx, launch.kernel

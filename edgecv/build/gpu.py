@@ -213,21 +213,36 @@ def _launch(call, device_funcs: dict, param_index) -> Launch:
     return Launch(name, args, global_size, tuple(local))
 
 
-def _gpu_version(func, target: tvm.target.Target):
+def _gpu_box_nms(spec: dict, target: tvm.target.Target, threads: int):
+    from ..ops.box_nms import box_nms_gpu
+
+    shape, dtype = tuple(spec.pop("shape")), spec.pop("dtype")
+    return box_nms_gpu(shape, dtype, str(target.kind.name), threads, **spec)
+
+
+def _gpu_roi_align(spec: dict, target: tvm.target.Target, threads: int):
+    from ..ops.roi_align import roi_align_gpu
+
+    shapes = spec.pop("data_shape"), spec.pop("rois_shape")
+    return roi_align_gpu(*shapes, spec.pop("dtype"), threads, **spec)
+
+
+# edgecv operator -> its GPU PrimFunc from (attributes, target, work-group size)
+GPU_VERSIONS = {"box_nms": _gpu_box_nms, "roi_align": _gpu_roi_align}
+
+
+def gpu_version(func, target: tvm.target.Target):
     """The GPU PrimFunc of an edgecv operator kernel (tagged ``edgecv.op`` by the
     importer), with the same parameters; None for every other kernel."""
     tag = func.attrs.get("edgecv.op") if func.attrs else None
     if tag is None:
         return None
     spec = json.loads(str(tag))
-    op = spec.pop("op")
-    if op == "box_nms":
-        from ..ops.box_nms import box_nms_gpu
-
-        shape, dtype = tuple(spec.pop("shape")), spec.pop("dtype")
-        threads = min(256, int(target.attrs.get("max_num_threads", 256)))
-        return box_nms_gpu(shape, dtype, str(target.kind.name), threads, **spec)
-    return None
+    make = GPU_VERSIONS.get(spec.pop("op"))
+    if make is None:
+        return None
+    threads = min(256, int(target.attrs.get("max_num_threads", 256)))
+    return make(spec, target, threads)
 
 
 def lower_device(kernels: tvm.IRModule, target: tvm.target.Target) -> DeviceKernels:
@@ -236,7 +251,7 @@ def lower_device(kernels: tvm.IRModule, target: tvm.target.Target) -> DeviceKern
     # so the caller's kernels stay target-free (the CPU build reuses them).
     kernels = tvm.IRModule(
         {
-            gv: (_gpu_version(func, target) or func).with_attr("global_symbol", gv.name_hint)
+            gv: (gpu_version(func, target) or func).with_attr("global_symbol", gv.name_hint)
             for gv, func in kernels.functions.items()
         }
     )

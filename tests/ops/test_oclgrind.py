@@ -149,3 +149,36 @@ def test_box_nms_kernels_are_clean(shape, attrs):
     )
     assert_clean(report)
     np.testing.assert_allclose(out, box_nms_reference(data, **attrs), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"pooled_size": (2, 2), "spatial_scale": 0.5},
+        {"pooled_size": (2, 3), "spatial_scale": 1.0, "sample_ratio": 2, "aligned": True},
+        {"pooled_size": (2, 2), "spatial_scale": 1.0, "position_sensitive": True},
+    ],
+)
+def test_roi_align_kernel_is_clean(attrs):
+    from edgecv.ops.roi_align import roi_align_gpu, roi_align_reference
+
+    rng = np.random.RandomState(0)
+    data = rng.standard_normal((2, 8, 5, 6)).astype(np.float32)
+    rois = np.array(
+        [
+            [0, 1, 1, 9, 8],
+            [1, -3, -2, 4, 3],
+            [1, 0, 0, 12, 10],
+            [-1, 0, 0, 2, 2],
+            [0, 9, 8, 30, 30],
+        ],
+        np.float32,
+    )  # inside, crossing the border, the whole map, no batch, beyond the far corner
+    ref = roi_align_reference(data, rois, **attrs)
+    func = roi_align_gpu(data.shape, rois.shape, "float32", 16, **attrs)
+    kernels = build_opencl(tvm.IRModule({"roi_align": func}), load_profile("aisage").tvm_target())
+    (_, _, out), report = run_on_oclgrind(
+        kernels.source, kernels.launches, "roi_align", [data, rois, np.zeros_like(ref)]
+    )
+    assert_clean(report)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)

@@ -28,16 +28,18 @@ def contrib_box_nms(ctx: Context, inputs: list, attrs: Attrs) -> list:
         out_format=attrs.str("out_format", "corner", choices=("corner", "center")),
     )
     out = ctx.bb.emit_te(box_nms_op.box_nms, inputs[0], primfunc_name_hint="box_nms", **kwargs)
-    # Tag the kernel with its operator and attributes: GPU builds swap in the GPU
-    # version of the same operator (edgecv.build.gpu.GPU_VERSIONS).
+    ty = inputs[0].ty
+    _tag(ctx, out, op="box_nms", shape=[int(d) for d in ty.shape], dtype=str(ty.dtype), **kwargs)
+    return [out]
+
+
+def _tag(ctx: Context, out: relax.Expr, **spec) -> None:
+    """Tag the kernel computing ``out`` with its operator and attributes: GPU builds
+    swap in the GPU version of the same operator (edgecv.build.gpu.gpu_version)."""
     call = ctx.bb.lookup_binding(out)
     gv = call.args[0]
-    ty = inputs[0].ty
-    shape = [int(d) for d in ty.shape]
-    tag = {"op": "box_nms", "shape": shape, "dtype": str(ty.dtype), **kwargs}
-    tagged = ctx.bb.get()[gv].with_attr("edgecv.op", json.dumps(tag))
+    tagged = ctx.bb.get()[gv].with_attr("edgecv.op", json.dumps(spec))
     ctx.bb.update_func(gv, tagged)
-    return [out]
 
 
 @converts("_contrib_box_decode")
@@ -55,3 +57,23 @@ def contrib_box_decode(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
     return ctx.bb.emit_te(
         box_decode_op.box_decode, inputs[0], inputs[1], primfunc_name_hint="box_decode", **kwargs
     )
+
+
+@converts("_contrib_ROIAlign")
+def contrib_roi_align(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
+    from ...ops import roi_align as roi_align_op
+
+    kwargs = roi_align_op.roi_align_attrs(
+        pooled_size=attrs.ints("pooled_size"),
+        spatial_scale=attrs.float("spatial_scale"),
+        sample_ratio=attrs.int("sample_ratio", -1),
+        position_sensitive=attrs.bool("position_sensitive", False),
+        aligned=attrs.bool("aligned", False),
+    )
+    data, rois = inputs
+    out = ctx.bb.emit_te(roi_align_op.roi_align, data, rois, primfunc_name_hint="roi_align",
+                         **kwargs)  # fmt: skip
+    shapes = {"data_shape": [int(d) for d in data.ty.shape],
+              "rois_shape": [int(d) for d in rois.ty.shape]}  # fmt: skip
+    _tag(ctx, out, op="roi_align", dtype=str(data.ty.dtype), **shapes, **kwargs)
+    return out
