@@ -138,6 +138,7 @@ def test_vision_operator_kernels_compile_with_nvcc():
 
     from edgecv.ops.argsort import segmented_argsort_gpu
     from edgecv.ops.box_nms import box_nms_gpu
+    from edgecv.ops.multibox import multibox_detection_gpu
     from edgecv.ops.roi_align import roi_align_gpu
     from edgecv.ops.scan import scan_gpu
 
@@ -147,7 +148,10 @@ def test_vision_operator_kernels_compile_with_nvcc():
         "box_nms": box_nms_gpu((1, 6132, 6), "float32", "cuda", 256, id_index=0, topk=400),
         "roi_align": roi_align_gpu(
             (1, 16, 32, 32), (100, 5), "float32", 256, pooled_size=(7, 7), spatial_scale=0.0625
-        ),  # fmt: skip
+        ),
+        "multibox_detection": multibox_detection_gpu(
+            (1, 21, 1000), (1, 4000), (1, 1000, 4), "float32", "cuda", 256
+        ),
     }
     kernels = build_cuda(tvm.IRModule(funcs), load_profile("jetson_orin_nano").tvm_target())
     assert not kernels.unsupported

@@ -227,8 +227,19 @@ def _gpu_roi_align(spec: dict, target: tvm.target.Target, threads: int):
     return roi_align_gpu(*shapes, spec.pop("dtype"), threads, **spec)
 
 
+def _gpu_multibox_detection(spec: dict, target: tvm.target.Target, threads: int):
+    from ..ops.multibox import multibox_detection_gpu
+
+    shapes, dtype = spec.pop("shapes"), spec.pop("dtype")
+    return multibox_detection_gpu(*shapes, dtype, str(target.kind.name), threads, **spec)
+
+
 # edgecv operator -> its GPU PrimFunc from (attributes, target, work-group size)
-GPU_VERSIONS = {"box_nms": _gpu_box_nms, "roi_align": _gpu_roi_align}
+GPU_VERSIONS = {
+    "box_nms": _gpu_box_nms,
+    "roi_align": _gpu_roi_align,
+    "multibox_detection": _gpu_multibox_detection,
+}
 
 
 def gpu_version(func, target: tvm.target.Target):

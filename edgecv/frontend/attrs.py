@@ -118,6 +118,23 @@ class Attrs:
             raise self._fail(name, "a tuple of integers", value)
         return tuple(parsed)
 
+    def floats(self, name: str, default: Any = _REQUIRED) -> Any:
+        """A tuple of floats such as ``(0.1, 0.1, 0.2, 0.2)``; a single number is a 1-tuple."""
+        value = self._get(name, default)
+        if value is None or value == "None":
+            return default
+        try:
+            parsed = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise self._fail(name, "a tuple of numbers", value) from None
+        if isinstance(parsed, (int, float)):
+            parsed = (parsed,)
+        if not isinstance(parsed, (tuple, list)) or not all(
+            isinstance(v, (int, float)) for v in parsed
+        ):
+            raise self._fail(name, "a tuple of numbers", value)
+        return tuple(float(v) for v in parsed)
+
     def scalar(self, name: str = "scalar", default: Any = _REQUIRED) -> Any:
         """A float scalar operand (``_mul_scalar`` and friends)."""
         return self.float(name, default)

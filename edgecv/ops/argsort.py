@@ -126,7 +126,10 @@ def emit_segmented_sort(
     workspace triples; ``segment_of(g, scratch)`` may emit statements using the 3-int
     local ``scratch`` and returns the segment of position ``g``; ``segment_start(s)`` is
     the first position of segment ``s``. Returns the work triple holding the sorted
-    (key, index, segment) arrays.
+    (key, index, segment) arrays. Callers should read the sorted keys: a buffer the
+    PrimFunc only writes is compacted to one element by TVM 0.27's
+    CompactBufferAllocation, which then fails in FlattenBuffer ("Buffer is used before
+    its definition").
     """
     blocks = -(-total // block)
     int32 = "int32"

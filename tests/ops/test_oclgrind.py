@@ -182,3 +182,30 @@ def test_roi_align_kernel_is_clean(attrs):
     )
     assert_clean(report)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("shape", "attrs"),
+    [((1, 3, 9), {}), ((2, 4, 21), {"nms_topk": 5, "force_suppress": True}),
+     ((2, 3, 12), {"nms_threshold": 0.0})],
+)  # fmt: skip
+def test_multibox_detection_kernels_are_clean(shape, attrs):
+    from test_multibox import detector_inputs
+
+    from edgecv.ops.multibox import multibox_detection_gpu, multibox_detection_reference
+
+    batch, classes, n = shape
+    cls, loc, anchors = detector_inputs(np.random.RandomState(n), batch, classes, n)
+    func = multibox_detection_gpu(cls.shape, loc.shape, anchors.shape, "float32", "opencl", 8,
+                                  **attrs)  # fmt: skip
+    kernels = build_opencl(
+        tvm.IRModule({"multibox_detection": func}), load_profile("aisage").tvm_target()
+    )
+    out = np.zeros((batch, n, 6), np.float32)
+    results, report = run_on_oclgrind(
+        kernels.source, kernels.launches, "multibox_detection", [cls, loc, anchors, out]
+    )
+    assert_clean(report)
+    ref = multibox_detection_reference(cls, loc, anchors, **attrs)
+    np.testing.assert_array_equal(results[3][..., 0], ref[..., 0])
+    np.testing.assert_allclose(results[3], ref, rtol=1e-5, atol=1e-6)

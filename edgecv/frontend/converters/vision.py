@@ -77,3 +77,39 @@ def contrib_roi_align(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
               "rois_shape": [int(d) for d in rois.ty.shape]}  # fmt: skip
     _tag(ctx, out, op="roi_align", dtype=str(data.ty.dtype), **shapes, **kwargs)
     return out
+
+
+@converts("_contrib_MultiBoxPrior")
+def contrib_multibox_prior(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
+    from ...ops import multibox
+
+    kwargs = dict(
+        sizes=attrs.floats("sizes", (1.0,)),
+        ratios=attrs.floats("ratios", (1.0,)),
+        clip=attrs.bool("clip", False),
+        steps=attrs.floats("steps", (-1.0, -1.0)),
+        offsets=attrs.floats("offsets", (0.5, 0.5)),
+    )
+    return ctx.bb.emit_te(multibox.multibox_prior, inputs[0], primfunc_name_hint="multibox_prior",
+                          **kwargs)  # fmt: skip
+
+
+@converts("_contrib_MultiBoxDetection")
+def contrib_multibox_detection(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
+    from ...ops import multibox
+
+    kwargs = dict(
+        clip=attrs.bool("clip", True),
+        threshold=attrs.float("threshold", 0.01),
+        background_id=attrs.int("background_id", 0),
+        nms_threshold=attrs.float("nms_threshold", 0.5),
+        force_suppress=attrs.bool("force_suppress", False),
+        variances=attrs.floats("variances", (0.1, 0.1, 0.2, 0.2)),
+        nms_topk=attrs.int("nms_topk", -1),
+    )
+    out = ctx.bb.emit_te(multibox.multibox_detection, *inputs,
+                         primfunc_name_hint="multibox_detection", **kwargs)  # fmt: skip
+    shapes = [[int(d) for d in x.ty.shape] for x in inputs]
+    _tag(ctx, out, op="multibox_detection", shapes=shapes, dtype=str(inputs[0].ty.dtype),
+         **kwargs)  # fmt: skip
+    return out
