@@ -42,3 +42,16 @@ def assert_close(
     np.testing.assert_allclose(
         actual, expected, rtol=rtol * loosen, atol=atol * loosen * scale, err_msg=name
     )
+
+
+def detector_inputs(rng, batch, classes, n, levels=None):
+    """Softmax-like class probabilities, regressions, anchors inside the unit square."""
+    if levels is None:
+        cls = rng.uniform(0, 1, (batch, classes, n))
+    else:  # few distinct values: equal scores and equal best classes
+        cls = rng.choice(levels, (batch, classes, n))
+    cls = (cls / cls.sum(1, keepdims=True)).astype(np.float32)
+    loc = (rng.standard_normal((batch, n * 4)) * 0.5).astype(np.float32)
+    centre, size = rng.uniform(0.1, 0.9, (1, n, 2)), rng.uniform(0.05, 0.5, (1, n, 2))
+    anchors = np.concatenate([centre - size / 2, centre + size / 2], -1).astype(np.float32)
+    return cls, loc, anchors

@@ -18,6 +18,7 @@ the GPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
@@ -240,6 +241,34 @@ GPU_VERSIONS = {
     "roi_align": _gpu_roi_align,
     "multibox_detection": _gpu_multibox_detection,
 }
+
+
+def _gpu_box_nms_naive(spec: dict, target: tvm.target.Target, threads: int):
+    from ..ops.naive import naive_box_nms_gpu
+
+    shape, dtype = tuple(spec.pop("shape")), spec.pop("dtype")
+    return naive_box_nms_gpu(shape, dtype, **spec)
+
+
+# other versions a build can be asked for (benchmarks compare against them)
+VARIANTS = {("box_nms", "naive"): _gpu_box_nms_naive}
+
+
+@contextlib.contextmanager
+def gpu_versions(**choice: str):
+    """Build with other GPU versions of edgecv operators while inside, e.g.
+    ``with gpu_versions(box_nms="naive"): deploy(...)`` (one work-item per batch row)."""
+    saved = dict(GPU_VERSIONS)
+    try:
+        for op, variant in choice.items():
+            if (op, variant) not in VARIANTS:
+                known = sorted(f"{o}={v}" for o, v in VARIANTS)
+                raise ValueError(f"no GPU version {op}={variant}; known: {known}")
+            GPU_VERSIONS[op] = VARIANTS[(op, variant)]
+        yield
+    finally:
+        GPU_VERSIONS.clear()
+        GPU_VERSIONS.update(saved)
 
 
 def gpu_version(func, target: tvm.target.Target):

@@ -48,80 +48,88 @@ def _iou(p, q, dtype: str):
 
 
 def _nms_ir(data, keys, order, out, flags, attrs: dict, lowest):
-    batch, n, k = (int(s) for s in data.shape)
+    batch = int(data.shape[0])
+    with IRBuilder() as ib:
+        data, keys, order = T.buffer_proxy(data), T.buffer_proxy(keys), T.buffer_proxy(order)
+        out, flags = T.buffer_proxy(out), T.buffer_proxy(flags)
+        with T.parallel(0, batch) as b:
+            emit_nms_row(data, keys, order, out, flags, b, attrs, lowest)
+    return ib.get()
+
+
+def emit_nms_row(data, keys, order, out, flags, b, attrs: dict, lowest) -> None:
+    """Statements for row ``b``: gather the first ``topk`` valid boxes in ``order``,
+    suppress greedily with a keep flag per box, compact the kept rows to the top (in
+    place: a row only moves up) in ``out_format``, fill the rest with -1."""
+    _, n, k = (int(s) for s in data.shape)
     dtype = data.dtype
     cs, ii = attrs["coord_start"], attrs["id_index"]
     topk, in_fmt, out_fmt = attrs["topk"], attrs["in_format"], attrs["out_format"]
     thresh = tirx.const(attrs["overlap_thresh"], dtype)
     minus_one = tirx.const(-1.0, dtype)
-    with IRBuilder() as ib:
-        data, keys, order = T.buffer_proxy(data), T.buffer_proxy(keys), T.buffer_proxy(order)
-        out, flags = T.buffer_proxy(out), T.buffer_proxy(flags)
-        with T.parallel(0, batch) as b:
-            count = T.buffer_proxy(T.alloc_buffer((2,), "int32", scope="local"))
-            count[0] = 0
-            with T.serial(0, n) as j:  # valid boxes sort first: count them
-                with T.If(keys[b, order[b, j]] > lowest):
-                    with T.Then():
-                        count[0] = count[0] + 1
-            if topk >= 0:
-                with T.If(count[0] > topk):
-                    with T.Then():
-                        count[0] = topk
-            with T.serial(0, n) as j:
-                with T.If(j < count[0]):
-                    with T.Then():
-                        with T.serial(0, k) as f:
-                            out[b, j, f] = data[b, order[b, j], f]
-                        flags[b, j] = 1
-                    with T.Else():
-                        with T.serial(0, k) as f:
-                            out[b, j, f] = minus_one
-                        flags[b, j] = 0
+    count = T.buffer_proxy(T.alloc_buffer((2,), "int32", scope="local"))
+    count[0] = 0
+    with T.serial(0, n) as j:  # valid boxes sort first: count them
+        with T.If(keys[b, order[b, j]] > lowest):
+            with T.Then():
+                count[0] = count[0] + 1
+    if topk >= 0:
+        with T.If(count[0] > topk):
+            with T.Then():
+                count[0] = topk
+    with T.serial(0, n) as j:
+        with T.If(j < count[0]):
+            with T.Then():
+                with T.serial(0, k) as f:
+                    out[b, j, f] = data[b, order[b, j], f]
+                flags[b, j] = 1
+            with T.Else():
+                with T.serial(0, k) as f:
+                    out[b, j, f] = minus_one
+                flags[b, j] = 0
 
-            def corner(row):
-                return _corner(lambda f: out[b, row, f], cs, in_fmt, dtype)
+    def corner(row):
+        return _corner(lambda f: out[b, row, f], cs, in_fmt, dtype)
 
-            with T.serial(0, count[0]) as i:
-                with T.If(flags[b, i] == 1):
-                    with T.Then():
-                        with T.serial(i + 1, count[0]) as j:
-                            same = flags[b, j] == 1
-                            if ii >= 0 and not attrs["force_suppress"]:
-                                same = tirx.all(same, out[b, i, ii] == out[b, j, ii])
-                            with T.If(same):
+    with T.serial(0, count[0]) as i:
+        with T.If(flags[b, i] == 1):
+            with T.Then():
+                with T.serial(i + 1, count[0]) as j:
+                    same = flags[b, j] == 1
+                    if ii >= 0 and not attrs["force_suppress"]:
+                        same = tirx.all(same, out[b, i, ii] == out[b, j, ii])
+                    with T.If(same):
+                        with T.Then():
+                            with T.If(_iou(corner(i), corner(j), dtype) > thresh):
                                 with T.Then():
-                                    with T.If(_iou(corner(i), corner(j), dtype) > thresh):
-                                        with T.Then():
-                                            flags[b, j] = 0
-            count[1] = 0  # write position of the next kept row
-            with T.serial(0, count[0]) as j:
-                with T.If(flags[b, j] == 1):
-                    with T.Then():
-                        box = T.buffer_proxy(T.alloc_buffer((4,), dtype, scope="local"))
-                        if in_fmt == out_fmt:
-                            for c in range(4):
-                                box[c] = out[b, j, cs + c]
-                        else:
-                            x1, y1, x2, y2 = corner(j)
-                            half = tirx.const(0.5, dtype)
-                            if out_fmt == "center":
-                                values = ((x1 + x2) * half, (y1 + y2) * half, x2 - x1, y2 - y1)
-                            else:
-                                values = (x1, y1, x2, y2)
-                            for c in range(4):
-                                box[c] = values[c]
-                        with T.serial(0, k) as f:
-                            out[b, count[1], f] = out[b, j, f]
-                        for c in range(4):
-                            out[b, count[1], cs + c] = box[c]
-                        count[1] = count[1] + 1
-            with T.serial(0, count[0]) as j:
-                with T.If(j >= count[1]):
-                    with T.Then():
-                        with T.serial(0, k) as f:
-                            out[b, j, f] = minus_one
-    return ib.get()
+                                    flags[b, j] = 0
+    count[1] = 0  # write position of the next kept row
+    with T.serial(0, count[0]) as j:
+        with T.If(flags[b, j] == 1):
+            with T.Then():
+                box = T.buffer_proxy(T.alloc_buffer((4,), dtype, scope="local"))
+                if in_fmt == out_fmt:
+                    for c in range(4):
+                        box[c] = out[b, j, cs + c]
+                else:
+                    x1, y1, x2, y2 = corner(j)
+                    half = tirx.const(0.5, dtype)
+                    if out_fmt == "center":
+                        values = ((x1 + x2) * half, (y1 + y2) * half, x2 - x1, y2 - y1)
+                    else:
+                        values = (x1, y1, x2, y2)
+                    for c in range(4):
+                        box[c] = values[c]
+                with T.serial(0, k) as f:
+                    out[b, count[1], f] = out[b, j, f]
+                for c in range(4):
+                    out[b, count[1], cs + c] = box[c]
+                count[1] = count[1] + 1
+    with T.serial(0, count[0]) as j:
+        with T.If(j >= count[1]):
+            with T.Then():
+                with T.serial(0, k) as f:
+                    out[b, j, f] = minus_one
 
 
 def box_nms(

@@ -18,23 +18,11 @@ from edgecv.ops.multibox import (
     multibox_prior_reference,
 )
 from edgecv.runtime.opencl_devices import opencl_devices
+from edgecv.testing import detector_inputs
 
 mx = import_mxnet()
 HAVE_INTEL = any(d.matches("intel(r) opencl") for d in opencl_devices())
 needs_intel = pytest.mark.skipif(not HAVE_INTEL, reason="no Intel OpenCL runtime here")
-
-
-def detector_inputs(rng, batch, classes, n, levels=None):
-    """Softmax-like class probabilities, regressions, anchors inside the unit square."""
-    if levels is None:
-        cls = rng.uniform(0, 1, (batch, classes, n))
-    else:  # few distinct values: equal scores and equal best classes
-        cls = rng.choice(levels, (batch, classes, n))
-    cls = (cls / cls.sum(1, keepdims=True)).astype(np.float32)
-    loc = (rng.standard_normal((batch, n * 4)) * 0.5).astype(np.float32)
-    centre, size = rng.uniform(0.1, 0.9, (1, n, 2)), rng.uniform(0.05, 0.5, (1, n, 2))
-    anchors = np.concatenate([centre - size / 2, centre + size / 2], -1).astype(np.float32)
-    return cls, loc, anchors
 
 
 def mxnet(cls, loc, anchors, **attrs):
