@@ -57,6 +57,8 @@ class DeviceOp:
 
     def __init__(self, name: str, func, device: str, arrays: list[np.ndarray]):
         kernels = build_opencl(tvm.IRModule({name: func}), load_profile("aisage").tvm_target())
+        if name in kernels.unsupported:
+            raise RuntimeError(kernels.unsupported[name])
         self.backend = OpenCLBackend(device, kernels.source, kernels.launches)
         self.tensors = []
         for array in arrays:
@@ -131,140 +133,143 @@ def main() -> None:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     mx = import_mxnet()
-    import cv2
 
     present = opencl_devices()
     for device in args.devices:
-        if not any(d.matches(device) for d in present):
-            continue
-        print(f"\n== {device} ==  (ms; x = that version's time / edgecv's)")
-        print(f"{'operator':<34}{'edgecv':>10}{'lnch':>5}{'naive GPU':>10}{'TVM GPU':>10}"
-              f"{'MXNet CPU':>10}{'NumPy/CV':>10}{'naive x':>9}{'TVM x':>9}"
-              f"{'MXNet x':>9}")  # fmt: skip
-        for label, n in (("box_nms SSD-512 (122640 boxes)", 122640),
-                         ("box_nms YOLOv3-512 (16128 boxes)", 16128)):  # fmt: skip
-            data = ssd_like_boxes(n)
-            ref = box_nms_reference(data, **SSD)
+        if any(d.matches(device) for d in present):
+            bench_device(device, args.repeat, mx)
 
-            def same(op, ref=ref):
-                np.testing.assert_allclose(op.result(1), ref, rtol=1e-5, atol=1e-4)
 
-            op, err = try_op("box_nms", lambda: box_nms_gpu(data.shape, **SSD), device,
-                             [data, np.zeros_like(data)], same)  # fmt: skip
-            if op is None:
-                print(f"{label:<34} not run: {err}")
-                break
-            ours = median_time(op, args.repeat)
-            naive, _ = try_op("naive_box_nms", lambda: naive_box_nms_gpu(data.shape, **SSD),
-                              device, [data, np.zeros_like(data)], same)  # fmt: skip
-            naive_s = median_time(naive, 1) if naive else None
-            nd = mx.nd.array(data)
-            theirs = median_time(lambda: mx.nd.contrib.box_nms(nd, **SSD).wait_to_read(),
-                                 args.repeat)  # fmt: skip
-            valid = data[0, data[0, :, 1] > 0.01]
-            rects = np.concatenate([valid[:, 2:4], valid[:, 4:6] - valid[:, 2:4]], 1).tolist()
-            opencv = median_time(
-                lambda: cv2.dnn.NMSBoxes(rects, valid[:, 1].tolist(), 0.01, 0.45, top_k=400),
-                args.repeat,
-            )
-            row(label, ours, op.launches, naive_s, None, theirs, opencv,
-                "TVM: no GPU NMS; CV: cv2.dnn.NMSBoxes, class-agnostic")  # fmt: skip
-        for label, lengths in (("argsort 1 x 122640", [122640]),
-                               ("argsort 20 classes x 6132", [6132] * 20)):  # fmt: skip
-            total = sum(lengths)
-            keys = np.random.RandomState(1).uniform(0, 1, total).astype(np.float32)
-            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-            ref = segmented_argsort_reference(keys, offsets, True)
-            work = [np.zeros(total, d) for d in ("float32", "int32", "int32") * 2]
-            op, err = try_op(
-                "segmented_argsort",
-                lambda: segmented_argsort_gpu(total, len(lengths), "float32", True),
-                device, [keys, offsets, np.zeros(total, np.int32), *work],
-                lambda op: np.testing.assert_array_equal(op.result(2), ref),
-            )  # fmt: skip
-            ours = median_time(op, args.repeat)
-            naive, _ = try_op(
-                "naive_argsort", lambda: naive_segmented_argsort_gpu(lengths, "float32", True),
-                device, [keys, np.zeros(total, np.int32), np.zeros(total, np.int32)],
-                lambda op: np.testing.assert_array_equal(op.result(1), ref),
-            )  # fmt: skip
-            naive_s = median_time(naive, 1) if naive else None
-            rows2d = keys.reshape(len(lengths), -1)
-            stock, why = try_op(
-                "argsort", lambda: tvm_stock("argsort", rows2d.shape, True), device,
-                [rows2d, np.zeros(rows2d.shape, np.int32)],
-                lambda op: np.testing.assert_array_equal(op.result(1).ravel(), ref),
-            )  # fmt: skip
-            stock_s = median_time(stock, args.repeat) if stock else None
-            nd = mx.nd.array(rows2d)
-            theirs = median_time(
-                lambda: mx.nd.argsort(nd, axis=-1, is_ascend=False).wait_to_read(), args.repeat
-            )
-            numpy_s = median_time(lambda: np.argsort(-rows2d, axis=-1, kind="stable"), args.repeat)
-            row(label, ours, op.launches, naive_s, stock_s, theirs, numpy_s,
-                f"TVM: {why}" if why else "")  # fmt: skip
-        for label, shape in (("scan 1 x 122640 (int32)", (1, 122640)),
-                             ("scan 20 x 6132 (int32)", (20, 6132))):  # fmt: skip
-            x = np.random.RandomState(2).randint(0, 2, shape).astype(np.int32)
-            ref = scan_reference(x, True)
+def bench_device(device: str, repeat: int, mx) -> None:
+    """Every row of one device's table (none past a device that cannot build NMS)."""
+    import cv2
 
-            def same_scan(op, ref=ref):
-                np.testing.assert_array_equal(op.result(1), ref)
+    print(f"\n== {device} ==  (ms; x = that version's time / edgecv's)")
+    print(f"{'operator':<34}{'edgecv':>10}{'lnch':>5}{'naive GPU':>10}{'TVM GPU':>10}"
+          f"{'MXNet CPU':>10}{'NumPy/CV':>10}{'naive x':>9}{'TVM x':>9}"
+          f"{'MXNet x':>9}")  # fmt: skip
+    for label, n in (("box_nms SSD-512 (122640 boxes)", 122640),
+                     ("box_nms YOLOv3-512 (16128 boxes)", 16128)):  # fmt: skip
+        data = ssd_like_boxes(n)
+        ref = box_nms_reference(data, **SSD)
 
-            op, err = try_op("scan", lambda: scan_gpu(*shape, "int32", True), device,
-                             [x, np.zeros_like(x)], same_scan)  # fmt: skip
-            ours = median_time(op, args.repeat)
-            naive, _ = try_op("naive_scan", lambda: naive_scan_gpu(*shape, "int32", True),
-                              device, [x, np.zeros_like(x)], same_scan)  # fmt: skip
-            naive_s = median_time(naive, 1) if naive else None
-            stock, why = try_op("cumsum", lambda: tvm_stock("cumsum", shape, True), device,
-                                [x, np.zeros_like(x)], same_scan)  # fmt: skip
-            stock_s = median_time(stock, args.repeat) if stock else None
-            nd = mx.nd.array(x, dtype="int32").as_np_ndarray()
-            theirs = median_time(lambda: mx.np.cumsum(nd, axis=1).wait_to_read(), args.repeat)
-            numpy_s = median_time(lambda: np.cumsum(x, axis=1), args.repeat)
-            row(label, ours, op.launches, naive_s, stock_s, theirs, numpy_s,
-                f"TVM: {why}" if why else "")  # fmt: skip
-        # ROIAlign at a Faster-RCNN-like size; MultiBoxDetection at SSD-300's anchors
-        rng = np.random.RandomState(3)
-        feat = rng.standard_normal((1, 256, 32, 32)).astype(np.float32)
-        xy = rng.uniform(0, 400, (300, 2))
-        rois = np.concatenate([np.zeros((300, 1)), xy, xy + rng.uniform(16, 200, (300, 2))], 1)
-        rois = rois.astype(np.float32)
-        attrs = dict(pooled_size=(7, 7), spatial_scale=0.0625, sample_ratio=2)
-        ref = roi_align_reference(feat, rois, **attrs)
+        def same(op, ref=ref):
+            np.testing.assert_allclose(op.result(1), ref, rtol=1e-5, atol=1e-4)
+
+        op, err = try_op("box_nms", lambda: box_nms_gpu(data.shape, **SSD), device,
+                         [data, np.zeros_like(data)], same)  # fmt: skip
+        if op is None:
+            print(f"{label:<34} not run: {err}")
+            break
+        ours = median_time(op, repeat)
+        naive, _ = try_op("naive_box_nms", lambda: naive_box_nms_gpu(data.shape, **SSD),
+                          device, [data, np.zeros_like(data)], same)  # fmt: skip
+        naive_s = median_time(naive, 1) if naive else None
+        nd = mx.nd.array(data)
+        theirs = median_time(lambda: mx.nd.contrib.box_nms(nd, **SSD).wait_to_read(),
+                             repeat)  # fmt: skip
+        valid = data[0, data[0, :, 1] > 0.01]
+        rects = np.concatenate([valid[:, 2:4], valid[:, 4:6] - valid[:, 2:4]], 1).tolist()
+        opencv = median_time(
+            lambda: cv2.dnn.NMSBoxes(rects, valid[:, 1].tolist(), 0.01, 0.45, top_k=400),
+            repeat,
+        )
+        row(label, ours, op.launches, naive_s, None, theirs, opencv,
+            "TVM: no GPU NMS; CV: cv2.dnn.NMSBoxes, class-agnostic")  # fmt: skip
+    for label, lengths in (("argsort 1 x 122640", [122640]),
+                           ("argsort 20 classes x 6132", [6132] * 20)):  # fmt: skip
+        total = sum(lengths)
+        keys = np.random.RandomState(1).uniform(0, 1, total).astype(np.float32)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        ref = segmented_argsort_reference(keys, offsets, True)
+        work = [np.zeros(total, d) for d in ("float32", "int32", "int32") * 2]
         op, err = try_op(
-            "roi_align", lambda: roi_align_gpu(feat.shape, rois.shape, "float32", 256, **attrs),
-            device, [feat, rois, np.zeros_like(ref)],
-            lambda op: np.testing.assert_allclose(op.result(2), ref, rtol=1e-4, atol=1e-4),
+            "segmented_argsort",
+            lambda: segmented_argsort_gpu(total, len(lengths), "float32", True),
+            device, [keys, offsets, np.zeros(total, np.int32), *work],
+            lambda op: np.testing.assert_array_equal(op.result(2), ref),
         )  # fmt: skip
-        if op is not None:
-            ours = median_time(op, args.repeat)
-            nf, nr = mx.nd.array(feat), mx.nd.array(rois)
-            theirs = median_time(
-                lambda: mx.nd.contrib.ROIAlign(nf, nr, **attrs).wait_to_read(), args.repeat
-            )
-            row("ROIAlign 300 x 256ch 7x7 (32x32)", ours, op.launches, None, None, theirs, None)
-        cls, loc, anchors = detector_inputs(np.random.RandomState(4), 1, 21, 8732)
-        det = dict(nms_threshold=0.45, nms_topk=400)
-        ref = multibox_detection_reference(cls, loc, anchors, **det)
-        op, err = try_op(
-            "multibox_detection",
-            lambda: multibox_detection_gpu(cls.shape, loc.shape, anchors.shape, **det),
-            device, [cls, loc, anchors, np.zeros_like(ref)],
-            lambda op: np.testing.assert_allclose(op.result(3), ref, rtol=1e-5, atol=1e-5),
+        ours = median_time(op, repeat)
+        naive, _ = try_op(
+            "naive_argsort", lambda: naive_segmented_argsort_gpu(lengths, "float32", True),
+            device, [keys, np.zeros(total, np.int32), np.zeros(total, np.int32)],
+            lambda op: np.testing.assert_array_equal(op.result(1), ref),
         )  # fmt: skip
-        if op is not None:
-            ours = median_time(op, args.repeat)
-            args_nd = [mx.nd.array(a) for a in (cls, loc, anchors)]
-            theirs = median_time(
-                lambda: mx.nd.contrib.MultiBoxDetection(*args_nd, **det).wait_to_read(),
-                args.repeat,
-            )
-            row("MultiBoxDetection SSD-300 (8732x21)", ours, op.launches, None, None, theirs,
-                None)  # fmt: skip
-        elif err:
-            print(f"MultiBoxDetection not run: {err}")
+        naive_s = median_time(naive, 1) if naive else None
+        rows2d = keys.reshape(len(lengths), -1)
+        stock, why = try_op(
+            "argsort", lambda: tvm_stock("argsort", rows2d.shape, True), device,
+            [rows2d, np.zeros(rows2d.shape, np.int32)],
+            lambda op: np.testing.assert_array_equal(op.result(1).ravel(), ref),
+        )  # fmt: skip
+        stock_s = median_time(stock, repeat) if stock else None
+        nd = mx.nd.array(rows2d)
+        theirs = median_time(
+            lambda: mx.nd.argsort(nd, axis=-1, is_ascend=False).wait_to_read(), repeat
+        )
+        numpy_s = median_time(lambda: np.argsort(-rows2d, axis=-1, kind="stable"), repeat)
+        row(label, ours, op.launches, naive_s, stock_s, theirs, numpy_s,
+            f"TVM: {why}" if why else "")  # fmt: skip
+    for label, shape in (("scan 1 x 122640 (int32)", (1, 122640)),
+                         ("scan 20 x 6132 (int32)", (20, 6132))):  # fmt: skip
+        x = np.random.RandomState(2).randint(0, 2, shape).astype(np.int32)
+        ref = scan_reference(x, True)
+
+        def same_scan(op, ref=ref):
+            np.testing.assert_array_equal(op.result(1), ref)
+
+        op, err = try_op("scan", lambda: scan_gpu(*shape, "int32", True), device,
+                         [x, np.zeros_like(x)], same_scan)  # fmt: skip
+        ours = median_time(op, repeat)
+        naive, _ = try_op("naive_scan", lambda: naive_scan_gpu(*shape, "int32", True),
+                          device, [x, np.zeros_like(x)], same_scan)  # fmt: skip
+        naive_s = median_time(naive, 1) if naive else None
+        stock, why = try_op("cumsum", lambda: tvm_stock("cumsum", shape, True), device,
+                            [x, np.zeros_like(x)], same_scan)  # fmt: skip
+        stock_s = median_time(stock, repeat) if stock else None
+        nd = mx.nd.array(x, dtype="int32").as_np_ndarray()
+        theirs = median_time(lambda: mx.np.cumsum(nd, axis=1).wait_to_read(), repeat)
+        numpy_s = median_time(lambda: np.cumsum(x, axis=1), repeat)
+        row(label, ours, op.launches, naive_s, stock_s, theirs, numpy_s,
+            f"TVM: {why}" if why else "")  # fmt: skip
+    # ROIAlign at a Faster-RCNN-like size; MultiBoxDetection at SSD-300's anchors
+    rng = np.random.RandomState(3)
+    feat = rng.standard_normal((1, 256, 32, 32)).astype(np.float32)
+    xy = rng.uniform(0, 400, (300, 2))
+    rois = np.concatenate([np.zeros((300, 1)), xy, xy + rng.uniform(16, 200, (300, 2))], 1)
+    rois = rois.astype(np.float32)
+    attrs = dict(pooled_size=(7, 7), spatial_scale=0.0625, sample_ratio=2)
+    ref = roi_align_reference(feat, rois, **attrs)
+    op, err = try_op(
+        "roi_align", lambda: roi_align_gpu(feat.shape, rois.shape, "float32", 256, **attrs),
+        device, [feat, rois, np.zeros_like(ref)],
+        lambda op: np.testing.assert_allclose(op.result(2), ref, rtol=1e-4, atol=1e-4),
+    )  # fmt: skip
+    if op is not None:
+        ours = median_time(op, repeat)
+        nf, nr = mx.nd.array(feat), mx.nd.array(rois)
+        theirs = median_time(lambda: mx.nd.contrib.ROIAlign(nf, nr, **attrs).wait_to_read(), repeat)
+        row("ROIAlign 300 x 256ch 7x7 (32x32)", ours, op.launches, None, None, theirs, None)
+    cls, loc, anchors = detector_inputs(np.random.RandomState(4), 1, 21, 8732)
+    det = dict(nms_threshold=0.45, nms_topk=400)
+    ref = multibox_detection_reference(cls, loc, anchors, **det)
+    op, err = try_op(
+        "multibox_detection",
+        lambda: multibox_detection_gpu(cls.shape, loc.shape, anchors.shape, **det),
+        device, [cls, loc, anchors, np.zeros_like(ref)],
+        lambda op: np.testing.assert_allclose(op.result(3), ref, rtol=1e-5, atol=1e-5),
+    )  # fmt: skip
+    if op is not None:
+        ours = median_time(op, repeat)
+        args_nd = [mx.nd.array(a) for a in (cls, loc, anchors)]
+        theirs = median_time(
+            lambda: mx.nd.contrib.MultiBoxDetection(*args_nd, **det).wait_to_read(),
+            repeat,
+        )
+        row("MultiBoxDetection SSD-300 (8732x21)", ours, op.launches, None, None, theirs,
+            None)  # fmt: skip
+    elif err:
+        print(f"MultiBoxDetection not run: {err}")
 
 
 if __name__ == "__main__":
