@@ -160,7 +160,7 @@ def bench_device(device: str, repeat: int, mx) -> None:
                          [data, np.zeros_like(data)], same)  # fmt: skip
         if op is None:
             print(f"{label:<34} not run: {err}")
-            break
+            return
         ours = median_time(op, repeat)
         naive, _ = try_op("naive_box_nms", lambda: naive_box_nms_gpu(data.shape, **SSD),
                           device, [data, np.zeros_like(data)], same)  # fmt: skip
