@@ -16,14 +16,12 @@ Not a test: numbers depend on the machine and its load.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
 import numpy as np
-from fallback_overhead import MODELS, nms_time
+from fallback_overhead import MODELS, alternating_medians, nms_time
 
 import edgecv
 from edgecv.build.gpu import gpu_versions
@@ -60,13 +58,7 @@ def main() -> None:
                 x = np.random.RandomState(0).uniform(-1, 1, ours.input_shape).astype(np.float32)
                 for a, b in zip(ours.run(x), naive.run(x), strict=True):
                     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-                times = {"ours": [], "naive": []}
-                for _ in range(args.repeat):  # alternate, so drift hits both alike
-                    for key, model in (("ours", ours), ("naive", naive)):
-                        t = time.perf_counter()
-                        model.run(x)
-                        times[key].append(time.perf_counter() - t)
-                t_ours, t_naive = (statistics.median(times[k]) for k in ("ours", "naive"))
+                t_ours, t_naive = alternating_medians([ours, naive], x, args.repeat)
                 _, nms_ours = nms_time(ours.executor, x, args.repeat)
                 _, nms_naive = nms_time(naive.executor, x, args.repeat)
                 label = ours.executor.backends["gpu"].label.split(" / ")[0]

@@ -57,6 +57,18 @@ def nms_time(executor, x, repeat: int) -> tuple[float, float]:
     return statistics.median(copies), statistics.median(nms)
 
 
+def alternating_medians(models, x, repeat: int) -> list[float]:
+    """Median seconds per inference of each model, runs alternating so that drift in
+    the machine's load hits all alike."""
+    times = [[] for _ in models]
+    for _ in range(repeat):
+        for spent, model in zip(times, models, strict=True):
+            t = time.perf_counter()
+            model.run(x)
+            spent.append(time.perf_counter() - t)
+    return [statistics.median(spent) for spent in times]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("models", nargs="*", default=MODELS)
@@ -86,13 +98,7 @@ def main() -> None:
                     continue
                 x = np.random.RandomState(0).uniform(-1, 1, gpu.input_shape).astype(np.float32)
                 gpu.run(x), mixed.run(x)  # warm-up
-                times = {"gpu": [], "mixed": []}
-                for _ in range(args.repeat):  # alternate, so drift hits both alike
-                    for key, model in (("gpu", gpu), ("mixed", mixed)):
-                        t = time.perf_counter()
-                        model.run(x)
-                        times[key].append(time.perf_counter() - t)
-                t_gpu, t_mixed = (statistics.median(times[k]) for k in ("gpu", "mixed"))
+                t_gpu, t_mixed = alternating_medians([gpu, mixed], x, args.repeat)
                 copy_s, nms_cpu = nms_time(mixed.executor, x, args.repeat)
                 _, nms_gpu = nms_time(gpu.executor, x, args.repeat)
                 placement = mixed.manifest["build"]["placement"]

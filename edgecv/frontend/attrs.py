@@ -101,39 +101,28 @@ class Attrs:
             return False
         raise self._fail(name, "a boolean (True/False)", value)
 
-    def ints(self, name: str, default: Any = _REQUIRED) -> Any:
-        """A tuple of ints such as ``(3, 3)``; ``None`` entries become ``None``."""
+    def _tuple(self, name: str, default: Any, kinds: tuple, what: str) -> Any:
         value = self._get(name, default)
         if value is None or value == "None":
             return default
         try:
             parsed = ast.literal_eval(value)
         except (ValueError, SyntaxError):
-            raise self._fail(name, "a tuple of integers", value) from None
-        if isinstance(parsed, int):
+            raise self._fail(name, what, value) from None
+        if isinstance(parsed, kinds):
             return (parsed,)
-        if not isinstance(parsed, (tuple, list)) or not all(
-            isinstance(v, int) or v is None for v in parsed
-        ):
-            raise self._fail(name, "a tuple of integers", value)
+        if not isinstance(parsed, (tuple, list)) or not all(isinstance(v, kinds) for v in parsed):
+            raise self._fail(name, what, value)
         return tuple(parsed)
+
+    def ints(self, name: str, default: Any = _REQUIRED) -> Any:
+        """A tuple of ints such as ``(3, 3)``; ``None`` entries become ``None``."""
+        return self._tuple(name, default, (int, type(None)), "a tuple of integers")
 
     def floats(self, name: str, default: Any = _REQUIRED) -> Any:
         """A tuple of floats such as ``(0.1, 0.1, 0.2, 0.2)``; a single number is a 1-tuple."""
-        value = self._get(name, default)
-        if value is None or value == "None":
-            return default
-        try:
-            parsed = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            raise self._fail(name, "a tuple of numbers", value) from None
-        if isinstance(parsed, (int, float)):
-            parsed = (parsed,)
-        if not isinstance(parsed, (tuple, list)) or not all(
-            isinstance(v, (int, float)) for v in parsed
-        ):
-            raise self._fail(name, "a tuple of numbers", value)
-        return tuple(float(v) for v in parsed)
+        parsed = self._tuple(name, default, (int, float), "a tuple of numbers")
+        return parsed if parsed is default else tuple(float(v) for v in parsed)
 
     def scalar(self, name: str = "scalar", default: Any = _REQUIRED) -> Any:
         """A float scalar operand (``_mul_scalar`` and friends)."""

@@ -27,6 +27,38 @@ from .box_nms_reference import box_nms_reference, check_box_nms_attrs
 __all__ = ["box_nms", "box_nms_reference"]
 
 
+DEFAULTS = {
+    "overlap_thresh": 0.5, "valid_thresh": 0.0, "topk": -1, "coord_start": 2,
+    "score_index": 1, "id_index": -1, "background_id": -1, "force_suppress": False,
+    "in_format": "corner", "out_format": "corner",
+}  # fmt: skip
+
+
+def gpu_setup(shape, attrs: dict) -> tuple[dict, int, int, int]:
+    """MXNet's defaults under ``attrs``, checked against ``shape`` ``(..., N, K)``;
+    returns (attrs, batch, N, K) with the leading dimensions flattened to one batch."""
+    attrs = {**DEFAULTS, **attrs}
+    shape = tuple(int(d) for d in shape)
+    if len(shape) < 2:
+        raise ValueError(f"box_nms: data must be (..., N, K), found shape {shape}")
+    n, k = shape[-2:]
+    check_box_nms_attrs(k, attrs["coord_start"], attrs["score_index"], attrs["id_index"],
+                        attrs["in_format"], attrs["out_format"])  # fmt: skip
+    batch = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 2 else 1
+    return attrs, batch, n, k
+
+
+def sort_key(data, b, i, attrs: dict, dtype: str):
+    """Box ``(b, i)``'s sort key: its score when valid (above ``valid_thresh``, not the
+    background class), else the lowest float, so invalid boxes sort last."""
+    score = data[b, i, attrs["score_index"]]
+    valid = score > tirx.const(float(np.float32(attrs["valid_thresh"])), dtype)
+    if attrs["id_index"] >= 0:
+        background = tirx.const(attrs["background_id"], dtype)
+        valid = tirx.all(valid, data[b, i, attrs["id_index"]] != background)
+    return tirx.Select(valid, score, tirx.const(float(np.finfo(dtype).min), dtype))
+
+
 def _corner(row, coord_start: int, fmt: str, dtype: str):
     """The corner coordinates (x1, y1, x2, y2) of a box row given as a 4-value accessor."""
     a, b, c, d = (row(coord_start + k) for k in range(4))
@@ -159,14 +191,11 @@ def box_nms(
     flat = topi.reshape(data, (batch, n, k)) if len(shape) != 3 else data
     dtype = data.dtype
     lowest = tirx.const(float(np.finfo(dtype).min), dtype)
-    threshold = tirx.const(float(np.float32(valid_thresh)), dtype)
+    key_attrs = dict(valid_thresh=valid_thresh, score_index=score_index, id_index=id_index,
+                     background_id=background_id)  # fmt: skip
 
     def key(b, i):
-        score = flat[b, i, score_index]
-        valid = score > threshold
-        if id_index >= 0:
-            valid = tirx.all(valid, flat[b, i, id_index] != tirx.const(background_id, dtype))
-        return tirx.Select(valid, score, lowest)
+        return sort_key(flat, b, i, key_attrs, dtype)
 
     keys = te.compute((batch, n), key, name="box_nms_keys")
     order = topi.argsort(keys, axis=1, is_ascend=False, dtype="int32")
@@ -234,24 +263,11 @@ def box_nms_gpu(
     from .argsort import emit_segmented_sort
     from .scan import emit_scan
 
-    attrs = {
-        "overlap_thresh": 0.5, "valid_thresh": 0.0, "topk": -1, "coord_start": 2,
-        "score_index": 1, "id_index": -1, "background_id": -1, "force_suppress": False,
-        "in_format": "corner", "out_format": "corner", **attrs,
-    }  # fmt: skip
-    shape = tuple(int(d) for d in shape)
-    if len(shape) < 2:
-        raise ValueError(f"box_nms: data must be (..., N, K), found shape {shape}")
-    n, k = shape[-2:]
-    check_box_nms_attrs(k, attrs["coord_start"], attrs["score_index"], attrs["id_index"],
-                        attrs["in_format"], attrs["out_format"])  # fmt: skip
-    batch = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 2 else 1
+    attrs, batch, n, k = gpu_setup(shape, attrs)
     total = batch * n
-    cs, si, ii = attrs["coord_start"], attrs["score_index"], attrs["id_index"]
+    cs, ii = attrs["coord_start"], attrs["id_index"]
     topk, in_fmt, out_fmt = attrs["topk"], attrs["in_format"], attrs["out_format"]
     lowest = tirx.const(float(np.finfo(dtype).min), dtype)
-    valid_thresh = tirx.const(float(np.float32(attrs["valid_thresh"])), dtype)
-    background = tirx.const(attrs["background_id"], dtype)
     thresh = tirx.const(attrs["overlap_thresh"], dtype)
     minus_one = tirx.const(-1.0, dtype)
     flat = threads  # work-items per group of the one-item-per-element launches
@@ -285,11 +301,7 @@ def box_nms_gpu(
                 g = bx * flat + tx
                 with T.If(g < total):
                     with T.Then():
-                        b, i = g // n, g % n
-                        valid = data[b, i, si] > valid_thresh
-                        if ii >= 0:
-                            valid = tirx.all(valid, data[b, i, ii] != background)
-                        keys[g] = tirx.Select(valid, data[b, i, si], lowest)
+                        keys[g] = sort_key(data, g // n, g % n, attrs, dtype)
 
             # 2. sort each row by key, descending, stable
             sorted_keys, _, _ = emit_segmented_sort(

@@ -14,8 +14,8 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from .box_nms import emit_nms_row
-from .box_nms_reference import check_box_nms_attrs
+from .box_nms import emit_nms_row, gpu_setup, sort_key
+from .scan import emit_row_scan
 
 __all__ = ["naive_scan_gpu", "naive_segmented_argsort_gpu", "naive_box_nms_gpu"]
 
@@ -81,15 +81,7 @@ def naive_scan_gpu(rows: int, n: int, dtype: str = "int32", exclusive: bool = Fa
                 row = bx * per + tx
                 with T.If(row < rows):
                     with T.Then():
-                        acc = T.buffer_proxy(T.alloc_buffer((1,), dtype, scope="local"))
-                        acc[0] = tirx.const(0, dtype)
-                        with T.serial(0, n) as i:
-                            if exclusive:
-                                out[row, i] = acc[0]
-                                acc[0] = acc[0] + data[row, i]
-                            else:
-                                acc[0] = acc[0] + data[row, i]
-                                out[row, i] = acc[0]
+                        emit_row_scan(data, out, row, n, exclusive)
     return ib.get()
 
 
@@ -132,17 +124,7 @@ def naive_segmented_argsort_gpu(lengths: list[int], dtype: str = "float32",
 def naive_box_nms_gpu(shape, dtype: str = "float32", **attrs):
     """MXNet ``box_nms`` with one work-item per batch row doing all of it serially:
     keys, a merge sort, then the CPU version's gather / suppress / compact loop."""
-    attrs = {
-        "overlap_thresh": 0.5, "valid_thresh": 0.0, "topk": -1, "coord_start": 2,
-        "score_index": 1, "id_index": -1, "background_id": -1, "force_suppress": False,
-        "in_format": "corner", "out_format": "corner", **attrs,
-    }  # fmt: skip
-    shape = tuple(int(d) for d in shape)
-    n, k = shape[-2:]
-    check_box_nms_attrs(k, attrs["coord_start"], attrs["score_index"], attrs["id_index"],
-                        attrs["in_format"], attrs["out_format"])  # fmt: skip
-    batch = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 2 else 1
-    si, ii = attrs["score_index"], attrs["id_index"]
+    attrs, batch, n, k = gpu_setup(shape, attrs)
     lowest = tirx.const(float(np.finfo(dtype).min), dtype)
     with IRBuilder() as ib:
         with T.prim_func():
@@ -160,13 +142,7 @@ def naive_box_nms_gpu(shape, dtype: str = "float32", **attrs):
                 with T.If(b < batch):
                     with T.Then():
                         with T.serial(0, n) as i:
-                            valid = data[b, i, si] > tirx.const(
-                                float(np.float32(attrs["valid_thresh"])), dtype
-                            )
-                            if ii >= 0:
-                                background = tirx.const(attrs["background_id"], dtype)
-                                valid = tirx.all(valid, data[b, i, ii] != background)
-                            keys[b, i] = tirx.Select(valid, data[b, i, si], lowest)
+                            keys[b, i] = sort_key(data, b, i, attrs, dtype)
                             order[b * n + i] = i
                         scratch = T.buffer_proxy(T.alloc_buffer((4,), "int32", scope="local"))
                         done = _serial_merge_sort(lambda i: keys[b, i], order, spare, b * n, n,

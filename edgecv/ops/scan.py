@@ -98,21 +98,25 @@ def _gpu_func(rows: int, n: int, dtype: str, exclusive: bool, threads: int) -> t
     return ib.get()
 
 
+def emit_row_scan(data, out, row, n: int, exclusive: bool) -> None:
+    """Statements scanning ``data[row, :n]`` into ``out[row]`` sequentially."""
+    acc = T.buffer_proxy(T.alloc_buffer((1,), data.dtype, scope="local"))
+    acc[0] = tirx.const(0, data.dtype)
+    with T.serial(0, n) as i:
+        if exclusive:
+            out[row, i] = acc[0]
+            acc[0] = acc[0] + data[row, i]
+        else:
+            acc[0] = acc[0] + data[row, i]
+            out[row, i] = acc[0]
+
+
 def _cpu_ir(data, out, exclusive: bool):
     rows, n = (int(s) for s in data.shape)
-    zero = tirx.const(0, data.dtype)
     with IRBuilder() as ib:
         data, out = T.buffer_proxy(data), T.buffer_proxy(out)
         with T.parallel(0, rows) as row:
-            acc = T.buffer_proxy(T.alloc_buffer((1,), data.dtype, scope="local"))
-            acc[0] = zero
-            with T.serial(0, n) as i:
-                if exclusive:
-                    out[row, i] = acc[0]
-                    acc[0] = acc[0] + data[row, i]
-                else:
-                    acc[0] = acc[0] + data[row, i]
-                    out[row, i] = acc[0]
+            emit_row_scan(data, out, row, n, exclusive)
     return ib.get()
 
 
