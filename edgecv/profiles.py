@@ -57,6 +57,21 @@ class Profile:
                        {**self.raw, "host": host})  # fmt: skip
 
     @property
+    def intel_subgroup_size(self) -> int | None:
+        """The OpenCL device's subgroup size when it has Intel subgroups (the operators'
+        subgroup variants are built for it), else None."""
+        gpu = self.raw.get("gpu", {})
+        if self.runtime != "opencl" or gpu.get("intel_subgroups") is not True:
+            return None
+        size = gpu.get("subgroup_size")
+        if not isinstance(size, int) or size < 2 or size & (size - 1):
+            raise ValueError(
+                f"profile {self.name}: gpu.subgroup_size must be a power of two >= 2 when "
+                f"intel_subgroups is true, found {size!r}"
+            )
+        return size
+
+    @property
     def available(self) -> bool:
         return self.runtime in AVAILABLE_RUNTIMES
 
@@ -64,7 +79,36 @@ class Profile:
 def _resolve_native(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("mcpu") != "native":
         return spec
-    return {**spec, "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
+    cpu = tvm.target.codegen.llvm_get_system_cpu()
+    missing = _missing_vector_features(cpu)
+    if not missing:
+        return {**spec, "mcpu": cpu}
+    return {**spec, "mcpu": cpu, "mattr": [*spec.get("mattr", []), *(f"-{f}" for f in missing)]}
+
+
+# LLVM feature families that a virtual machine may hide from a CPU it otherwise names
+# truly (cloud VMs often mask AVX-512 on AMD and Intel parts alike).
+_VECTOR_FEATURES = ("avx", "amx", "fma", "f16c", "gfni", "vaes", "vpclmulqdq", "xop")
+
+
+def _missing_vector_features(cpu: str, cpuinfo: str = "/proc/cpuinfo") -> list[str]:
+    """Vector features LLVM assumes for ``cpu`` that this machine's kernel does not
+    report (``/proc/cpuinfo`` flags): LLVM names the CPU by its family and model, so on a
+    VM that masks AVX-512 it would emit instructions that fault (SIGILL)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return []
+    flags_line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    flags = {f.replace("_", "") for f in flags_line.partition(":")[2].split()}
+    if not flags:
+        return []
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
+    features = tvm.target.codegen.llvm_get_cpu_features(target)
+    return sorted(
+        str(f) for f in features
+        if str(f).startswith(_VECTOR_FEATURES) and str(f).replace("-", "") not in flags
+    )  # fmt: skip
 
 
 def list_profiles() -> list[Profile]:
