@@ -235,7 +235,7 @@ def _build_device_code(profile: Profile, kernels: tvm.IRModule, progress):
     if profile.runtime == "opencl":
         from .build.opencl import build_opencl
 
-        return build_opencl(kernels, target)
+        return build_opencl(kernels, target, profile.intel_subgroup_size)
     from .build.cuda import build_cuda
 
     progress(f"generating CUDA and compiling it with nvcc for {target.attrs['arch']}")

@@ -79,6 +79,8 @@ class DeviceKernels:
     device_mod: tvm.IRModule
     launches: dict[str, list[Launch]] = field(default_factory=dict)
     unsupported: dict[str, str] = field(default_factory=dict)  # PrimFunc -> why not
+    # device functions built for one subgroup size (the subgroup variants' kernels)
+    subgroup_kernels: list[str] = field(default_factory=list)
 
 
 def schedule_gpu(kernels: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
@@ -214,28 +216,32 @@ def _launch(call, device_funcs: dict, param_index) -> Launch:
     return Launch(name, args, global_size, tuple(local))
 
 
-def _gpu_box_nms(spec: dict, target: tvm.target.Target, threads: int):
+def _gpu_box_nms(spec: dict, target: tvm.target.Target, threads: int, subgroup=None):
     from ..ops.box_nms import box_nms_gpu
 
     shape, dtype = tuple(spec.pop("shape")), spec.pop("dtype")
-    return box_nms_gpu(shape, dtype, str(target.kind.name), threads, **spec)
+    return box_nms_gpu(shape, dtype, str(target.kind.name), threads, subgroup=subgroup, **spec)
 
 
-def _gpu_roi_align(spec: dict, target: tvm.target.Target, threads: int):
+def _gpu_roi_align(spec: dict, target: tvm.target.Target, threads: int, subgroup=None):
     from ..ops.roi_align import roi_align_gpu
 
+    # one work-item per output element, nothing to share: no subgroup variant
     shapes = spec.pop("data_shape"), spec.pop("rois_shape")
     return roi_align_gpu(*shapes, spec.pop("dtype"), threads, **spec)
 
 
-def _gpu_multibox_detection(spec: dict, target: tvm.target.Target, threads: int):
+def _gpu_multibox_detection(spec: dict, target: tvm.target.Target, threads: int,
+                            subgroup=None):  # fmt: skip
     from ..ops.multibox import multibox_detection_gpu
 
     shapes, dtype = spec.pop("shapes"), spec.pop("dtype")
-    return multibox_detection_gpu(*shapes, dtype, str(target.kind.name), threads, **spec)
+    return multibox_detection_gpu(*shapes, dtype, str(target.kind.name), threads,
+                                  subgroup=subgroup, **spec)  # fmt: skip
 
 
-# edgecv operator -> its GPU PrimFunc from (attributes, target, work-group size)
+# edgecv operator -> its GPU PrimFunc from (attributes, target, work-group size,
+# Intel subgroup size or None)
 GPU_VERSIONS = {
     "box_nms": _gpu_box_nms,
     "roi_align": _gpu_roi_align,
@@ -243,7 +249,7 @@ GPU_VERSIONS = {
 }
 
 
-def _gpu_box_nms_naive(spec: dict, target: tvm.target.Target, threads: int):
+def _gpu_box_nms_naive(spec: dict, target: tvm.target.Target, threads: int, subgroup=None):
     from ..ops.naive import naive_box_nms_gpu
 
     shape, dtype = tuple(spec.pop("shape")), spec.pop("dtype")
@@ -271,9 +277,11 @@ def gpu_versions(**choice: str):
         GPU_VERSIONS.update(saved)
 
 
-def gpu_version(func, target: tvm.target.Target):
+def gpu_version(func, target: tvm.target.Target, subgroup: int | None = None):
     """The GPU PrimFunc of an edgecv operator kernel (tagged ``edgecv.op`` by the
-    importer), with the same parameters; None for every other kernel."""
+    importer), with the same parameters; None for every other kernel. ``subgroup``
+    (OpenCL targets only): the device's Intel subgroup size, which selects the
+    operators' subgroup variants."""
     tag = func.attrs.get("edgecv.op") if func.attrs else None
     if tag is None:
         return None
@@ -282,19 +290,28 @@ def gpu_version(func, target: tvm.target.Target):
     if make is None:
         return None
     threads = min(256, int(target.attrs.get("max_num_threads", 256)))
-    return make(spec, target, threads)
+    if str(target.kind.name) != "opencl":
+        subgroup = None
+    return make(spec, target, threads, subgroup)
 
 
-def lower_device(kernels: tvm.IRModule, target: tvm.target.Target) -> DeviceKernels:
-    """Schedule and lower every kernel that supports it; split device from host code."""
+def lower_device(
+    kernels: tvm.IRModule, target: tvm.target.Target, subgroup: int | None = None
+) -> DeviceKernels:
+    """Schedule and lower every kernel that supports it; split device from host code.
+    ``subgroup``: the Intel subgroup size of an OpenCL device that has them."""
     # Passes may update a module they hold the only reference to in place: work on a copy
     # so the caller's kernels stay target-free (the CPU build reuses them).
+    versions = {gv: gpu_version(func, target, subgroup) for gv, func in kernels.functions.items()}
     kernels = tvm.IRModule(
         {
-            gv: (gpu_version(func, target) or func).with_attr("global_symbol", gv.name_hint)
+            gv: (versions[gv] or func).with_attr("global_symbol", gv.name_hint)
             for gv, func in kernels.functions.items()
         }
     )
+    # which PrimFuncs call subgroup builtins: their kernels need the subgroup size fixed
+    with_subgroups = {gv.name_hint for gv, f in kernels.functions.items() if _calls_subgroups(f)}
+    subgroup_kernels: list[str] = []
     scheduled = tirx.transform.BindTarget(target)(schedule_gpu(kernels, target))
     device_funcs: dict = {}
     launches: dict[str, list[Launch]] = {}
@@ -313,6 +330,8 @@ def lower_device(kernels: tvm.IRModule, target: tvm.target.Target) -> DeviceKern
             unsupported[gv.name_hint] = str(err)
             continue
         device_funcs.update(found)
+        if gv.name_hint in with_subgroups:
+            subgroup_kernels.extend(found)
     device_mod = tvm.IRModule({tvm.ir.GlobalVar(n): f for n, f in device_funcs.items()})
     device_mod = tvm.transform.Sequential(
         [
@@ -321,4 +340,11 @@ def lower_device(kernels: tvm.IRModule, target: tvm.target.Target) -> DeviceKern
             tirx.transform.LowerIntrin(),
         ]
     )(device_mod)
-    return DeviceKernels(device_mod, launches, unsupported)
+    return DeviceKernels(device_mod, launches, unsupported, sorted(subgroup_kernels))
+
+
+def _calls_subgroups(func) -> bool:
+    """Hand-written (already scheduled) kernels that call subgroup builtins."""
+    if not func.attrs or not func.attrs.get("tirx.is_scheduled"):
+        return False  # dlight's schedules use no subgroups (thread_warp_size is 1)
+    return "sub_group_" in func.script()

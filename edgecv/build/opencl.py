@@ -40,11 +40,36 @@ def required_extensions(source: str) -> list[str]:
     return sorted(found)
 
 
-def build_opencl(kernels: tvm.IRModule, target: tvm.target.Target) -> OpenCLKernels:
-    """Schedule, lower and generate OpenCL for every kernel that supports it."""
-    lowered = lower_device(kernels, target)
+def require_subgroup_size(source: str, kernels: list[str], size: int | None) -> str:
+    """Give each kernel in ``kernels`` the attribute fixing its subgroup size to ``size``
+    (``intel_reqd_sub_group_size``: the variants unroll over it)."""
+    if kernels and size is None:
+        raise ValueError(
+            f"kernels {', '.join(kernels)} use subgroups: build them with the device's "
+            "subgroup size (build_opencl(..., subgroup=N))"
+        )
+    for name in kernels:
+        pattern = re.compile(rf"__kernel\s+void\s+{re.escape(name)}\s*\(")
+        if not pattern.search(source):  # declared and defined: both get the attribute
+            raise RuntimeError(f"kernel {name} is not in the OpenCL source")
+        attribute = f"__kernel __attribute__((intel_reqd_sub_group_size({int(size)}))) void {name}("
+        source = pattern.sub(attribute, source)
+    return source
+
+
+def build_opencl(
+    kernels: tvm.IRModule, target: tvm.target.Target, subgroup: int | None = None
+) -> OpenCLKernels:
+    """Schedule, lower and generate OpenCL for every kernel that supports it.
+
+    ``subgroup``: the device's Intel subgroup size (profiles with ``intel_subgroups``);
+    edgecv's operators then use their subgroup variants, whose kernels are compiled for
+    exactly that size.
+    """
+    lowered = lower_device(kernels, target, subgroup)
     source = tvm.get_global_func("target.build.opencl")(lowered.device_mod, target)
     text = source.inspect_source()
+    text = require_subgroup_size(text, lowered.subgroup_kernels, subgroup)
     return OpenCLKernels(text, lowered.launches, lowered.unsupported, required_extensions(text))
 
 
@@ -54,5 +79,6 @@ __all__ = [
     "build_opencl",
     "launches_from_json",
     "launches_to_json",
+    "require_subgroup_size",
     "required_extensions",
 ]

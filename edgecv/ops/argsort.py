@@ -63,13 +63,18 @@ def segmented_argsort_gpu(
     dtype: str = "float32",
     descending: bool = False,
     block: int = 256,
+    subgroup: int | None = None,
 ) -> tirx.PrimFunc:
     """The sort as a scheduled GPU PrimFunc.
 
     Arguments: ``keys (total,)``, ``offsets (num_segments + 1,) int32``, the result
     ``indices (total,) int32``, then six workspaces (:func:`workspace_shapes`).
+    ``subgroup``: the Intel-subgroup variant for that subgroup size (OpenCL only).
     """
+    from .subgroup import check_subgroup
+
     _check(total, num_segments, dtype, block)
+    check_subgroup(subgroup, block, "argsort")
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("segmented_argsort")
@@ -102,7 +107,7 @@ def segmented_argsort_gpu(
 
             emit_segmented_sort(
                 keys, result, work, total, segment_of, lambda seg: offsets[seg],
-                dtype, descending, block,
+                dtype, descending, block, subgroup,
             )  # fmt: skip
     return ib.get()
 
@@ -116,30 +121,10 @@ def _check(total: int, num_segments: int, dtype: str, block: int) -> None:
         raise ValueError(f"argsort: block must be a power of two >= 2, not {block}")
 
 
-def emit_segmented_sort(
-    keys, result, work, total: int, segment_of, segment_start, dtype: str,
-    descending: bool, block: int,
-):  # fmt: skip
-    """Emit the sort's launches into the PrimFunc being built (see the module docstring).
-
-    ``keys``/``result`` are ``(total,)`` buffers, ``work`` two (key, index, segment)
-    workspace triples; ``segment_of(g, scratch)`` may emit statements using the 3-int
-    local ``scratch`` and returns the segment of position ``g``; ``segment_start(s)`` is
-    the first position of segment ``s``. Returns the work triple holding the sorted
-    (key, index, segment) arrays. Callers should read the sorted keys: a buffer the
-    PrimFunc only writes is compacted to one element by TVM 0.27's
-    CompactBufferAllocation, which then fails in FlattenBuffer ("Buffer is used before
-    its definition").
-    """
+def _emit_block_sort(keys, out, total: int, segment_of, dtype: str, block: int, before):
+    """Segment ids and a bitonic sort per block in local memory (two barriers a step)."""
     blocks = -(-total // block)
     int32 = "int32"
-
-    def before(s1, k1, i1, s2, k2, i2):
-        """(s1, k1, i1) sorts strictly before (s2, k2, i2)."""
-        key_first = k1 > k2 if descending else k1 < k2
-        return tirx.Or(s1 < s2, tirx.And(s1 == s2, tirx.Or(key_first, tirx.And(k1 == k2, i1 < i2))))
-
-    # 1 + 2. segment ids and block sort, one work-group per block
     bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
     with T.launch_thread(bx, blocks), T.launch_thread(tx, block):
         sk = T.buffer_proxy(T.alloc_buffer((block,), dtype, scope="shared"))
@@ -181,9 +166,102 @@ def emit_segmented_sort(
             size *= 2
         with T.If(g < total):
             with T.Then():
-                work[0][0][g] = sk[tx]
-                work[0][1][g] = si[tx]
-                work[0][2][g] = ss[tx]
+                out[0][g] = sk[tx]
+                out[1][g] = si[tx]
+                out[2][g] = ss[tx]
+
+
+def _emit_subgroup_block_sort(keys, out, total: int, segment_of, dtype: str, block: int,
+                              size: int, before):  # fmt: skip
+    """The bitonic block sort with each work-item's element held in registers: steps
+    whose partner is less than ``size`` positions away are within the subgroup and
+    exchange by ``intel_sub_group_shuffle_xor`` (no local memory, no barrier); only the
+    wider steps go through local memory. For a 256-key block and subgroups of 16 that
+    is 10 of the 36 steps."""
+    from . import subgroup as sg
+
+    blocks = -(-total // block)
+    int32 = "int32"
+    bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+    with T.launch_thread(bx, blocks), T.launch_thread(tx, block):
+        sk = T.buffer_proxy(T.alloc_buffer((block,), dtype, scope="shared"))
+        si = T.buffer_proxy(T.alloc_buffer((block,), int32, scope="shared"))
+        ss = T.buffer_proxy(T.alloc_buffer((block,), int32, scope="shared"))
+        lo = T.buffer_proxy(T.alloc_buffer((3,), int32, scope="local"))
+        own = T.buffer_proxy(T.alloc_buffer((3,), int32, scope="local"))  # index, segment, take
+        other = T.buffer_proxy(T.alloc_buffer((2,), int32, scope="local"))
+        key = T.buffer_proxy(T.alloc_buffer((2,), dtype, scope="local"))  # own, other
+        g = bx * block + tx
+        with T.If(g < total):
+            with T.Then():
+                own[1] = segment_of(g, lo)
+                key[0] = keys[g]
+            with T.Else():
+                own[1] = _LAST_SEGMENT
+                key[0] = keys[0]
+        own[0] = g
+        size_ = 2
+        while size_ <= block:  # bitonic network
+            stride = size_ // 2
+            while stride >= 1:
+                partner = tx ^ stride
+                if stride >= size:  # across subgroups: through local memory
+                    T.evaluate(T.tvm_storage_sync("shared"))
+                    sk[tx] = key[0]
+                    si[tx] = own[0]
+                    ss[tx] = own[1]
+                    T.evaluate(T.tvm_storage_sync("shared"))
+                    key[1] = sk[partner]
+                    other[0] = si[partner]
+                    other[1] = ss[partner]
+                else:  # within the subgroup: lane ^ stride is the partner
+                    key[1] = sg.shuffle_xor(key[0], stride)
+                    other[0] = sg.shuffle_xor(own[0], stride)
+                    other[1] = sg.shuffle_xor(own[1], stride)
+                p_first = before(other[1], key[1], other[0], own[1], key[0], own[0])
+                keep_first = (tx < partner) == ((tx & size_) == 0)
+                own[2] = tirx.Select(tirx.Select(keep_first, p_first, tirx.Not(p_first)), 1, 0)
+                key[0] = tirx.Select(own[2] == 1, key[1], key[0])
+                own[0] = tirx.Select(own[2] == 1, other[0], own[0])
+                own[1] = tirx.Select(own[2] == 1, other[1], own[1])
+                stride //= 2
+            size_ *= 2
+        with T.If(g < total):
+            with T.Then():
+                out[0][g] = key[0]
+                out[1][g] = own[0]
+                out[2][g] = own[1]
+
+
+def emit_segmented_sort(
+    keys, result, work, total: int, segment_of, segment_start, dtype: str,
+    descending: bool, block: int, subgroup: int | None = None,
+):  # fmt: skip
+    """Emit the sort's launches into the PrimFunc being built (see the module docstring).
+
+    ``keys``/``result`` are ``(total,)`` buffers, ``work`` two (key, index, segment)
+    workspace triples; ``segment_of(g, scratch)`` may emit statements using the 3-int
+    local ``scratch`` and returns the segment of position ``g``; ``segment_start(s)`` is
+    the first position of segment ``s``; ``subgroup``: the Intel subgroup size for the
+    subgroup block sort (OpenCL only). Returns the work triple holding the sorted
+    (key, index, segment) arrays. Callers should read the sorted keys: a buffer the
+    PrimFunc only writes is compacted to one element by TVM 0.27's
+    CompactBufferAllocation, which then fails in FlattenBuffer ("Buffer is used before
+    its definition").
+    """
+    int32 = "int32"
+
+    def before(s1, k1, i1, s2, k2, i2):
+        """(s1, k1, i1) sorts strictly before (s2, k2, i2)."""
+        key_first = k1 > k2 if descending else k1 < k2
+        return tirx.Or(s1 < s2, tirx.And(s1 == s2, tirx.Or(key_first, tirx.And(k1 == k2, i1 < i2))))
+
+    # 1 + 2. segment ids and block sort, one work-group per block
+    if subgroup is not None:
+        _emit_subgroup_block_sort(keys, work[0], total, segment_of, dtype, block, subgroup,
+                                  before)  # fmt: skip
+    else:
+        _emit_block_sort(keys, work[0], total, segment_of, dtype, block, before)
 
     # 3. merge passes: runs of `width` merge pairwise
     width, src = block, 0

@@ -227,19 +227,12 @@ def box_nms(
 # -- GPU ------------------------------------------------------------------------------
 
 
-def _barrier(target_kind: str) -> None:
-    """A work-group barrier that also orders global memory (the flags live there)."""
-    if target_kind == "opencl":  # CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE
-        T.evaluate(T.call_extern("void", "barrier", tirx.const(3, "uint32")))
-    else:  # CUDA's __syncthreads orders global memory within a block too
-        T.evaluate(T.tvm_storage_sync("shared"))
-
-
 def box_nms_gpu(
     shape: tuple[int, ...],
     dtype: str = "float32",
     target_kind: str = "opencl",
     threads: int = 256,
+    subgroup: int | None = None,
     **attrs,
 ) -> tirx.PrimFunc:
     """MXNet ``box_nms`` (first output) as a scheduled GPU PrimFunc ``(data, out)``.
@@ -251,18 +244,27 @@ def box_nms_gpu(
     3. per row: the number of valid boxes (binary search in the sorted keys), cut to
        ``topk``;
     4. gather the valid boxes in score order (the rest of the row is -1), flag them;
-    5. suppression: one work-group per row walks the boxes in order; for each box still
-       flagged, its work-items clear the flags of the later boxes it overlaps;
+    5. greedy suppression (:mod:`.greedy_nms`): one work-group per row walks the boxes
+       in order and, for each box still flagged, clears the flags of the later boxes it
+       overlaps -- or, with ``subgroup``, one subgroup per row settles tiles of boxes
+       with subgroup collectives;
     6. write positions of the kept boxes: an exclusive scan of the flags (:mod:`.scan`);
     7. compaction: each kept box moves to its position (in ``out_format``), every row
        past the kept ones becomes -1.
 
     Initialized outputs, not branches, mark invalid rows; work-items cover boxes, the
-    work-groups rows. ``attrs`` are MXNet's (see :func:`box_nms`).
+    work-groups rows. ``attrs`` are MXNet's (see :func:`box_nms`). ``subgroup``: the
+    Intel subgroup size (OpenCL) for the subgroup variants of the sort, the scan and
+    the suppression.
     """
     from .argsort import emit_segmented_sort
+    from .greedy_nms import emit_greedy_suppression
     from .scan import emit_scan
+    from .subgroup import check_subgroup
 
+    if subgroup is not None and target_kind != "opencl":
+        raise ValueError(f"box_nms: Intel subgroups are an OpenCL feature, not {target_kind}'s")
+    check_subgroup(subgroup, min(threads, 256), "box_nms")
     attrs, batch, n, k = gpu_setup(shape, attrs)
     total = batch * n
     cs, ii = attrs["coord_start"], attrs["id_index"]
@@ -294,6 +296,7 @@ def box_nms_gpu(
             rows = workspace((batch, n, k), dtype)
             flags = workspace((batch, n), "int32")
             position = workspace((batch, n), "int32")
+            kept = workspace((batch, n), "int32") if subgroup else None
 
             # 1. keys
             g_frame, t_frame, bx, tx = launch(-(-total // flat), flat)
@@ -306,7 +309,7 @@ def box_nms_gpu(
             # 2. sort each row by key, descending, stable
             sorted_keys, _, _ = emit_segmented_sort(
                 keys, order, work, total, lambda g, scratch: g // n, lambda s: s * n,
-                dtype, True, min(threads, 256),
+                dtype, True, min(threads, 256), subgroup,
             )  # fmt: skip
 
             # 3. valid boxes per row: the first invalid key in the sorted row
@@ -339,40 +342,26 @@ def box_nms_gpu(
                             rows[b, j, f] = tirx.Select(keep, data[b, order[g], f], minus_one)
                         flags[b, j] = tirx.Select(keep, 1, 0)
 
-            # 5. suppression: one work-group per row
-            g_frame, t_frame, bx, tx = launch(batch, threads)
-            with g_frame, t_frame:
-                b = bx
-                state = T.buffer_proxy(T.alloc_buffer((2,), "int32", scope="local"))
-                state[0] = count[b]
+            # 5. suppression
+            def corner(b, j):
+                return _corner(lambda f: rows[b, j, f], cs, in_fmt, dtype)
 
-                def corner(j):
-                    return _corner(lambda f: rows[b, j, f], cs, in_fmt, dtype)
+            def suppresses(b, i, j):
+                overlaps = _iou(corner(b, i), corner(b, j), dtype) > thresh
+                if ii >= 0 and not attrs["force_suppress"]:
+                    return tirx.all(rows[b, i, ii] == rows[b, j, ii], overlaps)
+                return overlaps
 
-                with T.serial(0, state[0]) as i:
-                    _barrier(target_kind)  # flags cleared for earlier boxes are visible
-                    state[1] = flags[b, i]
-                    with T.If(state[1] == 1):
-                        with T.Then():
-                            with T.serial(0, (state[0] + threads - 1) // threads) as step:
-                                j = step * threads + tx
-                                same = tirx.all(j > i, j < state[0])
-                                with T.If(same):
-                                    with T.Then():
-                                        cond = flags[b, j] == 1
-                                        if ii >= 0 and not attrs["force_suppress"]:
-                                            cond = tirx.all(cond, rows[b, i, ii] == rows[b, j, ii])
-                                        with T.If(cond):
-                                            with T.Then():
-                                                with T.If(
-                                                    _iou(corner(i), corner(j), dtype) > thresh
-                                                ):
-                                                    with T.Then():
-                                                        flags[b, j] = 0
-                _barrier(target_kind)
+            def kill(b, j):
+                flags[b, j] = 0
+
+            emit_greedy_suppression(
+                batch, lambda b: count[b], lambda b, j: flags[b, j] == 1, kill, suppresses,
+                threads, target_kind, subgroup, kept,
+            )  # fmt: skip
 
             # 6. where each kept box goes
-            emit_scan(flags, position, batch, n, "int32", True, min(threads, 256))
+            emit_scan(flags, position, batch, n, "int32", True, min(threads, 256), subgroup)
 
             # 7. compaction (and the output format)
             g_frame, t_frame, bx, tx = launch(-(-total // flat), flat)

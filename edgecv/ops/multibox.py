@@ -38,8 +38,6 @@ from tvm import te, tirx, topi
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from .box_nms import _barrier
-
 __all__ = [
     "multibox_prior",
     "multibox_prior_reference",
@@ -368,7 +366,7 @@ def multibox_detection(cls_prob: te.Tensor, loc_pred: te.Tensor, anchors: te.Ten
 
 def multibox_detection_gpu(cls_shape, loc_shape, anchor_shape, dtype: str = "float32",
                            target_kind: str = "opencl", threads: int = 256,
-                           **attrs) -> tirx.PrimFunc:  # fmt: skip
+                           subgroup: int | None = None, **attrs) -> tirx.PrimFunc:  # fmt: skip
     """The operator as a scheduled GPU PrimFunc ``(cls_prob, loc_pred, anchors, out)``.
 
     Launches: (1) per anchor, its candidate row, sort key and flag; (2) an exclusive
@@ -376,11 +374,20 @@ def multibox_detection_gpu(cls_shape, loc_shape, anchor_shape, dtype: str = "flo
     argsort of the keys (batches are the segments); (4) per row, scatter the
     candidate it receives and gather the sorted one; (5) one work-group per batch runs
     the greedy NMS, its work-items clearing the later rows an earlier kept row
-    overlaps. Without NMS (threshold outside (0, 1]) only (1), (2) and (4) run.
+    overlaps (:mod:`.greedy_nms`). Without NMS (threshold outside (0, 1]) only (1), (2)
+    and (4) run. ``subgroup``: the Intel subgroup size (OpenCL) for the subgroup
+    variants of the scan, the sort and the suppression.
     """
     from .argsort import emit_segmented_sort
+    from .greedy_nms import emit_greedy_suppression
     from .scan import emit_scan
+    from .subgroup import check_subgroup
 
+    if subgroup is not None and target_kind != "opencl":
+        raise ValueError(
+            f"MultiBoxDetection: Intel subgroups are an OpenCL feature, not {target_kind}'s"
+        )
+    check_subgroup(subgroup, min(threads, 256), "MultiBoxDetection")
     cls_shape, loc_shape = tuple(int(s) for s in cls_shape), tuple(int(s) for s in loc_shape)
     anchor_shape = tuple(int(s) for s in anchor_shape)
     attrs = _detection_attrs(cls_shape, loc_shape, anchor_shape, attrs)
@@ -417,6 +424,7 @@ def multibox_detection_gpu(cls_shape, loc_shape, anchor_shape, dtype: str = "flo
             keys = workspace((total,), dtype)
             flags = workspace((batch, n), "int32")
             position = workspace((batch, n), "int32")
+            kept = workspace((batch, n), "int32") if nms and subgroup else None
             if nms:
                 order = workspace((total,), "int32")
                 work = [(workspace((total,), dtype), workspace((total,), "int32"),
@@ -438,13 +446,13 @@ def multibox_detection_gpu(cls_shape, loc_shape, anchor_shape, dtype: str = "flo
                         flags[b, i] = tirx.Select(valid, 1, 0)
 
             # 2. each candidate's row in anchor order
-            emit_scan(flags, position, batch, n, "int32", True, min(threads, 256))
+            emit_scan(flags, position, batch, n, "int32", True, min(threads, 256), subgroup)
 
             # 3. sort
             if nms:
                 sorted_keys, _, _ = emit_segmented_sort(
                     keys, order, work, total, lambda g, scratch: g // n, lambda s: s * n,
-                    dtype, True, min(threads, 256),
+                    dtype, True, min(threads, 256), subgroup,
                 )  # fmt: skip
 
             # 4. scatter (anchor order) and gather (score order)
@@ -477,34 +485,24 @@ def multibox_detection_gpu(cls_shape, loc_shape, anchor_shape, dtype: str = "flo
                                     # away when the last merge pass only writes it)
                                     out[b, i, 1] = sorted_keys[g]
 
-            # 5. greedy NMS: one work-group per batch
+            # 5. greedy NMS
             if nms:
-                g_frame, t_frame, bx, tx = launch(batch, threads)
-                with g_frame, t_frame:
-                    b = bx
-                    state = T.buffer_proxy(T.alloc_buffer((2,), "int32", scope="local"))
+
+                def count_of(b):
                     count = position[b, n - 1] + flags[b, n - 1]
-                    state[0] = count if topk <= 0 else tirx.min(count, topk)
-                    with T.serial(0, state[0]) as i:
-                        _barrier(target_kind)  # classes cleared for earlier rows are visible
-                        with T.If(out[b, i, 0] >= zero):
-                            with T.Then():
-                                with T.serial(0, (state[0] + threads - 1) // threads) as step:
-                                    j = step * threads + tx
-                                    later = tirx.all(j > i, j < state[0])
-                                    with T.If(later):
-                                        with T.Then():
-                                            alive = out[b, j, 0] >= zero
-                                            if not attrs["force_suppress"]:
-                                                alive = tirx.all(
-                                                    alive, out[b, i, 0] == out[b, j, 0]
-                                                )
-                                            with T.If(alive):
-                                                with T.Then():
-                                                    with T.If(
-                                                        _iou_at_least(out, b, i, j, thresh, dtype)
-                                                    ):
-                                                        with T.Then():
-                                                            out[b, j, 0] = minus_one
-                    _barrier(target_kind)
+                    return count if topk <= 0 else tirx.min(count, topk)
+
+                def suppresses(b, i, j):
+                    overlaps = _iou_at_least(out, b, i, j, thresh, dtype)
+                    if attrs["force_suppress"]:
+                        return overlaps
+                    return tirx.all(out[b, i, 0] == out[b, j, 0], overlaps)
+
+                def kill(b, j):
+                    out[b, j, 0] = minus_one
+
+                emit_greedy_suppression(
+                    batch, count_of, lambda b, j: out[b, j, 0] >= zero, kill, suppresses,
+                    threads, target_kind, subgroup, kept,
+                )  # fmt: skip
     return ib.get()

@@ -51,9 +51,14 @@ def _check(shape, dtype: str) -> tuple[int, int]:
     return int(shape[0]), int(shape[1])
 
 
-def emit_scan(data, out, rows: int, n: int, dtype: str, exclusive: bool, threads: int) -> None:
+def emit_scan(data, out, rows: int, n: int, dtype: str, exclusive: bool, threads: int,
+              subgroup: int | None = None) -> None:  # fmt: skip
     """Emit the scan's launch into the PrimFunc being built: ``(rows, n)`` buffers
-    ``data`` -> ``out`` (they may be workspaces of a larger operator)."""
+    ``data`` -> ``out`` (they may be workspaces of a larger operator). With
+    ``subgroup`` (OpenCL, Intel subgroups of that size) the subgroup variant."""
+    if subgroup is not None:
+        _emit_subgroup_scan(data, out, rows, n, dtype, exclusive, threads, subgroup)
+        return
     chunk = max(1, -(-n // threads))
     zero = tirx.const(0, dtype)
     row, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
@@ -87,14 +92,62 @@ def emit_scan(data, out, rows: int, n: int, dtype: str, exclusive: bool, threads
                     out[row, start + i] = out[row, start + i] + acc[1]
 
 
-def _gpu_func(rows: int, n: int, dtype: str, exclusive: bool, threads: int) -> tirx.PrimFunc:
+def _emit_subgroup_scan(data, out, rows, n, dtype, exclusive, threads, size) -> None:
+    """The three stages with subgroup scans, one work-group per row.
+
+    Subgroup ``w`` owns the span ``[w*span, (w+1)*span)`` of the row (``span`` a
+    multiple of ``size``) and walks it in tiles of ``size`` consecutive elements, one
+    per lane: loads are contiguous across the subgroup, each tile is one
+    ``sub_group_scan`` plus the running total of the tiles before it (1., in registers,
+    no barrier); the subgroup totals meet in local memory after one barrier and each
+    subgroup adds those before it (2.); 3. adds that offset back to the span.
+    """
+    from . import subgroup as sg
+
+    groups = threads // size
+    per_group = -(-n // groups)  # elements per subgroup, then tiles per subgroup
+    tiles = max(1, -(-per_group // size))
+    span = tiles * size
+    zero = tirx.const(0, dtype)
+    row, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+    with T.launch_thread(row, rows), T.launch_thread(tx, threads):
+        totals = T.buffer_proxy(T.alloc_buffer((groups,), dtype, scope="shared"))
+        acc = T.buffer_proxy(T.alloc_buffer((4,), dtype, scope="local"))
+        w, lane = tx // size, tx % size
+        acc[0] = zero  # the total of this subgroup's tiles so far
+        with T.serial(0, tiles) as t:  # 1. up-sweep, a tile per step
+            i = w * span + t * size + lane
+            acc[1] = tirx.Select(i < n, data[row, tirx.min(i, n - 1)], zero)
+            acc[2] = sg.scan_inclusive_add(acc[1])
+            if exclusive:
+                acc[3] = sg.scan_exclusive_add(acc[1])
+            with T.If(i < n):
+                with T.Then():
+                    out[row, i] = acc[0] + (acc[3] if exclusive else acc[2])
+            acc[0] = acc[0] + sg.broadcast(acc[2], size - 1)
+        with T.If(lane == 0):
+            with T.Then():
+                totals[w] = acc[0]
+        T.evaluate(T.tvm_storage_sync("shared"))
+        acc[1] = zero  # 2. the totals of the subgroups before this one
+        with T.serial(0, groups) as v:
+            acc[1] = acc[1] + tirx.Select(v < w, totals[v], zero)
+        with T.serial(0, tiles) as t:  # 3. down-sweep
+            i = w * span + t * size + lane
+            with T.If(i < n):
+                with T.Then():
+                    out[row, i] = out[row, i] + acc[1]
+
+
+def _gpu_func(rows: int, n: int, dtype: str, exclusive: bool, threads: int,
+              subgroup: int | None = None) -> tirx.PrimFunc:  # fmt: skip
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("scan")
             T.func_attr({"tirx.is_scheduled": True, "global_symbol": "scan"})
             data = T.buffer_proxy(T.match_buffer(T.arg("data", T.handle()), (rows, n), dtype))
             out = T.buffer_proxy(T.match_buffer(T.arg("out", T.handle()), (rows, n), dtype))
-            emit_scan(data, out, rows, n, dtype, exclusive, threads)
+            emit_scan(data, out, rows, n, dtype, exclusive, threads, subgroup)
     return ib.get()
 
 
@@ -134,14 +187,19 @@ def _extern(data: te.Tensor, body, name: str) -> te.Tensor:
 
 
 def scan_gpu(
-    rows: int, n: int, dtype: str = "float32", exclusive: bool = False, threads: int = 256
-) -> tirx.PrimFunc:
+    rows: int, n: int, dtype: str = "float32", exclusive: bool = False, threads: int = 256,
+    subgroup: int | None = None,
+) -> tirx.PrimFunc:  # fmt: skip
     """The three-stage scan of ``(rows, n)`` as a scheduled GPU PrimFunc (one
-    work-group of ``threads`` work-items per row)."""
+    work-group of ``threads`` work-items per row); ``subgroup``: the Intel-subgroup
+    variant for that subgroup size (OpenCL only)."""
+    from .subgroup import check_subgroup
+
     _check((rows, n), dtype)
     if threads & (threads - 1):
         raise ValueError(f"scan: threads must be a power of two, not {threads}")
-    return _gpu_func(rows, n, dtype, exclusive, threads)
+    check_subgroup(subgroup, threads, "scan")
+    return _gpu_func(rows, n, dtype, exclusive, threads, subgroup)
 
 
 def scan_cpu(rows: int, n: int, dtype: str = "float32", exclusive: bool = False) -> tirx.PrimFunc:

@@ -35,9 +35,12 @@ def run_opencl(func, arrays: list[np.ndarray], device: str = "intel",
 
     key = (func.script(), device, profile)
     if key not in _OPENCL:
-        kernels = build_opencl(tvm.IRModule({"main": func}), load_profile(profile).tvm_target())
+        prof = load_profile(profile)
+        kernels = build_opencl(
+            tvm.IRModule({"main": func}), prof.tvm_target(), prof.intel_subgroup_size
+        )
         assert not kernels.unsupported, kernels.unsupported
-        _OPENCL[key] = OpenCLBackend(device, kernels.source, kernels.launches)
+        _OPENCL[key] = OpenCLBackend(device, kernels.source, kernels.launches, kernels.requires)
     backend = _OPENCL[key]
     tensors = []
     for array in arrays:

@@ -26,19 +26,23 @@ pytestmark = pytest.mark.skipif(
 
 
 @functools.cache
-def _backend(total, segments, dtype, descending, block, device="intel"):
+def _backend(total, segments, dtype, descending, block, device="intel", subgroup=None):
     from edgecv.runtime.opencl import OpenCLBackend
 
-    func = segmented_argsort_gpu(total, segments, dtype, descending, block)
+    func = segmented_argsort_gpu(total, segments, dtype, descending, block, subgroup)
+    profile = load_profile("deeplens" if subgroup else "aisage")
     kernels = build_opencl(
-        tvm.IRModule({"segmented_argsort": func}), load_profile("aisage").tvm_target()
+        tvm.IRModule({"segmented_argsort": func}), profile.tvm_target(), subgroup
     )
     assert not kernels.unsupported
-    return OpenCLBackend(device, kernels.source, kernels.launches)
+    assert ("cl_intel_subgroups" in kernels.requires) == (subgroup is not None)
+    return OpenCLBackend(device, kernels.source, kernels.launches, kernels.requires)
 
 
-def sort_on_opencl(keys, offsets, descending=False, block=64, device="intel"):
-    backend = _backend(len(keys), len(offsets) - 1, str(keys.dtype), descending, block, device)
+def sort_on_opencl(keys, offsets, descending=False, block=64, device="intel", subgroup=None):
+    backend = _backend(
+        len(keys), len(offsets) - 1, str(keys.dtype), descending, block, device, subgroup
+    )
     arrays = [keys, offsets.astype(np.int32), np.zeros(len(keys), np.int32)]
     for shape, dtype in zip(workspace_shapes(len(keys)), [keys.dtype, "int32", "int32"] * 2,
                             strict=True):  # fmt: skip
@@ -93,6 +97,35 @@ def test_random_segments(lengths, descending, block, seed):
     np.testing.assert_array_equal(got, segmented_argsort_reference(keys, offsets, descending))
 
 
+@pytest.mark.parametrize(
+    "lengths", [[1], [0, 1, 0, 2, 0], [15], [16], [17], [300, 1, 1000, 7, 0, 33], [70000]]
+)
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("block", [16, 256])
+def test_intel_subgroup_variant_matches_the_stable_reference(lengths, descending, block):
+    """Block sort exchanging within subgroups of 16 by shuffles (cl_intel_subgroups)."""
+    rng = np.random.RandomState(sum(lengths) + block)
+    keys = rng.randint(-5, 5, sum(lengths)).astype(np.int32)
+    keys = keys.astype(np.float32) if descending else keys  # both key types
+    offsets = offsets_of(lengths)
+    got = sort_on_opencl(keys, offsets, descending, block, subgroup=16)
+    np.testing.assert_array_equal(got, segmented_argsort_reference(keys, offsets, descending))
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 300), min_size=1, max_size=12).filter(lambda x: sum(x) > 0),
+    descending=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_intel_subgroup_variant_random_segments(lengths, descending, seed):
+    keys = np.random.RandomState(seed).normal(size=sum(lengths)).astype(np.float32)
+    keys[::3] = 0.5
+    offsets = offsets_of(lengths)
+    got = sort_on_opencl(keys, offsets, descending, 64, subgroup=16)
+    np.testing.assert_array_equal(got, segmented_argsort_reference(keys, offsets, descending))
+
+
 def test_rows_match_mxnet_argsort():
     from edgecv._mxnet import import_mxnet
 
@@ -111,3 +144,5 @@ def test_bad_arguments_are_named():
         segmented_argsort_gpu(4, 1, block=48)
     with pytest.raises(ValueError, match="total >= 1"):
         segmented_argsort_gpu(0, 1)
+    with pytest.raises(ValueError, match="subgroup size 16 must .* dividing the work-group"):
+        segmented_argsort_gpu(4, 1, block=8, subgroup=16)

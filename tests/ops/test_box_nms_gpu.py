@@ -21,15 +21,17 @@ pytestmark = pytest.mark.skipif(
 _BACKENDS: dict = {}
 
 
-def run_opencl(data: np.ndarray, threads: int = 64, device: str = "intel", **attrs) -> np.ndarray:
+def run_opencl(data: np.ndarray, threads: int = 64, device: str = "intel", subgroup=None,
+               **attrs) -> np.ndarray:  # fmt: skip
     from edgecv.runtime.opencl import OpenCLBackend
 
-    key = (data.shape, threads, device, tuple(sorted(attrs.items())))
+    key = (data.shape, threads, device, subgroup, tuple(sorted(attrs.items())))
     if key not in _BACKENDS:
-        func = box_nms_gpu(data.shape, "float32", "opencl", threads, **attrs)
-        kernels = build_opencl(tvm.IRModule({"box_nms": func}), load_profile("aisage").tvm_target())
+        func = box_nms_gpu(data.shape, "float32", "opencl", threads, subgroup, **attrs)
+        target = load_profile("deeplens" if subgroup else "aisage").tvm_target()
+        kernels = build_opencl(tvm.IRModule({"box_nms": func}), target, subgroup)
         assert not kernels.unsupported, kernels.unsupported
-        _BACKENDS[key] = OpenCLBackend(device, kernels.source, kernels.launches)
+        _BACKENDS[key] = OpenCLBackend(device, kernels.source, kernels.launches, kernels.requires)
     backend = _BACKENDS[key]
     src = backend.view(backend.alloc(data.nbytes), data.shape, "float32")
     dst = backend.view(backend.alloc(data.nbytes), data.shape, "float32")
@@ -39,9 +41,9 @@ def run_opencl(data: np.ndarray, threads: int = 64, device: str = "intel", **att
     return backend.download(dst)
 
 
-def check(data: np.ndarray, threads: int = 64, **attrs) -> np.ndarray:
+def check(data: np.ndarray, threads: int = 64, subgroup=None, **attrs) -> np.ndarray:
     ref = box_nms_reference(data, **attrs)
-    ours = run_opencl(data, threads, **attrs)
+    ours = run_opencl(data, threads, subgroup=subgroup, **attrs)
     np.testing.assert_array_equal(ours[..., :2], ref[..., :2])  # ids and scores: exact
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
     return ours
@@ -63,21 +65,34 @@ SSD = dict(overlap_thresh=0.45, valid_thresh=0.01, topk=400, id_index=0, score_i
         (3, 64, {"valid_thresh": 2.0}),  # no valid box at all
     ],
 )
-def test_matches_reference(batch, n, attrs):
+@pytest.mark.parametrize("subgroup", [None, 16], ids=["work-group", "intel-subgroup"])
+def test_matches_reference(batch, n, attrs, subgroup):
     data = boxes(np.random.RandomState(n), batch, n)
-    check(data, **attrs)
+    check(data, subgroup=subgroup, **attrs)
 
 
-def test_equal_scores_and_degenerate_boxes():
+@pytest.mark.parametrize("subgroup", [None, 16], ids=["work-group", "intel-subgroup"])
+def test_equal_scores_and_degenerate_boxes(subgroup):
     rng = np.random.RandomState(7)
     data = boxes(rng, 2, 150, score_levels=[0.2, 0.5, 0.9], degenerate=True)
-    ours = check(data, id_index=0, overlap_thresh=0.3)
+    ours = check(data, subgroup=subgroup, id_index=0, overlap_thresh=0.3)
     np.testing.assert_allclose(ours, run_mxnet(data, id_index=0, overlap_thresh=0.3), atol=1e-5)
 
 
-def test_more_boxes_than_2_16():
+@pytest.mark.parametrize("subgroup", [None, 16], ids=["work-group", "intel-subgroup"])
+def test_more_boxes_than_2_16(subgroup):
     data = boxes(np.random.RandomState(1), 1, 70000)
-    check(data, **SSD)
+    check(data, subgroup=subgroup, **SSD)
+
+
+@settings(max_examples=6, deadline=None)
+@given(n=st.integers(1, 700), batch=st.integers(1, 3), thresh=st.sampled_from([0.0, 0.3, 0.7]),
+       topk=st.sampled_from([-1, 5, 100]), force=st.booleans(), seed=st.integers(0, 2**16))
+def test_intel_subgroup_variant_random(n, batch, thresh, topk, force, seed):  # fmt: skip
+    """The subgroup suppression (tiles of 16, survivors list) keeps exactly the greedy set."""
+    data = boxes(np.random.RandomState(seed), batch, n, score_levels=[0.3, 0.6])
+    check(data, 256, subgroup=16, id_index=0, overlap_thresh=thresh, topk=topk,
+          force_suppress=force)  # fmt: skip
 
 
 @settings(max_examples=6, deadline=None)

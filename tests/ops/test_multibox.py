@@ -41,11 +41,12 @@ def cpu(cls, loc, anchors, **attrs):
     return run_cpu(func, [cls, loc, anchors, out])[3]
 
 
-def opencl(cls, loc, anchors, threads=64, **attrs):
+def opencl(cls, loc, anchors, threads=64, subgroup=None, **attrs):
     func = multibox_detection_gpu(cls.shape, loc.shape, anchors.shape, "float32", "opencl",
-                                  threads, **attrs)  # fmt: skip
+                                  threads, subgroup, **attrs)  # fmt: skip
     out = np.zeros((cls.shape[0], cls.shape[2], 6), np.float32)
-    return run_opencl(func, [cls, loc, anchors, out])[3]
+    profile = "deeplens" if subgroup else "aisage"  # deeplens: Intel subgroups of 16
+    return run_opencl(func, [cls, loc, anchors, out], profile=profile)[3]
 
 
 def check(ours, ref):
@@ -75,27 +76,35 @@ def test_reference_and_cpu_match_mxnet(batch, classes, n, attrs):
     check(cpu(*data, **attrs), ref)
 
 
+VARIANT = pytest.mark.parametrize("subgroup", [None, 16], ids=["work-group", "intel-subgroup"])
+
+
 @needs_intel
+@VARIANT
 @pytest.mark.parametrize(("batch", "classes", "n", "attrs"), CASES)
-def test_opencl_matches_mxnet(batch, classes, n, attrs):
+def test_opencl_matches_mxnet(batch, classes, n, attrs, subgroup):
     data = detector_inputs(np.random.RandomState(n + classes), batch, classes, n)
-    check(opencl(*data, **attrs), mxnet(*data, **attrs))
+    threads = 64 if subgroup is None else 256
+    check(opencl(*data, threads, subgroup, **attrs), mxnet(*data, **attrs))
 
 
 @needs_intel
-def test_equal_scores_keep_anchor_order_and_large_inputs():
+@VARIANT
+def test_equal_scores_keep_anchor_order_and_large_inputs(subgroup):
     rng = np.random.RandomState(3)
     data = detector_inputs(rng, 2, 4, 700, levels=[0.1, 0.2, 0.3])
     ref = mxnet(*data, **SSD)
     check(cpu(*data, **SSD), ref)
-    check(opencl(*data, threads=256, **SSD), ref)
+    check(opencl(*data, threads=256, subgroup=subgroup, **SSD), ref)
 
 
 @needs_intel
-def test_more_anchors_than_2_16():
+@VARIANT
+def test_more_anchors_than_2_16(subgroup):
     data = detector_inputs(np.random.RandomState(4), 1, 3, 70000)
     attrs = dict(SSD, threshold=0.5)
-    check(opencl(*data, threads=256, **attrs), multibox_detection_reference(*data, **attrs))
+    ours = opencl(*data, threads=256, subgroup=subgroup, **attrs)
+    check(ours, multibox_detection_reference(*data, **attrs))
 
 
 @settings(max_examples=20, deadline=None)
@@ -116,6 +125,7 @@ def test_random_vs_mxnet(seed, n, classes, nms, topk, force, ties):
     check(cpu(*data, **attrs), ref)
     if HAVE_INTEL:
         check(opencl(*data, threads=32, **attrs), ref)
+        check(opencl(*data, threads=64, subgroup=16, **attrs), ref)
 
 
 def test_bad_shapes_are_named():
@@ -178,7 +188,7 @@ def _ssd_head(tmp_path, classes=4):
     return tmp_path / "ssd-symbol.json", tmp_path / "ssd-0000.params"
 
 
-@pytest.mark.parametrize("profile", ["cpu", "aisage"])
+@pytest.mark.parametrize("profile", ["cpu", "aisage", "deeplens"])
 def test_imported_ssd_head_matches_mxnet(tmp_path, profile):
     import json
 
@@ -197,6 +207,10 @@ def test_imported_ssd_head_matches_mxnet(tmp_path, profile):
         launches = json.loads((pkg / "kernels" / "opencl_launches.json").read_text())
         (det,) = [v for k, v in launches.items() if "multibox_detection" in k]
         assert det[-1]["global_size"][0] == 2 * det[-1]["local_size"][0]
+        # deeplens has Intel subgroups: the subgroup variants, one subgroup of 16 a row
+        source = (pkg / "kernels" / "opencl.cl").read_text()
+        assert ("intel_reqd_sub_group_size(16)" in source) == (profile == "deeplens")
+        assert (det[-1]["local_size"][0] == 16) == (profile == "deeplens")
     x = np.random.RandomState(12).uniform(0, 1, (2, 3, 12, 12)).astype(np.float32)
     ours = load(pkg, on="intel" if profile != "cpu" else None).run(x)[0]
     ref = mxnet_forward(symbol, params, x)[0]

@@ -21,17 +21,19 @@ needs_intel = pytest.mark.skipif(not HAS_INTEL, reason="no Intel OpenCL runtime 
 
 
 @functools.cache
-def _opencl_backend_for(rows, n, dtype, exclusive, threads):
+def _opencl_backend_for(rows, n, dtype, exclusive, threads, subgroup=None):
     from edgecv.runtime.opencl import OpenCLBackend
 
-    func = scan_gpu(rows, n, dtype, exclusive, threads)
-    kernels = build_opencl(tvm.IRModule({"scan": func}), load_profile("aisage").tvm_target())
-    assert not kernels.unsupported and kernels.requires == []
+    func = scan_gpu(rows, n, dtype, exclusive, threads, subgroup)
+    target = load_profile("deeplens" if subgroup else "aisage").tvm_target()
+    kernels = build_opencl(tvm.IRModule({"scan": func}), target, subgroup)
+    assert not kernels.unsupported
+    assert kernels.requires == (["cl_intel_subgroups"] if subgroup else [])
     return OpenCLBackend("intel", kernels.source, kernels.launches, kernels.requires)
 
 
-def run_opencl(x: np.ndarray, exclusive: bool, threads: int = 64) -> np.ndarray:
-    backend = _opencl_backend_for(*x.shape, str(x.dtype), exclusive, threads)
+def run_opencl(x: np.ndarray, exclusive: bool, threads: int = 64, subgroup=None) -> np.ndarray:
+    backend = _opencl_backend_for(*x.shape, str(x.dtype), exclusive, threads, subgroup)
     src = backend.view(backend.alloc(x.nbytes), x.shape, str(x.dtype))
     dst = backend.view(backend.alloc(x.nbytes), x.shape, str(x.dtype))
     backend.upload(src, x)
@@ -63,11 +65,19 @@ EDGES = [(1, 1), (1, 2), (2, 63), (1, 64), (1, 65), (3, 1000), (1, 4097), (2, 70
 @pytest.mark.parametrize("shape", EDGES)
 @pytest.mark.parametrize("exclusive", [False, True])
 @pytest.mark.parametrize("dtype", ["int32", "float32"])
-@pytest.mark.parametrize("device", ["cpu", pytest.param("opencl", marks=needs_intel)])
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("opencl", marks=needs_intel),
+     pytest.param("opencl-intel-subgroups", marks=needs_intel)],
+)  # fmt: skip
 def test_scan_edge_lengths(shape, exclusive, dtype, device):
     rng = np.random.RandomState(sum(shape))
     x = (rng.randint(-9, 10, shape) if dtype == "int32" else rng.normal(size=shape)).astype(dtype)
-    ours = run_opencl(x, exclusive) if device == "opencl" else run_cpu(x, exclusive)
+    if device == "cpu":
+        ours = run_cpu(x, exclusive)
+    else:  # the subgroup variant: tiles of 16 with sub_group_scan, 256 work-items a row
+        subgroup = 16 if device.endswith("subgroups") else None
+        ours = run_opencl(x, exclusive, 256 if subgroup else 64, subgroup)
     check(ours, x, exclusive)
 
 
@@ -84,6 +94,19 @@ def test_scan_random_lengths_and_work_group_sizes(n, threads, exclusive, seed):
     check(run_opencl(x, exclusive, threads), x, exclusive)
 
 
+@needs_intel
+@settings(max_examples=10, deadline=None)
+@given(
+    n=st.integers(1, 3000),
+    threads=st.sampled_from([16, 64, 256]),
+    exclusive=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_intel_subgroup_scan_random(n, threads, exclusive, seed):
+    x = np.random.RandomState(seed).randint(-1000, 1000, (2, n)).astype(np.int32)
+    check(run_opencl(x, exclusive, threads, subgroup=16), x, exclusive)
+
+
 def test_inclusive_scan_matches_mxnet_cumsum():
     from edgecv._mxnet import import_mxnet
 
@@ -98,6 +121,8 @@ def test_inclusive_scan_matches_mxnet_cumsum():
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="dtype float64"):
         scan_cpu(1, 4, "float64")
+    with pytest.raises(ValueError, match="subgroup size 12 must be a power of two"):
+        scan_gpu(1, 4, threads=64, subgroup=12)
     with pytest.raises(ValueError, match="power of two"):
         scan_gpu(1, 4, threads=48)
     with pytest.raises(ValueError, match="empty shape"):
