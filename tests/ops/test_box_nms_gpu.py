@@ -86,8 +86,14 @@ def test_more_boxes_than_2_16(subgroup):
 
 
 @settings(max_examples=6, deadline=None)
-@given(n=st.integers(1, 700), batch=st.integers(1, 3), thresh=st.sampled_from([0.0, 0.3, 0.7]),
-       topk=st.sampled_from([-1, 5, 100]), force=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    n=st.integers(1, 700),
+    batch=st.integers(1, 3),
+    thresh=st.sampled_from([0.0, 0.3, 0.7]),
+    topk=st.sampled_from([-1, 5, 100]),
+    force=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_intel_subgroup_variant_random(n, batch, thresh, topk, force, seed):  # fmt: skip
     """The subgroup suppression (tiles of 16, survivors list) keeps exactly the greedy set."""
     data = boxes(np.random.RandomState(seed), batch, n, score_levels=[0.3, 0.6])
