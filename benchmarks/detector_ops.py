@@ -3,12 +3,14 @@
     python benchmarks/detector_ops.py                      # SSD-MobileNet, SSD-ResNet50, YOLOv3
     python benchmarks/detector_ops.py yolo3_mobilenet1.0_coco --repeat 5
 
-For each detector and local OpenCL device, two all-GPU packages of the same weights:
-one built with edgecv's box_nms (segmented sort, scan, work-group suppression), one
-with ``gpu_versions(box_nms="naive")`` (keys, merge sort and the serial NMS loop in a
+For each detector and local OpenCL device, three all-GPU packages of the same weights
+for the deeplens profile: edgecv's box_nms in its Intel-subgroup variant (the default
+for a device with subgroups), in its work-group variant (``gpu_versions(subgroups=
+False)``: segmented sort, scan, work-group suppression), and the naive version
+(``gpu_versions(box_nms="naive")``: keys, merge sort and the serial NMS loop in a
 single work-item per batch row). Printed: end-to-end latency of each (median,
-alternating runs), their ratio, and the NMS step alone in each (queues drained around
-it). Outputs of the two packages are checked equal first.
+alternating runs), the speed-ups over naive, and the NMS step alone in each (queues
+drained around it). Outputs of the packages are checked equal first.
 
 Not a test: numbers depend on the machine and its load.
 """
@@ -37,35 +39,41 @@ def main() -> None:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     present = opencl_devices()
-    header = (f"{'model':<26}{'device':<16}{'edgecv ms':>10}{'naive ms':>10}{'speed-up':>9}"
-              f"{'NMS edgecv ms':>14}{'NMS naive ms':>13}{'NMS x':>8}")  # fmt: skip
+    header = (f"{'model':<26}{'device':<16}{'subgroup ms':>12}{'work-group ms':>14}"
+              f"{'naive ms':>10}{'sub x':>7}{'wg x':>7}{'NMS sub ms':>11}{'NMS wg ms':>10}"
+              f"{'NMS naive ms':>13}")  # fmt: skip
     print(header)
     print("-" * len(header))
     with tempfile.TemporaryDirectory(prefix="edgecv-bench-") as tmp:
         for name in args.models:
-            ours_pkg = deploy(name, Path(tmp) / f"{name}-ours", "deeplens", pretrained=False)
+            packages = [deploy(name, Path(tmp) / f"{name}-sub", "deeplens", pretrained=False)]
+            with gpu_versions(subgroups=False):
+                packages.append(deploy(name, Path(tmp) / f"{name}-wg", "deeplens",
+                                       pretrained=False))  # fmt: skip
             with gpu_versions(box_nms="naive"):
-                naive_pkg = deploy(name, Path(tmp) / f"{name}-naive", "deeplens",
-                                   pretrained=False)  # fmt: skip
+                packages.append(deploy(name, Path(tmp) / f"{name}-naive", "deeplens",
+                                       pretrained=False))  # fmt: skip
             for query in args.devices:
                 if not any(d.matches(query) for d in present):
                     continue
                 try:
-                    ours, naive = edgecv.load(ours_pkg, on=query), edgecv.load(naive_pkg, on=query)
+                    models = [edgecv.load(p, on=query) for p in packages]
                 except edgecv.EdgecvError as err:
                     print(f"{name:<26}{query:<16}  not run: {str(err).splitlines()[0][:80]}")
                     continue
-                x = np.random.RandomState(0).uniform(-1, 1, ours.input_shape).astype(np.float32)
-                for a, b in zip(ours.run(x), naive.run(x), strict=True):
-                    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-                t_ours, t_naive = alternating_medians([ours, naive], x, args.repeat)
-                _, nms_ours = nms_time(ours.executor, x, args.repeat)
-                _, nms_naive = nms_time(naive.executor, x, args.repeat)
-                label = ours.executor.backends["gpu"].label.split(" / ")[0]
+                x = np.random.RandomState(0).uniform(-1, 1, models[0].input_shape)
+                x = x.astype(np.float32)
+                first = models[0].run(x)
+                for other in models[1:]:
+                    for a, b in zip(first, other.run(x), strict=True):
+                        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+                t_sub, t_wg, t_naive = alternating_medians(models, x, args.repeat)
+                nms = [nms_time(m.executor, x, args.repeat)[1] for m in models]
+                label = models[0].executor.backends["gpu"].label.split(" / ")[0]
                 print(
-                    f"{name:<26}{label[:15]:<16}{t_ours * 1e3:>10.1f}{t_naive * 1e3:>10.1f}"
-                    f"{t_naive / t_ours:>8.2f}x{nms_ours * 1e3:>14.1f}{nms_naive * 1e3:>13.1f}"
-                    f"{nms_naive / nms_ours:>7.1f}x",
+                    f"{name:<26}{label[:15]:<16}{t_sub * 1e3:>12.1f}{t_wg * 1e3:>14.1f}"
+                    f"{t_naive * 1e3:>10.1f}{t_naive / t_sub:>6.2f}x{t_naive / t_wg:>6.2f}x"
+                    f"{nms[0] * 1e3:>11.1f}{nms[1] * 1e3:>10.1f}{nms[2] * 1e3:>13.1f}",
                     flush=True,
                 )
 

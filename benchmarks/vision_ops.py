@@ -55,11 +55,13 @@ def median_time(fn, repeat: int) -> float:
 class DeviceOp:
     """One edgecv operator PrimFunc built and bound on one OpenCL device."""
 
-    def __init__(self, name: str, func, device: str, arrays: list[np.ndarray]):
-        kernels = build_opencl(tvm.IRModule({name: func}), load_profile("aisage").tvm_target())
+    def __init__(self, name: str, func, device: str, arrays: list[np.ndarray], subgroup=None):
+        # deeplens: the profile with Intel subgroups of 16; aisage: without subgroups
+        target = load_profile("deeplens" if subgroup else "aisage").tvm_target()
+        kernels = build_opencl(tvm.IRModule({name: func}), target, subgroup)
         if name in kernels.unsupported:
             raise RuntimeError(kernels.unsupported[name])
-        self.backend = OpenCLBackend(device, kernels.source, kernels.launches)
+        self.backend = OpenCLBackend(device, kernels.source, kernels.launches, kernels.requires)
         self.tensors = []
         for array in arrays:
             tensor = self.backend.view(
@@ -105,10 +107,10 @@ def tvm_stock(kind: str, shape, exclusive_or_desc: bool):
     return func.with_attr({"tirx.is_scheduled": True})
 
 
-def try_op(name, make, device, arrays, check):
-    """(median seconds, launches) of a device op, or (None, reason) when it fails."""
+def try_op(name, make, device, arrays, check, subgroup=None):
+    """(built op, None) of a device op, or (None, reason) when it fails."""
     try:
-        op = DeviceOp(name, make(), device, arrays)
+        op = DeviceOp(name, make(), device, arrays, subgroup)
         op()
         check(op)
     except Exception as err:  # noqa: BLE001 - a version that cannot build or is wrong
@@ -117,13 +119,25 @@ def try_op(name, make, device, arrays, check):
     return op, None
 
 
-def row(label, ours, launches, naive, stock, mxnet_s, other, note=""):
+def row(label, ours, launches, sub, naive, stock, mxnet_s, other, note=""):
     def ms(v):
         return f"{v * 1e3:>10.2f}" if isinstance(v, float) else f"{'-':>10}"
 
-    ratio = lambda a: f"{a / ours:>9.2f}" if isinstance(a, float) else f"{'-':>9}"  # noqa: E731
-    print(f"{label:<34}{ms(ours)}{launches:>5}{ms(naive)}{ms(stock)}{ms(mxnet_s)}{ms(other)}"
-          f"{ratio(naive)}{ratio(stock)}{ratio(mxnet_s)}  {note}", flush=True)  # fmt: skip
+    ratio = lambda a: f"{a / ours:>7.2f}" if isinstance(a, float) else f"{'-':>7}"  # noqa: E731
+    print(f"{label:<34}{ms(ours)}{launches:>5}{ms(sub)}{ms(naive)}{ms(stock)}{ms(mxnet_s)}"
+          f"{ms(other)}{ratio(sub)}{ratio(naive)}{ratio(stock)}{ratio(mxnet_s)}  {note}",
+          flush=True)  # fmt: skip
+
+
+def subgroup_time(has_subgroups: bool, name, make, device, arrays, check, repeat):
+    """Median seconds of the Intel-subgroup variant (subgroups of 16), or None."""
+    if not has_subgroups:
+        return None
+    op, err = try_op(name, make, device, arrays, check, subgroup=16)
+    if op is None:
+        print(f"  ({name} subgroup variant not run: {err})")
+        return None
+    return median_time(op, repeat)
 
 
 def main() -> None:
@@ -144,10 +158,14 @@ def bench_device(device: str, repeat: int, mx) -> None:
     """Every row of one device's table (none past a device that cannot build NMS)."""
     import cv2
 
-    print(f"\n== {device} ==  (ms; x = that version's time / edgecv's)")
-    print(f"{'operator':<34}{'edgecv':>10}{'lnch':>5}{'naive GPU':>10}{'TVM GPU':>10}"
-          f"{'MXNet CPU':>10}{'NumPy/CV':>10}{'naive x':>9}{'TVM x':>9}"
-          f"{'MXNet x':>9}")  # fmt: skip
+    subgroups = any(d.matches(device) and d.intel_subgroups for d in opencl_devices())
+    print(
+        f"\n== {device} ==  (ms; x = that version's time / edgecv's work-group version; "
+        f"subgroup: edgecv's Intel-subgroup variant, subgroups of 16)"
+    )
+    print(f"{'operator':<34}{'edgecv':>10}{'lnch':>5}{'subgroup':>10}{'naive GPU':>10}"
+          f"{'TVM GPU':>10}{'MXNet CPU':>10}{'NumPy/CV':>10}{'sub x':>7}{'naive x':>7}"
+          f"{'TVM x':>7}{'MXNet x':>7}")  # fmt: skip
     for label, n in (("box_nms SSD-512 (122640 boxes)", 122640),
                      ("box_nms YOLOv3-512 (16128 boxes)", 16128)):  # fmt: skip
         data = ssd_like_boxes(n)
@@ -162,6 +180,8 @@ def bench_device(device: str, repeat: int, mx) -> None:
             print(f"{label:<34} not run: {err}")
             return
         ours = median_time(op, repeat)
+        sub = subgroup_time(subgroups, "box_nms", lambda: box_nms_gpu(data.shape, subgroup=16,
+                            **SSD), device, [data, np.zeros_like(data)], same, repeat)  # fmt: skip
         naive, _ = try_op("naive_box_nms", lambda: naive_box_nms_gpu(data.shape, **SSD),
                           device, [data, np.zeros_like(data)], same)  # fmt: skip
         naive_s = median_time(naive, 1) if naive else None
@@ -174,7 +194,7 @@ def bench_device(device: str, repeat: int, mx) -> None:
             lambda: cv2.dnn.NMSBoxes(rects, valid[:, 1].tolist(), 0.01, 0.45, top_k=400),
             repeat,
         )
-        row(label, ours, op.launches, naive_s, None, theirs, opencv,
+        row(label, ours, op.launches, sub, naive_s, None, theirs, opencv,
             "TVM: no GPU NMS; CV: cv2.dnn.NMSBoxes, class-agnostic")  # fmt: skip
     for label, lengths in (("argsort 1 x 122640", [122640]),
                            ("argsort 20 classes x 6132", [6132] * 20)):  # fmt: skip
@@ -190,6 +210,12 @@ def bench_device(device: str, repeat: int, mx) -> None:
             lambda op: np.testing.assert_array_equal(op.result(2), ref),
         )  # fmt: skip
         ours = median_time(op, repeat)
+        sub = subgroup_time(
+            subgroups, "segmented_argsort",
+            lambda: segmented_argsort_gpu(total, len(lengths), "float32", True, subgroup=16),
+            device, [keys, offsets, np.zeros(total, np.int32), *work],
+            lambda op: np.testing.assert_array_equal(op.result(2), ref), repeat,
+        )  # fmt: skip
         naive, _ = try_op(
             "naive_argsort", lambda: naive_segmented_argsort_gpu(lengths, "float32", True),
             device, [keys, np.zeros(total, np.int32), np.zeros(total, np.int32)],
@@ -208,7 +234,7 @@ def bench_device(device: str, repeat: int, mx) -> None:
             lambda: mx.nd.argsort(nd, axis=-1, is_ascend=False).wait_to_read(), repeat
         )
         numpy_s = median_time(lambda: np.argsort(-rows2d, axis=-1, kind="stable"), repeat)
-        row(label, ours, op.launches, naive_s, stock_s, theirs, numpy_s,
+        row(label, ours, op.launches, sub, naive_s, stock_s, theirs, numpy_s,
             f"TVM: {why}" if why else "")  # fmt: skip
     for label, shape in (("scan 1 x 122640 (int32)", (1, 122640)),
                          ("scan 20 x 6132 (int32)", (20, 6132))):  # fmt: skip
@@ -221,6 +247,9 @@ def bench_device(device: str, repeat: int, mx) -> None:
         op, err = try_op("scan", lambda: scan_gpu(*shape, "int32", True), device,
                          [x, np.zeros_like(x)], same_scan)  # fmt: skip
         ours = median_time(op, repeat)
+        sub = subgroup_time(subgroups, "scan", lambda: scan_gpu(*shape, "int32", True,
+                            subgroup=16), device, [x, np.zeros_like(x)], same_scan,
+                            repeat)  # fmt: skip
         naive, _ = try_op("naive_scan", lambda: naive_scan_gpu(*shape, "int32", True),
                           device, [x, np.zeros_like(x)], same_scan)  # fmt: skip
         naive_s = median_time(naive, 1) if naive else None
@@ -230,7 +259,7 @@ def bench_device(device: str, repeat: int, mx) -> None:
         nd = mx.nd.array(x, dtype="int32").as_np_ndarray()
         theirs = median_time(lambda: mx.np.cumsum(nd, axis=1).wait_to_read(), repeat)
         numpy_s = median_time(lambda: np.cumsum(x, axis=1), repeat)
-        row(label, ours, op.launches, naive_s, stock_s, theirs, numpy_s,
+        row(label, ours, op.launches, sub, naive_s, stock_s, theirs, numpy_s,
             f"TVM: {why}" if why else "")  # fmt: skip
     # ROIAlign at a Faster-RCNN-like size; MultiBoxDetection at SSD-300's anchors
     rng = np.random.RandomState(3)
@@ -249,7 +278,8 @@ def bench_device(device: str, repeat: int, mx) -> None:
         ours = median_time(op, repeat)
         nf, nr = mx.nd.array(feat), mx.nd.array(rois)
         theirs = median_time(lambda: mx.nd.contrib.ROIAlign(nf, nr, **attrs).wait_to_read(), repeat)
-        row("ROIAlign 300 x 256ch 7x7 (32x32)", ours, op.launches, None, None, theirs, None)
+        row("ROIAlign 300 x 256ch 7x7 (32x32)", ours, op.launches, None, None, None, theirs,
+            None, "no subgroup variant: one work-item per output, nothing shared")  # fmt: skip
     cls, loc, anchors = detector_inputs(np.random.RandomState(4), 1, 21, 8732)
     det = dict(nms_threshold=0.45, nms_topk=400)
     ref = multibox_detection_reference(cls, loc, anchors, **det)
@@ -261,12 +291,20 @@ def bench_device(device: str, repeat: int, mx) -> None:
     )  # fmt: skip
     if op is not None:
         ours = median_time(op, repeat)
+        sub = subgroup_time(
+            subgroups, "multibox_detection",
+            lambda: multibox_detection_gpu(cls.shape, loc.shape, anchors.shape, subgroup=16,
+                                           **det),
+            device, [cls, loc, anchors, np.zeros_like(ref)],
+            lambda op: np.testing.assert_allclose(op.result(3), ref, rtol=1e-5, atol=1e-5),
+            repeat,
+        )  # fmt: skip
         args_nd = [mx.nd.array(a) for a in (cls, loc, anchors)]
         theirs = median_time(
             lambda: mx.nd.contrib.MultiBoxDetection(*args_nd, **det).wait_to_read(),
             repeat,
         )
-        row("MultiBoxDetection SSD-300 (8732x21)", ours, op.launches, None, None, theirs,
+        row("MultiBoxDetection SSD-300 (8732x21)", ours, op.launches, sub, None, None, theirs,
             None)  # fmt: skip
     elif err:
         print(f"MultiBoxDetection not run: {err}")

@@ -181,3 +181,36 @@ def test_buffer_larger_than_the_device_allows_is_a_clear_error():
         backend.alloc(too_big)
     assert "cannot allocate one buffer" in str(err.value) and "MiB" in str(err.value)
     assert backend.allocated_bytes == 0
+
+
+DETECTORS = ["ssd_512_mobilenet1.0_voc", "ssd_512_resnet50_v1_voc", "yolo3_mobilenet1.0_coco",
+             "yolo3_darknet53_voc"]  # fmt: skip
+
+
+@heavy
+@pytest.mark.parametrize("profile", ["deeplens", "aisage"])
+@pytest.mark.parametrize("name", DETECTORS)
+def test_detector_deployed_all_on_opencl_matches_mxnet(tmp_path, exported, name, profile):
+    """Every launch of the package on the OpenCL device (box_nms included: the
+    Intel-subgroup variants for deeplens, the work-group ones for aisage); ids exact,
+    scores and boxes within tolerance of MXNet's forward pass."""
+    import json
+
+    from test_parity import match_detections
+
+    from edgecv.deploy import deploy
+    from edgecv.model import load
+
+    device = device_or_skip("intel(r) opencl")
+    model = exported(name)
+    pkg = deploy(str(model.symbol_path), tmp_path / "pkg", profile,
+                 params=str(model.params_path), input_shape=model.input_shape)  # fmt: skip
+    placement = json.loads((pkg / "manifest.json").read_text())["build"]["placement"]
+    assert placement["launches"]["cpu"] == 0 and placement["copies"] == []
+    source = (pkg / "kernels" / "opencl.cl").read_text()
+    assert ("intel_reqd_sub_group_size(16)" in source) == (profile == "deeplens")
+    x = random_input(model.input_shape)
+    ours = load(pkg, on=device).run(x)
+    ref = mxnet_forward(model.symbol_path, model.params_path, x)
+    scale = max(model.input_shape[2:])
+    assert match_detections(ours, ref, depth_loosening(model), scale) > 0

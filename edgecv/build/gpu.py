@@ -260,11 +260,18 @@ def _gpu_box_nms_naive(spec: dict, target: tvm.target.Target, threads: int, subg
 VARIANTS = {("box_nms", "naive"): _gpu_box_nms_naive}
 
 
+_SUBGROUPS = {"enabled": True}
+
+
 @contextlib.contextmanager
-def gpu_versions(**choice: str):
+def gpu_versions(subgroups: bool = True, **choice: str):
     """Build with other GPU versions of edgecv operators while inside, e.g.
-    ``with gpu_versions(box_nms="naive"): deploy(...)`` (one work-item per batch row)."""
+    ``with gpu_versions(box_nms="naive"): deploy(...)`` (one work-item per batch row);
+    ``subgroups=False`` builds the work-group versions even for devices with Intel
+    subgroups (benchmarks compare the two)."""
     saved = dict(GPU_VERSIONS)
+    saved_subgroups = _SUBGROUPS["enabled"]
+    _SUBGROUPS["enabled"] = subgroups
     try:
         for op, variant in choice.items():
             if (op, variant) not in VARIANTS:
@@ -275,6 +282,7 @@ def gpu_versions(**choice: str):
     finally:
         GPU_VERSIONS.clear()
         GPU_VERSIONS.update(saved)
+        _SUBGROUPS["enabled"] = saved_subgroups
 
 
 def gpu_version(func, target: tvm.target.Target, subgroup: int | None = None):
@@ -290,7 +298,7 @@ def gpu_version(func, target: tvm.target.Target, subgroup: int | None = None):
     if make is None:
         return None
     threads = min(256, int(target.attrs.get("max_num_threads", 256)))
-    if str(target.kind.name) != "opencl":
+    if str(target.kind.name) != "opencl" or not _SUBGROUPS["enabled"]:
         subgroup = None
     return make(spec, target, threads, subgroup)
 
