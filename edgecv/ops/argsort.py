@@ -64,16 +64,19 @@ def segmented_argsort_gpu(
     descending: bool = False,
     block: int = 256,
     subgroup: int | None = None,
+    merge_chunk: int = 8,
 ) -> tirx.PrimFunc:
     """The sort as a scheduled GPU PrimFunc.
 
     Arguments: ``keys (total,)``, ``offsets (num_segments + 1,) int32``, the result
     ``indices (total,) int32``, then six workspaces (:func:`workspace_shapes`).
-    ``subgroup``: the Intel-subgroup variant for that subgroup size (OpenCL only).
+    ``subgroup``: the Intel-subgroup variant for that subgroup size (OpenCL only);
+    ``merge_chunk``: outputs each work-item merges in a merge pass.
     """
     from .subgroup import check_subgroup
 
     _check(total, num_segments, dtype, block)
+    _check_chunk(merge_chunk)
     check_subgroup(subgroup, block, "argsort")
     with IRBuilder() as ib:
         with T.prim_func():
@@ -107,7 +110,7 @@ def segmented_argsort_gpu(
 
             emit_segmented_sort(
                 keys, result, work, total, segment_of, lambda seg: offsets[seg],
-                dtype, descending, block, subgroup,
+                dtype, descending, block, subgroup, merge_chunk,
             )  # fmt: skip
     return ib.get()
 
@@ -119,6 +122,11 @@ def _check(total: int, num_segments: int, dtype: str, block: int) -> None:
         raise ValueError(f"argsort: need total >= 1 and a segment, got {total}, {num_segments}")
     if block < 2 or block & (block - 1):
         raise ValueError(f"argsort: block must be a power of two >= 2, not {block}")
+
+
+def _check_chunk(merge_chunk: int) -> None:
+    if merge_chunk < 1 or merge_chunk & (merge_chunk - 1):
+        raise ValueError(f"argsort: merge_chunk must be a power of two >= 1, not {merge_chunk}")
 
 
 def _emit_block_sort(keys, out, total: int, segment_of, dtype: str, block: int, before):
@@ -235,7 +243,7 @@ def _emit_subgroup_block_sort(keys, out, total: int, segment_of, dtype: str, blo
 
 def emit_segmented_sort(
     keys, result, work, total: int, segment_of, segment_start, dtype: str,
-    descending: bool, block: int, subgroup: int | None = None,
+    descending: bool, block: int, subgroup: int | None = None, merge_chunk: int = 8,
 ):  # fmt: skip
     """Emit the sort's launches into the PrimFunc being built (see the module docstring).
 
@@ -243,13 +251,13 @@ def emit_segmented_sort(
     workspace triples; ``segment_of(g, scratch)`` may emit statements using the 3-int
     local ``scratch`` and returns the segment of position ``g``; ``segment_start(s)`` is
     the first position of segment ``s``; ``subgroup``: the Intel subgroup size for the
-    subgroup block sort (OpenCL only). Returns the work triple holding the sorted
+    subgroup block sort (OpenCL only); ``merge_chunk``: outputs per work-item in the
+    merge passes (1: each element finds its own rank). Returns the work triple holding the sorted
     (key, index, segment) arrays. Callers should read the sorted keys: a buffer the
     PrimFunc only writes is compacted to one element by TVM 0.27's
     CompactBufferAllocation, which then fails in FlattenBuffer ("Buffer is used before
     its definition").
     """
-    int32 = "int32"
 
     def before(s1, k1, i1, s2, k2, i2):
         """(s1, k1, i1) sorts strictly before (s2, k2, i2)."""
@@ -267,35 +275,12 @@ def emit_segmented_sort(
     width, src = block, 0
     threads = min(block, 256)
     for _ in range(_passes(total, block)):
-        (k_in, i_in, s_in), (k_out, i_out, s_out) = work[src], work[1 - src]
-        bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-        with T.launch_thread(bx, -(-total // threads)), T.launch_thread(tx, threads):
-            pos = T.buffer_proxy(T.alloc_buffer((4,), int32, scope="local"))
-            e = bx * threads + tx
-            with T.If(e < total):
-                with T.Then():
-                    run = e // width
-                    left = (run // 2) * 2 * width
-                    mid = tirx.min(left + width, total)
-                    end = tirx.min(left + 2 * width, total)
-                    in_left = run % 2 == 0
-                    # search the partner run for this element's rank
-                    pos[0] = tirx.Select(in_left, mid, left)  # low
-                    pos[1] = tirx.Select(in_left, end, mid)  # high
-                    with T.While(pos[0] < pos[1]):
-                        pos[2] = (pos[0] + pos[1]) // 2
-                        with T.If(before(s_in[pos[2]], k_in[pos[2]], i_in[pos[2]],
-                                         s_in[e], k_in[e], i_in[e])):  # fmt: skip
-                            with T.Then():
-                                pos[0] = pos[2] + 1
-                            with T.Else():
-                                pos[1] = pos[2]
-                    rank = pos[0] - tirx.Select(in_left, mid, left)
-                    own = e - tirx.Select(in_left, left, mid)
-                    pos[3] = left + own + rank
-                    k_out[pos[3]] = k_in[e]
-                    i_out[pos[3]] = i_in[e]
-                    s_out[pos[3]] = s_in[e]
+        if merge_chunk == 1:
+            _emit_rank_merge(work[src], work[1 - src], total, width, threads, before)
+        else:
+            # a chunk never straddles two pairs of runs (both are powers of two)
+            _emit_path_merge(work[src], work[1 - src], total, width, threads,
+                             min(merge_chunk, 2 * width), before)  # fmt: skip
         width, src = width * 2, 1 - src
 
     # 4. indices within their segments
@@ -308,3 +293,97 @@ def emit_segmented_sort(
             with T.Then():
                 result[e] = i_in[e] - segment_start(s_in[e])
     return work[src]
+
+
+def _emit_rank_merge(src, dst, total: int, width: int, threads: int, before) -> None:
+    """One merge pass, a work-item per element: its rank in the partner run by binary
+    search gives its place (``log2(width)`` probes of three arrays per element)."""
+    (k_in, i_in, s_in), (k_out, i_out, s_out) = src, dst
+    bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+    with T.launch_thread(bx, -(-total // threads)), T.launch_thread(tx, threads):
+        pos = T.buffer_proxy(T.alloc_buffer((4,), "int32", scope="local"))
+        e = bx * threads + tx
+        with T.If(e < total):
+            with T.Then():
+                run = e // width
+                left = (run // 2) * 2 * width
+                mid = tirx.min(left + width, total)
+                end = tirx.min(left + 2 * width, total)
+                in_left = run % 2 == 0
+                # search the partner run for this element's rank
+                pos[0] = tirx.Select(in_left, mid, left)  # low
+                pos[1] = tirx.Select(in_left, end, mid)  # high
+                with T.While(pos[0] < pos[1]):
+                    pos[2] = (pos[0] + pos[1]) // 2
+                    with T.If(before(s_in[pos[2]], k_in[pos[2]], i_in[pos[2]],
+                                     s_in[e], k_in[e], i_in[e])):  # fmt: skip
+                        with T.Then():
+                            pos[0] = pos[2] + 1
+                        with T.Else():
+                            pos[1] = pos[2]
+                rank = pos[0] - tirx.Select(in_left, mid, left)
+                own = e - tirx.Select(in_left, left, mid)
+                pos[3] = left + own + rank
+                k_out[pos[3]] = k_in[e]
+                i_out[pos[3]] = i_in[e]
+                s_out[pos[3]] = s_in[e]
+
+
+def _emit_path_merge(src, dst, total: int, width: int, threads: int, chunk: int,
+                     before) -> None:  # fmt: skip
+    """One merge pass along the merge path: work-item ``t`` writes the ``chunk``
+    consecutive outputs from ``t * chunk``. One binary search finds how many of the
+    outputs before it come from the left run (the co-rank: the cut where the left run's
+    next element sorts after the right run's last taken one), then it merges ``chunk``
+    steps sequentially, keeping both runs' next elements in registers. The order is
+    strict (indices differ), so the cut is unique and the merge stable."""
+    (k_in, i_in, s_in), (k_out, i_out, s_out) = src, dst
+    items = -(-total // chunk)
+    bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+    with T.launch_thread(bx, -(-items // threads)), T.launch_thread(tx, threads):
+        # 0 low, 1 high, 2 probe, 3 next left, 4 next right, 5 right taken (of d)
+        pos = T.buffer_proxy(T.alloc_buffer((6,), "int32", scope="local"))
+        head = T.buffer_proxy(T.alloc_buffer((2,), "int32", scope="local"))  # take left?
+        o = (bx * threads + tx) * chunk
+        with T.If(o < total):
+            with T.Then():
+                left = (o // (2 * width)) * 2 * width
+                mid = tirx.min(left + width, total)
+                end = tirx.min(left + 2 * width, total)
+                len_a, len_b = mid - left, end - mid
+                d = o - left  # outputs of this pair before ours
+                pos[0] = tirx.max(0, d - len_b)
+                pos[1] = tirx.min(d, len_a)
+                with T.While(pos[0] < pos[1]):  # co-rank: left elements among the first d
+                    pos[2] = (pos[0] + pos[1]) // 2
+                    a, b_ = left + pos[2], mid + d - pos[2] - 1
+                    with T.If(before(s_in[a], k_in[a], i_in[a], s_in[b_], k_in[b_], i_in[b_])):
+                        with T.Then():
+                            pos[0] = pos[2] + 1
+                        with T.Else():
+                            pos[1] = pos[2]
+                pos[3] = left + pos[0]  # next left element
+                pos[4] = mid + d - pos[0]  # next right element
+                with T.serial(0, chunk) as c:
+                    with T.If(o + c < end):
+                        with T.Then():
+                            a, b_ = pos[3], pos[4]
+                            take_left = tirx.Or(
+                                b_ >= end,
+                                tirx.And(
+                                    a < mid,
+                                    before(s_in[tirx.min(a, total - 1)],
+                                           k_in[tirx.min(a, total - 1)],
+                                           i_in[tirx.min(a, total - 1)],
+                                           s_in[tirx.min(b_, total - 1)],
+                                           k_in[tirx.min(b_, total - 1)],
+                                           i_in[tirx.min(b_, total - 1)]),
+                                ),
+                            )  # fmt: skip
+                            head[0] = tirx.Select(take_left, 1, 0)
+                            pos[5] = tirx.Select(head[0] == 1, a, b_)
+                            k_out[o + c] = k_in[pos[5]]
+                            i_out[o + c] = i_in[pos[5]]
+                            s_out[o + c] = s_in[pos[5]]
+                            pos[3] = pos[3] + head[0]
+                            pos[4] = pos[4] + 1 - head[0]

@@ -26,10 +26,11 @@ pytestmark = pytest.mark.skipif(
 
 
 @functools.cache
-def _backend(total, segments, dtype, descending, block, device="intel", subgroup=None):
+def _backend(total, segments, dtype, descending, block, device="intel", subgroup=None,
+             chunk=8):  # fmt: skip
     from edgecv.runtime.opencl import OpenCLBackend
 
-    func = segmented_argsort_gpu(total, segments, dtype, descending, block, subgroup)
+    func = segmented_argsort_gpu(total, segments, dtype, descending, block, subgroup, chunk)
     profile = load_profile("deeplens" if subgroup else "aisage")
     kernels = build_opencl(
         tvm.IRModule({"segmented_argsort": func}), profile.tvm_target(), subgroup
@@ -39,9 +40,10 @@ def _backend(total, segments, dtype, descending, block, device="intel", subgroup
     return OpenCLBackend(device, kernels.source, kernels.launches, kernels.requires)
 
 
-def sort_on_opencl(keys, offsets, descending=False, block=64, device="intel", subgroup=None):
+def sort_on_opencl(keys, offsets, descending=False, block=64, device="intel", subgroup=None,
+                   chunk=8):  # fmt: skip
     backend = _backend(
-        len(keys), len(offsets) - 1, str(keys.dtype), descending, block, device, subgroup
+        len(keys), len(offsets) - 1, str(keys.dtype), descending, block, device, subgroup, chunk
     )
     arrays = [keys, offsets.astype(np.int32), np.zeros(len(keys), np.int32)]
     for shape, dtype in zip(workspace_shapes(len(keys)), [keys.dtype, "int32", "int32"] * 2,
@@ -82,18 +84,19 @@ def test_edge_cases_match_the_stable_reference(lengths, descending, dtype):
     np.testing.assert_array_equal(got, segmented_argsort_reference(keys, offsets, descending))
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 200), min_size=1, max_size=12).filter(lambda x: sum(x) > 0),
     descending=st.booleans(),
     block=st.sampled_from([2, 16, 128]),
+    chunk=st.sampled_from([1, 2, 8, 64]),  # merge outputs per work-item; 1: rank search
     seed=st.integers(0, 2**16),
 )
-def test_random_segments(lengths, descending, block, seed):
+def test_random_segments(lengths, descending, block, chunk, seed):
     keys = np.random.RandomState(seed).normal(size=sum(lengths)).astype(np.float32)
     keys[::3] = 0.5  # and ties
     offsets = offsets_of(lengths)
-    got = sort_on_opencl(keys, offsets, descending, block)
+    got = sort_on_opencl(keys, offsets, descending, block, chunk=chunk)
     np.testing.assert_array_equal(got, segmented_argsort_reference(keys, offsets, descending))
 
 
@@ -144,5 +147,7 @@ def test_bad_arguments_are_named():
         segmented_argsort_gpu(4, 1, block=48)
     with pytest.raises(ValueError, match="total >= 1"):
         segmented_argsort_gpu(0, 1)
+    with pytest.raises(ValueError, match="merge_chunk must be a power of two"):
+        segmented_argsort_gpu(4, 1, merge_chunk=3)
     with pytest.raises(ValueError, match="subgroup size 16 must .* dividing the work-group"):
         segmented_argsort_gpu(4, 1, block=8, subgroup=16)
