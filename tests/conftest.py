@@ -66,3 +66,40 @@ def random_input(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     x = np.broadcast_to(x.transpose(2, 0, 1)[None], shape)
     noise = np.random.RandomState(seed).normal(0.0, 0.1, size=shape)
     return (x + noise).astype(np.float32)
+
+
+_POCL: dict[str, str | None] = {}
+
+
+def pocl_unusable() -> str | None:
+    """None when PoCL's compiler builds a kernel on this machine, else why not.
+
+    PoCL as bundled in pyopencl (3.0-rc2) links LLVM 14, which names only CPUs it knows:
+    on AMD Zen 5 every build fails with "unknown target CPU 'generic'" (on Zen 4 it
+    works, as znver3). The tests that run on PoCL skip with that reason there.
+    """
+    if "reason" not in _POCL:
+        import pyopencl as cl
+
+        from edgecv.runtime.opencl_devices import register_pip_runtimes
+
+        register_pip_runtimes()
+        devices = [d for p in cl.get_platforms() if "Portable Computing" in p.name
+                   for d in p.get_devices()]  # fmt: skip
+        if not devices:
+            _POCL["reason"] = "PoCL is not installed"
+        else:
+            try:
+                context = cl.Context(devices[:1])
+                cl.Program(context, "__kernel void k(__global int* a) { a[0] = 1; }").build()
+                _POCL["reason"] = None
+            except cl.RuntimeError as err:
+                first = str(err).strip().splitlines()[-1][:120]
+                _POCL["reason"] = f"PoCL's compiler fails on this CPU: {first}"
+    return _POCL["reason"]
+
+
+def needs_pocl():
+    """A skip mark for tests that need a working PoCL (evaluated at collection)."""
+    reason = pocl_unusable()
+    return pytest.mark.skipif(reason is not None, reason=reason or "")

@@ -64,7 +64,7 @@ def segmented_argsort_gpu(
     descending: bool = False,
     block: int = 256,
     subgroup: int | None = None,
-    merge_chunk: int = 8,
+    merge_chunk: int = 32,
 ) -> tirx.PrimFunc:
     """The sort as a scheduled GPU PrimFunc.
 
@@ -243,7 +243,7 @@ def _emit_subgroup_block_sort(keys, out, total: int, segment_of, dtype: str, blo
 
 def emit_segmented_sort(
     keys, result, work, total: int, segment_of, segment_start, dtype: str,
-    descending: bool, block: int, subgroup: int | None = None, merge_chunk: int = 8,
+    descending: bool, block: int, subgroup: int | None = None, merge_chunk: int = 32,
 ):  # fmt: skip
     """Emit the sort's launches into the PrimFunc being built (see the module docstring).
 

@@ -7,6 +7,7 @@ import functools
 import numpy as np
 import pytest
 import tvm
+from conftest import needs_pocl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -126,6 +127,18 @@ def test_intel_subgroup_variant_random_segments(lengths, descending, seed):
     keys[::3] = 0.5
     offsets = offsets_of(lengths)
     got = sort_on_opencl(keys, offsets, descending, 64, subgroup=16)
+    np.testing.assert_array_equal(got, segmented_argsort_reference(keys, offsets, descending))
+
+
+@needs_pocl()
+@pytest.mark.parametrize("lengths", [[1], [0, 1, 0, 2, 0], [65], [300, 1, 1000, 7, 0, 33],
+                                     [70000]])  # fmt: skip
+@pytest.mark.parametrize("descending", [False, True])
+def test_on_pocl(lengths, descending):
+    rng = np.random.RandomState(sum(lengths))
+    keys = rng.randint(-5, 5, sum(lengths)).astype(np.float32)
+    offsets = offsets_of(lengths)
+    got = sort_on_opencl(keys, offsets, descending, 256, device="pocl")
     np.testing.assert_array_equal(got, segmented_argsort_reference(keys, offsets, descending))
 
 

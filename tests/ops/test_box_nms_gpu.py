@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from conftest import needs_pocl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_box_nms import boxes, run_mxnet
@@ -41,9 +42,10 @@ def run_opencl(data: np.ndarray, threads: int = 64, device: str = "intel", subgr
     return backend.download(dst)
 
 
-def check(data: np.ndarray, threads: int = 64, subgroup=None, **attrs) -> np.ndarray:
+def check(data: np.ndarray, threads: int = 64, subgroup=None, device="intel",
+          **attrs) -> np.ndarray:  # fmt: skip
     ref = box_nms_reference(data, **attrs)
-    ours = run_opencl(data, threads, subgroup=subgroup, **attrs)
+    ours = run_opencl(data, threads, device, subgroup, **attrs)
     np.testing.assert_array_equal(ours[..., :2], ref[..., :2])  # ids and scores: exact
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
     return ours
@@ -53,9 +55,7 @@ SSD = dict(overlap_thresh=0.45, valid_thresh=0.01, topk=400, id_index=0, score_i
            coord_start=2, force_suppress=False)  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("batch", "n", "attrs"),
-    [
+CASES = [
         (1, 1, {}),
         (1, 7, {"overlap_thresh": 0.0}),  # everything overlapping is suppressed
         (2, 100, {"overlap_thresh": 1.0}),  # nothing suppressed
@@ -63,8 +63,10 @@ SSD = dict(overlap_thresh=0.45, valid_thresh=0.01, topk=400, id_index=0, score_i
         (1, 257, {"id_index": 0, "force_suppress": True, "topk": 30}),
         (1, 90, {"in_format": "corner", "out_format": "center", "id_index": 0}),
         (3, 64, {"valid_thresh": 2.0}),  # no valid box at all
-    ],
-)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("batch", "n", "attrs"), CASES)
 @pytest.mark.parametrize("subgroup", [None, 16], ids=["work-group", "intel-subgroup"])
 def test_matches_reference(batch, n, attrs, subgroup):
     data = boxes(np.random.RandomState(n), batch, n)
@@ -83,6 +85,13 @@ def test_equal_scores_and_degenerate_boxes(subgroup):
 def test_more_boxes_than_2_16(subgroup):
     data = boxes(np.random.RandomState(1), 1, 70000)
     check(data, subgroup=subgroup, **SSD)
+
+
+@needs_pocl()
+@pytest.mark.parametrize(("batch", "n", "attrs"), [*CASES, (1, 70000, SSD)])
+def test_on_pocl(batch, n, attrs):
+    data = boxes(np.random.RandomState(n + 1), batch, n)
+    check(data, 256, device="pocl", **attrs)
 
 
 @settings(max_examples=6, deadline=None)

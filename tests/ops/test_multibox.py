@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import needs_pocl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernels import run_cpu, run_opencl
@@ -41,12 +42,12 @@ def cpu(cls, loc, anchors, **attrs):
     return run_cpu(func, [cls, loc, anchors, out])[3]
 
 
-def opencl(cls, loc, anchors, threads=64, subgroup=None, **attrs):
+def opencl(cls, loc, anchors, threads=64, subgroup=None, device="intel", **attrs):
     func = multibox_detection_gpu(cls.shape, loc.shape, anchors.shape, "float32", "opencl",
                                   threads, subgroup, **attrs)  # fmt: skip
     out = np.zeros((cls.shape[0], cls.shape[2], 6), np.float32)
     profile = "deeplens" if subgroup else "aisage"  # deeplens: Intel subgroups of 16
-    return run_opencl(func, [cls, loc, anchors, out], profile=profile)[3]
+    return run_opencl(func, [cls, loc, anchors, out], device, profile)[3]
 
 
 def check(ours, ref):
@@ -105,6 +106,13 @@ def test_more_anchors_than_2_16(subgroup):
     attrs = dict(SSD, threshold=0.5)
     ours = opencl(*data, threads=256, subgroup=subgroup, **attrs)
     check(ours, multibox_detection_reference(*data, **attrs))
+
+
+@needs_pocl()
+@pytest.mark.parametrize(("batch", "classes", "n", "attrs"), CASES)
+def test_pocl_matches_mxnet(batch, classes, n, attrs):
+    data = detector_inputs(np.random.RandomState(n + classes + 1), batch, classes, n)
+    check(opencl(*data, 256, device="pocl", **attrs), mxnet(*data, **attrs))
 
 
 @settings(max_examples=20, deadline=None)

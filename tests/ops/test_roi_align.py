@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import needs_pocl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernels import run_cpu, run_opencl
@@ -37,11 +38,11 @@ def cpu(data, rois, **attrs):
     return run_cpu(func, [data, rois, np.zeros(shape, np.float32)])[2]
 
 
-def opencl(data, rois, threads=64, **attrs):
+def opencl(data, rois, threads=64, device="intel", **attrs):
     func = roi_align_gpu(data.shape, rois.shape, "float32", threads, **attrs)
     ref_shape = roi_align_reference(data[:, :, :1, :1], rois[:0], **attrs).shape[1:]
     shape = (rois.shape[0], *ref_shape)
-    return run_opencl(func, [data, rois, np.zeros(shape, np.float32)])[2]
+    return run_opencl(func, [data, rois, np.zeros(shape, np.float32)], device)[2]
 
 
 def mxnet(data, rois, **attrs):
@@ -86,6 +87,16 @@ def test_opencl_matches_reference_and_mxnet(attrs):
     ours = opencl(data, rois, **attrs)
     np.testing.assert_allclose(ours, roi_align_reference(data, rois, **attrs), **TOL)
     np.testing.assert_allclose(ours, mxnet(data, rois, **attrs), **TOL)
+
+
+@needs_pocl()
+@pytest.mark.parametrize("attrs", CASES)
+def test_pocl_matches_reference(attrs):
+    rng = np.random.RandomState(5)
+    data = rng.standard_normal((2, 12, 9, 11)).astype(np.float32)
+    rois = rois_for(rng, 7, 2, 9, 11, attrs["spatial_scale"])
+    ours = opencl(data, rois, 64, "pocl", **attrs)
+    np.testing.assert_allclose(ours, roi_align_reference(data, rois, **attrs), **TOL)
 
 
 @pytest.mark.skipif(not HAVE_INTEL, reason="no Intel OpenCL runtime here")

@@ -7,6 +7,7 @@ import functools
 import numpy as np
 import pytest
 import tvm
+from conftest import needs_pocl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +22,7 @@ needs_intel = pytest.mark.skipif(not HAS_INTEL, reason="no Intel OpenCL runtime 
 
 
 @functools.cache
-def _opencl_backend_for(rows, n, dtype, exclusive, threads, subgroup=None):
+def _opencl_backend_for(rows, n, dtype, exclusive, threads, subgroup=None, device="intel"):
     from edgecv.runtime.opencl import OpenCLBackend
 
     func = scan_gpu(rows, n, dtype, exclusive, threads, subgroup)
@@ -29,11 +30,12 @@ def _opencl_backend_for(rows, n, dtype, exclusive, threads, subgroup=None):
     kernels = build_opencl(tvm.IRModule({"scan": func}), target, subgroup)
     assert not kernels.unsupported
     assert kernels.requires == (["cl_intel_subgroups"] if subgroup else [])
-    return OpenCLBackend("intel", kernels.source, kernels.launches, kernels.requires)
+    return OpenCLBackend(device, kernels.source, kernels.launches, kernels.requires)
 
 
-def run_opencl(x: np.ndarray, exclusive: bool, threads: int = 64, subgroup=None) -> np.ndarray:
-    backend = _opencl_backend_for(*x.shape, str(x.dtype), exclusive, threads, subgroup)
+def run_opencl(x: np.ndarray, exclusive: bool, threads: int = 64, subgroup=None,
+               device: str = "intel") -> np.ndarray:  # fmt: skip
+    backend = _opencl_backend_for(*x.shape, str(x.dtype), exclusive, threads, subgroup, device)
     src = backend.view(backend.alloc(x.nbytes), x.shape, str(x.dtype))
     dst = backend.view(backend.alloc(x.nbytes), x.shape, str(x.dtype))
     backend.upload(src, x)
@@ -105,6 +107,17 @@ def test_scan_random_lengths_and_work_group_sizes(n, threads, exclusive, seed):
 def test_intel_subgroup_scan_random(n, threads, exclusive, seed):
     x = np.random.RandomState(seed).randint(-1000, 1000, (2, n)).astype(np.int32)
     check(run_opencl(x, exclusive, threads, subgroup=16), x, exclusive)
+
+
+@needs_pocl()
+@pytest.mark.parametrize("shape", EDGES)
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_scan_on_pocl(shape, exclusive, dtype):
+    """The same kernels on PoCL (no subgroups): work-items need not run in lockstep."""
+    rng = np.random.RandomState(sum(shape) + 1)
+    x = (rng.randint(-9, 10, shape) if dtype == "int32" else rng.normal(size=shape)).astype(dtype)
+    check(run_opencl(x, exclusive, 64, device="pocl"), x, exclusive)
 
 
 def test_inclusive_scan_matches_mxnet_cumsum():
