@@ -130,53 +130,59 @@ def _check_chunk(merge_chunk: int) -> None:
 
 
 def _emit_block_sort(keys, out, total: int, segment_of, dtype: str, block: int, before):
-    """Segment ids and a bitonic sort per block in local memory (two barriers a step)."""
+    """Segment ids and a bitonic sort per block in local memory: ``block / 2``
+    work-items, each owning one compare-exchange pair per step (reads both, writes
+    both), one barrier a step."""
     blocks = -(-total // block)
     int32 = "int32"
+    half = block // 2
     bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-    with T.launch_thread(bx, blocks), T.launch_thread(tx, block):
+    with T.launch_thread(bx, blocks), T.launch_thread(tx, half):
         sk = T.buffer_proxy(T.alloc_buffer((block,), dtype, scope="shared"))
         si = T.buffer_proxy(T.alloc_buffer((block,), int32, scope="shared"))
         ss = T.buffer_proxy(T.alloc_buffer((block,), int32, scope="shared"))
         lo = T.buffer_proxy(T.alloc_buffer((3,), int32, scope="local"))
-        tmp_k = T.buffer_proxy(T.alloc_buffer((1,), dtype, scope="local"))
-        g = bx * block + tx
-        with T.If(g < total):
-            with T.Then():
-                ss[tx] = segment_of(g, lo)
-                sk[tx] = keys[g]
-                si[tx] = g
-            with T.Else():
-                ss[tx] = _LAST_SEGMENT
-                sk[tx] = keys[0]
-                si[tx] = g
-        T.evaluate(T.tvm_storage_sync("shared"))
+        pair = T.buffer_proxy(T.alloc_buffer((5,), int32, scope="local"))  # i, s of p and q; swap
+        key = T.buffer_proxy(T.alloc_buffer((2,), dtype, scope="local"))
+        for slot in (tx, tx + half):  # each work-item loads two keys
+            g = bx * block + slot
+            with T.If(g < total):
+                with T.Then():
+                    ss[slot] = segment_of(g, lo)
+                    sk[slot] = keys[g]
+                    si[slot] = g
+                with T.Else():
+                    ss[slot] = _LAST_SEGMENT
+                    sk[slot] = keys[0]
+                    si[slot] = g
         size = 2
         while size <= block:  # bitonic network
             stride = size // 2
             while stride >= 1:
-                # every work-item reads its pair, then (after a barrier) writes only
-                # its own slot: no divergent writes to shared memory
-                partner = tx ^ stride
-                up = (tx & size) == 0
-                tmp_k[0] = sk[partner]
-                lo[0] = si[partner]
-                lo[1] = ss[partner]
-                p_first = before(lo[1], tmp_k[0], lo[0], ss[tx], sk[tx], si[tx])
-                keep_first = (tx < partner) == up
-                lo[2] = tirx.Select(tirx.Select(keep_first, p_first, tirx.Not(p_first)), 1, 0)
                 T.evaluate(T.tvm_storage_sync("shared"))
-                sk[tx] = tirx.Select(lo[2] == 1, tmp_k[0], sk[tx])
-                si[tx] = tirx.Select(lo[2] == 1, lo[0], si[tx])
-                ss[tx] = tirx.Select(lo[2] == 1, lo[1], ss[tx])
-                T.evaluate(T.tvm_storage_sync("shared"))
+                p = (tx // stride) * 2 * stride + tx % stride
+                q = p + stride
+                key[0], pair[0], pair[1] = sk[p], si[p], ss[p]
+                key[1], pair[2], pair[3] = sk[q], si[q], ss[q]
+                q_first = before(pair[3], key[1], pair[2], pair[1], key[0], pair[0])
+                p_first = before(pair[1], key[0], pair[0], pair[3], key[1], pair[2])
+                # ascending (by `before`) where bit `size` of p is clear, else descending
+                swap = tirx.Select((p & size) == 0, q_first, p_first)
+                pair[4] = tirx.Select(swap, 1, 0)
+                with T.If(pair[4] == 1):
+                    with T.Then():
+                        sk[p], si[p], ss[p] = key[1], pair[2], pair[3]
+                        sk[q], si[q], ss[q] = key[0], pair[0], pair[1]
                 stride //= 2
             size *= 2
-        with T.If(g < total):
-            with T.Then():
-                out[0][g] = sk[tx]
-                out[1][g] = si[tx]
-                out[2][g] = ss[tx]
+        T.evaluate(T.tvm_storage_sync("shared"))
+        for slot in (tx, tx + half):
+            g = bx * block + slot
+            with T.If(g < total):
+                with T.Then():
+                    out[0][g] = sk[slot]
+                    out[1][g] = si[slot]
+                    out[2][g] = ss[slot]
 
 
 def _emit_subgroup_block_sort(keys, out, total: int, segment_of, dtype: str, block: int,
@@ -278,9 +284,11 @@ def emit_segmented_sort(
         if merge_chunk == 1:
             _emit_rank_merge(work[src], work[1 - src], total, width, threads, before)
         else:
-            # a chunk never straddles two pairs of runs (both are powers of two)
+            # a chunk never straddles two pairs of runs (both are powers of two); one
+            # chunk per pair (chunk == 2 * width) makes TVM 0.27's CompactBufferAllocation
+            # divide by zero on workspaces, so a chunk is at most one run
             _emit_path_merge(work[src], work[1 - src], total, width, threads,
-                             min(merge_chunk, 2 * width), before)  # fmt: skip
+                             min(merge_chunk, width), before)  # fmt: skip
         width, src = width * 2, 1 - src
 
     # 4. indices within their segments
@@ -387,3 +395,172 @@ def _emit_path_merge(src, dst, total: int, width: int, threads: int, chunk: int,
                             s_out[o + c] = s_in[pos[5]]
                             pos[3] = pos[3] + head[0]
                             pos[4] = pos[4] + 1 - head[0]
+
+
+# -- the first k of each row ----------------------------------------------------------
+
+
+def topk_row_stride(n: int, block: int) -> int:
+    """Positions per row in the top-k sort's layout: ``n`` padded to whole blocks."""
+    return -(-n // block) * block
+
+
+def topk_pad_key(dtype: str, descending: bool):
+    """The key of a padding position: it sorts after every real key (ties: by index)."""
+    info = np.finfo(dtype) if dtype.startswith("float") else np.iinfo(dtype)
+    return tirx.const(info.min if descending else info.max, dtype)
+
+
+def emit_row_topk_sort(
+    keys, work, rows: int, n: int, k: int, dtype: str, descending: bool, block: int,
+    subgroup: int | None = None, merge_chunk: int = 32,
+):  # fmt: skip
+    """Emit a sort that keeps only the first ``k`` of each row: ``keys`` is
+    ``(rows * S,)`` with row ``r`` at ``r * S`` (``S =`` :func:`topk_row_stride`) and
+    :func:`topk_pad_key` past ``n``; ``work`` two (key, index, segment) triples of that
+    size. Rows never share a block, so blocks sort as in the full sort (row = segment);
+    then each merge pass keeps only the first ``k`` outputs of every merged pair --
+    the first ``k`` of a union are among the first ``k`` of each part -- so the work
+    per pass falls with the number of runs instead of staying at the row length.
+
+    Returns the triple whose key and index arrays hold, at ``r * S + j`` for
+    ``j < min(k, S)``, row ``r``'s ``j``-th key and its flat index (``r * S + i``).
+    """
+    stride = topk_row_stride(n, block)
+    total = rows * stride
+    descending_cmp = descending
+
+    def before(s1, k1, i1, s2, k2, i2):
+        key_first = k1 > k2 if descending_cmp else k1 < k2
+        return tirx.Or(s1 < s2, tirx.And(s1 == s2, tirx.Or(key_first, tirx.And(k1 == k2, i1 < i2))))
+
+    def row_of(g, scratch):
+        return g // stride
+
+    if subgroup is not None:
+        _emit_subgroup_block_sort(keys, work[0], total, row_of, dtype, block, subgroup, before)
+    else:
+        _emit_block_sort(keys, work[0], total, row_of, dtype, block, before)
+    width, src = block, 0
+    while width < stride:
+        _emit_truncated_merge(work[src], work[1 - src], rows, stride, width, k,
+                              min(merge_chunk, k), before)  # fmt: skip
+        width, src = width * 2, 1 - src
+    return work[src]
+
+
+def _emit_truncated_merge(src, dst, rows: int, stride: int, width: int, k: int, chunk: int,
+                          before) -> None:  # fmt: skip
+    """Merge runs of ``width`` pairwise within each row, writing only the first ``k``
+    outputs of each pair (runs hold at most ``k`` meaningful keys after the first
+    pass). Merge path as in :func:`_emit_path_merge`: a co-rank search per ``chunk``
+    outputs, then a sequential merge."""
+    (k_in, i_in, s_in), (k_out, i_out, s_out) = src, dst
+    pairs = -(-stride // (2 * width))
+    per_pair = -(-min(2 * width, k) // chunk)  # work-items per pair
+    items = rows * pairs * per_pair
+    threads = min(256, items)
+    bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+    with T.launch_thread(bx, -(-items // threads)), T.launch_thread(tx, threads):
+        pos = T.buffer_proxy(T.alloc_buffer((6,), "int32", scope="local"))
+        head = T.buffer_proxy(T.alloc_buffer((1,), "int32", scope="local"))
+        item = bx * threads + tx
+        with T.If(item < items):
+            with T.Then():
+                row, rest = item // (pairs * per_pair), item % (pairs * per_pair)
+                pair, o = rest // per_pair, (rest % per_pair) * chunk
+                base = row * stride + pair * 2 * width
+                room = stride - pair * 2 * width  # positions of this row from the pair on
+                len_a = tirx.min(tirx.min(room, width), k)
+                len_b = tirx.min(tirx.min(tirx.max(room - width, 0), width), k)
+                out_len = tirx.min(len_a + len_b, k)
+                a0, b0 = base, base + width
+                with T.If(o < out_len):
+                    with T.Then():
+                        pos[0] = tirx.max(0, o - len_b)
+                        pos[1] = tirx.min(o, len_a)
+                        with T.While(pos[0] < pos[1]):
+                            pos[2] = (pos[0] + pos[1]) // 2
+                            a, b_ = a0 + pos[2], b0 + o - pos[2] - 1
+                            with T.If(before(s_in[a], k_in[a], i_in[a],
+                                             s_in[b_], k_in[b_], i_in[b_])):  # fmt: skip
+                                with T.Then():
+                                    pos[0] = pos[2] + 1
+                                with T.Else():
+                                    pos[1] = pos[2]
+                        pos[3] = a0 + pos[0]
+                        pos[4] = b0 + o - pos[0]
+                        with T.serial(0, chunk) as c:
+                            with T.If(o + c < out_len):
+                                with T.Then():
+                                    a, b_ = pos[3], pos[4]
+                                    a_ok, b_ok = a < a0 + len_a, b_ < b0 + len_b
+                                    ca = tirx.min(a, a0 + len_a - 1)
+                                    # clamped reads (an empty right run reads a0)
+                                    cb = tirx.Select(len_b > 0, tirx.min(b_, b0 + len_b - 1), a0)
+                                    take_left = tirx.Or(
+                                        tirx.Not(b_ok),
+                                        tirx.And(a_ok, before(s_in[ca], k_in[ca], i_in[ca],
+                                                              s_in[cb], k_in[cb], i_in[cb])),
+                                    )  # fmt: skip
+                                    head[0] = tirx.Select(take_left, 1, 0)
+                                    pos[5] = tirx.Select(head[0] == 1, a, b_)
+                                    k_out[base + o + c] = k_in[pos[5]]
+                                    i_out[base + o + c] = i_in[pos[5]]
+                                    s_out[base + o + c] = s_in[pos[5]]
+                                    pos[3] = pos[3] + head[0]
+                                    pos[4] = pos[4] + 1 - head[0]
+
+
+def row_topk_argsort_gpu(
+    rows: int, n: int, k: int, dtype: str = "float32", descending: bool = True,
+    block: int = 256, subgroup: int | None = None, merge_chunk: int = 32,
+) -> tirx.PrimFunc:  # fmt: skip
+    """The first ``k`` entries of each row's stable argsort, as a scheduled GPU PrimFunc:
+    ``keys (rows, n)`` -> ``indices (rows, min(k, n)) int32`` (see
+    :func:`emit_row_topk_sort`); its workspaces are allocated inside."""
+    from .subgroup import check_subgroup
+
+    _check(rows * n, rows, dtype, block)
+    _check_chunk(merge_chunk)
+    check_subgroup(subgroup, block, "argsort")
+    if k < 1:
+        raise ValueError(f"argsort: k must be >= 1, not {k}")
+    kk, stride = min(k, n), topk_row_stride(n, block)
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("row_topk_argsort")
+            T.func_attr({"tirx.is_scheduled": True, "global_symbol": "row_topk_argsort"})
+            keys = T.buffer_proxy(T.match_buffer(T.arg("keys", T.handle()), (rows, n), dtype))
+            result = T.buffer_proxy(
+                T.match_buffer(T.arg("indices", T.handle()), (rows, kk), "int32")
+            )
+
+            def workspace(dt):
+                return T.buffer_proxy(T.alloc_buffer((rows * stride,), dt, scope="global"))
+
+            padded = workspace(dtype)
+            work = [(workspace(dtype), workspace("int32"), workspace("int32")) for _ in "ab"]
+            pad = topk_pad_key(dtype, descending)
+            bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+            with T.launch_thread(bx, rows * stride // block), T.launch_thread(tx, block):
+                g = bx * block + tx
+                r, i = g // stride, g % stride
+                padded[g] = tirx.Select(i < n, keys[r, tirx.min(i, n - 1)], pad)
+            s_keys, s_index, _ = emit_row_topk_sort(
+                padded, work, rows, n, kk, dtype, descending, block, subgroup, merge_chunk
+            )
+            bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
+            threads = min(256, rows * kk)
+            with T.launch_thread(bx, -(-rows * kk // threads)), T.launch_thread(tx, threads):
+                e = bx * threads + tx
+                with T.If(e < rows * kk):
+                    with T.Then():
+                        r, j = e // kk, e % kk
+                        # reading the sorted key keeps its buffer (see emit_segmented_sort)
+                        result[r, j] = (
+                            s_index[r * stride + j]
+                            - r * stride
+                            + tirx.Select(s_keys[r * stride + j] == s_keys[r * stride + j], 0, 0)
+                        )
+    return ib.get()

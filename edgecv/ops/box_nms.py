@@ -240,7 +240,9 @@ def box_nms_gpu(
     The stages, each a launch (batch rows are the sort's segments):
 
     1. keys: the score of a valid box, else the lowest float (invalid sorts last);
-    2. segmented stable argsort of the keys, descending (:mod:`.argsort`);
+    2. segmented stable argsort of the keys, descending (:mod:`.argsort`); with
+       ``topk`` at most half the row, the top-k sort instead (rows padded to whole
+       blocks, merge passes that keep only the first ``topk`` of each merged run);
     3. per row: the number of valid boxes (binary search in the sorted keys), cut to
        ``topk``;
     4. gather the valid boxes in score order (the rest of the row is -1), flag them;
@@ -257,7 +259,7 @@ def box_nms_gpu(
     Intel subgroup size (OpenCL) for the subgroup variants of the sort, the scan and
     the suppression.
     """
-    from .argsort import emit_segmented_sort
+    from .argsort import emit_row_topk_sort, emit_segmented_sort, topk_pad_key, topk_row_stride
     from .greedy_nms import emit_greedy_suppression
     from .scan import emit_scan
     from .subgroup import check_subgroup
@@ -273,6 +275,9 @@ def box_nms_gpu(
     thresh = tirx.const(attrs["overlap_thresh"], dtype)
     minus_one = tirx.const(-1.0, dtype)
     flat = threads  # work-items per group of the one-item-per-element launches
+    block = max(2, min(threads, 256))  # the sort's block (a power of two >= 2)
+    # with topk well below N only the first topk of each sorted row are needed
+    top_only = 0 < topk and topk * 2 <= n
 
     def launch(groups: int, items: int):
         bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
@@ -288,29 +293,59 @@ def box_nms_gpu(
             def workspace(shape_, dt):
                 return T.buffer_proxy(T.alloc_buffer(shape_, dt, scope="global"))
 
-            keys = workspace((total,), dtype)
-            order = workspace((total,), "int32")
-            work = [(workspace((total,), dtype), workspace((total,), "int32"),
-                     workspace((total,), "int32")) for _ in range(2)]  # fmt: skip
+            # the top-k path sorts rows padded to whole blocks, keeping k per row
+            span = batch * topk_row_stride(n, block) if top_only else total
+            keys = workspace((span,), dtype)
+            order = None if top_only else workspace((total,), "int32")
+            work = [(workspace((span,), dtype), workspace((span,), "int32"),
+                     workspace((span,), "int32")) for _ in range(2)]  # fmt: skip
             count = workspace((batch,), "int32")
             rows = workspace((batch, n, k), dtype)
             flags = workspace((batch, n), "int32")
             position = workspace((batch, n), "int32")
             kept = workspace((batch, n), "int32") if subgroup else None
 
-            # 1. keys
-            g_frame, t_frame, bx, tx = launch(-(-total // flat), flat)
-            with g_frame, t_frame:
-                g = bx * flat + tx
-                with T.If(g < total):
-                    with T.Then():
-                        keys[g] = sort_key(data, g // n, g % n, attrs, dtype)
+            # 1. keys (top-k path: row b at b * stride, padding keys past n)
+            if top_only:
+                stride = topk_row_stride(n, block)
+                g_frame, t_frame, bx, tx = launch(span // block, block)
+                with g_frame, t_frame:
+                    g = bx * block + tx
+                    b, i = g // stride, g % stride
+                    key = sort_key(data, b, tirx.min(i, n - 1), attrs, dtype)
+                    keys[g] = tirx.Select(i < n, key, topk_pad_key(dtype, True))
+            else:
+                g_frame, t_frame, bx, tx = launch(-(-total // flat), flat)
+                with g_frame, t_frame:
+                    g = bx * flat + tx
+                    with T.If(g < total):
+                        with T.Then():
+                            keys[g] = sort_key(data, g // n, g % n, attrs, dtype)
 
-            # 2. sort each row by key, descending, stable
-            sorted_keys, _, _ = emit_segmented_sort(
-                keys, order, work, total, lambda g, scratch: g // n, lambda s: s * n,
-                dtype, True, min(threads, 256), subgroup,
-            )  # fmt: skip
+            # 2. sort each row by key, descending, stable (only its first topk if set)
+            if top_only:
+                sorted_keys, sorted_flat, _ = emit_row_topk_sort(
+                    keys, work, batch, n, topk, dtype, True, block, subgroup
+                )
+                searched = topk
+
+                def sorted_key(b, j):
+                    return sorted_keys[b * stride + j]
+
+                def sorted_index(b, j):
+                    return sorted_flat[b * stride + j] - b * stride
+            else:
+                sorted_keys, _, _ = emit_segmented_sort(
+                    keys, order, work, total, lambda g, scratch: g // n, lambda s: s * n,
+                    dtype, True, block, subgroup,
+                )  # fmt: skip
+                searched = n
+
+                def sorted_key(b, j):
+                    return sorted_keys[b * n + j]
+
+                def sorted_index(b, j):
+                    return order[b * n + j]
 
             # 3. valid boxes per row: the first invalid key in the sorted row
             g_frame, t_frame, bx, tx = launch(-(-batch // flat), flat)
@@ -318,17 +353,17 @@ def box_nms_gpu(
                 b = bx * flat + tx
                 with T.If(b < batch):
                     with T.Then():
-                        span = T.buffer_proxy(T.alloc_buffer((3,), "int32", scope="local"))
-                        span[0] = 0
-                        span[1] = n
-                        with T.While(span[0] < span[1]):
-                            span[2] = (span[0] + span[1]) // 2
-                            with T.If(sorted_keys[b * n + span[2]] > lowest):
+                        found = T.buffer_proxy(T.alloc_buffer((3,), "int32", scope="local"))
+                        found[0] = 0
+                        found[1] = searched
+                        with T.While(found[0] < found[1]):
+                            found[2] = (found[0] + found[1]) // 2
+                            with T.If(sorted_key(b, found[2]) > lowest):
                                 with T.Then():
-                                    span[0] = span[2] + 1
+                                    found[0] = found[2] + 1
                                 with T.Else():
-                                    span[1] = span[2]
-                        count[b] = span[0] if topk < 0 else tirx.min(span[0], topk)
+                                    found[1] = found[2]
+                        count[b] = found[0] if topk < 0 else tirx.min(found[0], topk)
 
             # 4. gather in score order; the rest of the row is -1
             g_frame, t_frame, bx, tx = launch(-(-total // flat), flat)
@@ -338,8 +373,9 @@ def box_nms_gpu(
                     with T.Then():
                         b, j = g // n, g % n
                         keep = j < count[b]
+                        source = sorted_index(b, tirx.min(j, searched - 1))
                         for f in range(k):
-                            rows[b, j, f] = tirx.Select(keep, data[b, order[g], f], minus_one)
+                            rows[b, j, f] = tirx.Select(keep, data[b, source, f], minus_one)
                         flags[b, j] = tirx.Select(keep, 1, 0)
 
             # 5. suppression

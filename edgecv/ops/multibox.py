@@ -372,13 +372,15 @@ def multibox_detection_gpu(cls_shape, loc_shape, anchor_shape, dtype: str = "flo
     Launches: (1) per anchor, its candidate row, sort key and flag; (2) an exclusive
     scan of the flags gives each candidate its anchor-order row; (3) the segmented
     argsort of the keys (batches are the segments); (4) per row, scatter the
-    candidate it receives and gather the sorted one; (5) one work-group per batch runs
+    candidate it receives and gather the sorted one (with ``nms_topk`` at most half the
+    anchors, (3) is the top-k sort: it keeps only the first ``nms_topk`` of each
+    batch); (5) one work-group per batch runs
     the greedy NMS, its work-items clearing the later rows an earlier kept row
     overlaps (:mod:`.greedy_nms`). Without NMS (threshold outside (0, 1]) only (1), (2)
     and (4) run. ``subgroup``: the Intel subgroup size (OpenCL) for the subgroup
     variants of the scan, the sort and the suppression.
     """
-    from .argsort import emit_segmented_sort
+    from .argsort import emit_row_topk_sort, emit_segmented_sort, topk_pad_key, topk_row_stride
     from .greedy_nms import emit_greedy_suppression
     from .scan import emit_scan
     from .subgroup import check_subgroup
@@ -399,6 +401,8 @@ def multibox_detection_gpu(cls_shape, loc_shape, anchor_shape, dtype: str = "flo
     minus_one = tirx.const(-1.0, dtype)
     zero = tirx.const(0.0, dtype)
     thresh = tirx.const(attrs["nms_threshold"], dtype)
+    block = max(2, min(threads, 256))  # the sort's block (a power of two >= 2)
+    top_only = nms and 0 < topk and topk * 2 <= n
 
     def launch(groups: int, items: int):
         bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
@@ -421,14 +425,24 @@ def multibox_detection_gpu(cls_shape, loc_shape, anchor_shape, dtype: str = "flo
                 return T.buffer_proxy(T.alloc_buffer(shape_, dt, scope="global"))
 
             rows = workspace((batch, n, 6), dtype)
-            keys = workspace((total,), dtype)
+            # the top-k path sorts rows padded to whole blocks (row b at b * stride)
+            stride = topk_row_stride(n, block) if top_only else n
+            keys = workspace((batch * stride,), dtype)
             flags = workspace((batch, n), "int32")
             position = workspace((batch, n), "int32")
             kept = workspace((batch, n), "int32") if nms and subgroup else None
             if nms:
-                order = workspace((total,), "int32")
-                work = [(workspace((total,), dtype), workspace((total,), "int32"),
-                         workspace((total,), "int32")) for _ in range(2)]  # fmt: skip
+                order = None if top_only else workspace((total,), "int32")
+                span = batch * stride
+                work = [(workspace((span,), dtype), workspace((span,), "int32"),
+                         workspace((span,), "int32")) for _ in range(2)]  # fmt: skip
+            if top_only:  # padding keys sort after every candidate
+                g_frame, t_frame, bx, tx = launch(batch * stride // block, block)
+                with g_frame, t_frame:
+                    g = bx * block + tx
+                    with T.If(g % stride >= n):
+                        with T.Then():
+                            keys[g] = topk_pad_key(dtype, True)
 
             # 1. candidates
             g_frame, t_frame, bx, tx = launch(-(-total // threads), threads)
@@ -442,18 +456,28 @@ def multibox_detection_gpu(cls_shape, loc_shape, anchor_shape, dtype: str = "flo
                         )
                         for c in range(6):
                             rows[b, i, c] = row[c]
-                        keys[g] = tirx.Select(valid, row[1], lowest)
+                        keys[b * stride + i] = tirx.Select(valid, row[1], lowest)
                         flags[b, i] = tirx.Select(valid, 1, 0)
 
             # 2. each candidate's row in anchor order
             emit_scan(flags, position, batch, n, "int32", True, min(threads, 256), subgroup)
 
-            # 3. sort
-            if nms:
+            # 3. sort (only the first nms_topk of each batch when that is at most half)
+            if nms and top_only:
+                sorted_keys, sorted_flat, _ = emit_row_topk_sort(
+                    keys, work, batch, n, topk, dtype, True, block, subgroup
+                )
+
+                def sorted_index(b, i):
+                    return sorted_flat[b * stride + i] - b * stride
+            elif nms:
                 sorted_keys, _, _ = emit_segmented_sort(
                     keys, order, work, total, lambda g, scratch: g // n, lambda s: s * n,
-                    dtype, True, min(threads, 256), subgroup,
+                    dtype, True, block, subgroup,
                 )  # fmt: skip
+
+                def sorted_index(b, i):
+                    return order[b * n + i]
 
             # 4. scatter (anchor order) and gather (score order)
             g_frame, t_frame, bx, tx = launch(-(-total // threads), threads)
@@ -477,13 +501,13 @@ def multibox_detection_gpu(cls_shape, loc_shape, anchor_shape, dtype: str = "flo
                         if nms:
                             with T.If(i < keep):
                                 with T.Then():
-                                    src = order[g]
+                                    src = sorted_index(b, i)
                                     for c in (0, 2, 3, 4, 5):
                                         out[b, i, c] = rows[b, src, c]
                                     # the score is the sorted key (reading the sort's
                                     # keys also keeps TVM from compacting their buffer
                                     # away when the last merge pass only writes it)
-                                    out[b, i, 1] = sorted_keys[g]
+                                    out[b, i, 1] = sorted_keys[b * stride + i]
 
             # 5. greedy NMS
             if nms:

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import pytest
 import tvm
-from conftest import needs_pocl
+from conftest import needs_pocl, pocl_unusable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -164,3 +164,39 @@ def test_bad_arguments_are_named():
         segmented_argsort_gpu(4, 1, merge_chunk=3)
     with pytest.raises(ValueError, match="subgroup size 16 must .* dividing the work-group"):
         segmented_argsort_gpu(4, 1, block=8, subgroup=16)
+
+
+def topk_reference(keys, k, descending):
+    return np.stack([segmented_argsort_reference(row, np.array([0, len(row)]), descending)[:k]
+                     for row in keys]).astype(np.int32)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rows", "n", "k", "block", "subgroup", "chunk"),
+    [
+        (1, 1, 1, 2, None, 32),
+        (1, 10, 3, 16, None, 32),
+        (2, 5, 10, 2, None, 1),  # k > n: the whole row
+        (3, 122, 7, 16, 16, 4),
+        (4, 257, 256, 64, None, 8),
+        (2, 1000, 400, 256, None, 32),
+        (1, 70000, 400, 256, 16, 32),  # > 2^16, SSD's topk
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("descending", [True, False])
+def test_row_topk_matches_the_stable_reference(rows, n, k, block, subgroup, chunk, descending):
+    """Merge passes that keep only the first k of each merged run: the first k of each
+    row's stable sort, ties by index."""
+    from kernels import run_opencl
+
+    from edgecv.ops.argsort import row_topk_argsort_gpu
+
+    keys = np.random.RandomState(n + k).randint(0, 20, (rows, n)).astype(np.float32)
+    func = row_topk_argsort_gpu(rows, n, k, "float32", descending, block, subgroup, chunk)
+    out = np.zeros((rows, min(k, n)), np.int32)
+    profile = "deeplens" if subgroup else "aisage"
+    got = run_opencl(func, [keys, out], "intel", profile)[1]
+    np.testing.assert_array_equal(got, topk_reference(keys, min(k, n), descending))
+    if pocl_unusable() is None and subgroup is None:
+        got = run_opencl(func, [keys, out], "pocl", profile)[1]
+        np.testing.assert_array_equal(got, topk_reference(keys, min(k, n), descending))
