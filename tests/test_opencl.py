@@ -188,20 +188,27 @@ DETECTORS = ["ssd_512_mobilenet1.0_voc", "ssd_512_resnet50_v1_voc", "yolo3_mobil
 
 
 @heavy
-@pytest.mark.parametrize("profile", ["deeplens", "aisage"])
-@pytest.mark.parametrize("name", DETECTORS)
-def test_detector_deployed_all_on_opencl_matches_mxnet(tmp_path, exported, name, profile):
+@pytest.mark.parametrize(
+    ("name", "profile", "device"),
+    [(name, profile, "intel(r) opencl") for name in DETECTORS for profile in ("deeplens", "aisage")]
+    + [("ssd_512_resnet50_v1_voc", "aisage", "portable computing")],  # PoCL: slow compiles
+)  # fmt: skip
+def test_detector_deployed_all_on_opencl_matches_mxnet(tmp_path, exported, name, profile,
+                                                       device):  # fmt: skip
     """Every launch of the package on the OpenCL device (box_nms included: the
     Intel-subgroup variants for deeplens, the work-group ones for aisage); ids exact,
     scores and boxes within tolerance of MXNet's forward pass."""
     import json
 
+    from conftest import pocl_unusable
     from test_parity import match_detections
 
     from edgecv.deploy import deploy
     from edgecv.model import load
 
-    device = device_or_skip("intel(r) opencl")
+    device_or_skip(device)
+    if device.startswith("portable") and pocl_unusable():
+        pytest.skip(pocl_unusable())
     model = exported(name)
     pkg = deploy(str(model.symbol_path), tmp_path / "pkg", profile,
                  params=str(model.params_path), input_shape=model.input_shape)  # fmt: skip

@@ -131,9 +131,12 @@ def test_intel_subgroup_variant_random_segments(lengths, descending, seed):
 
 
 @needs_pocl()
-@pytest.mark.parametrize("lengths", [[1], [0, 1, 0, 2, 0], [65], [300, 1, 1000, 7, 0, 33],
-                                     [70000]])  # fmt: skip
-@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize(
+    ("lengths", "descending"),
+    [([300, 1, 1000, 7, 0, 33], True),  # PoCL compiles a sort in ~25 s: the rest is heavy
+     pytest.param([0, 1, 0, 2, 0], False, marks=pytest.mark.heavy),
+     pytest.param([70000], True, marks=pytest.mark.heavy)],
+)  # fmt: skip
 def test_on_pocl(lengths, descending):
     rng = np.random.RandomState(sum(lengths))
     keys = rng.randint(-5, 5, sum(lengths)).astype(np.float32)
@@ -197,6 +200,6 @@ def test_row_topk_matches_the_stable_reference(rows, n, k, block, subgroup, chun
     profile = "deeplens" if subgroup else "aisage"
     got = run_opencl(func, [keys, out], "intel", profile)[1]
     np.testing.assert_array_equal(got, topk_reference(keys, min(k, n), descending))
-    if pocl_unusable() is None and subgroup is None:
+    if pocl_unusable() is None and (n, descending) == (1000, True):  # PoCL: one case
         got = run_opencl(func, [keys, out], "pocl", profile)[1]
         np.testing.assert_array_equal(got, topk_reference(keys, min(k, n), descending))

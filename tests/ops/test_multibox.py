@@ -109,13 +109,16 @@ def test_more_anchors_than_2_16(subgroup):
 
 
 @needs_pocl()
-@pytest.mark.parametrize(("batch", "classes", "n", "attrs"), CASES)
+# CASES[5] sorts only its topk, CASES[2] everything (PoCL compiles one in ~30 s: heavy)
+@pytest.mark.parametrize(
+    ("batch", "classes", "n", "attrs"), [CASES[5], pytest.param(*CASES[2], marks=pytest.mark.heavy)]
+)
 def test_pocl_matches_mxnet(batch, classes, n, attrs):
     data = detector_inputs(np.random.RandomState(n + classes + 1), batch, classes, n)
     check(opencl(*data, 256, device="pocl", **attrs), mxnet(*data, **attrs))
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(
     seed=st.integers(0, 2**16),
     n=st.integers(1, 80),
