@@ -123,7 +123,7 @@ def row(label, ours, launches, sub, naive, stock, mxnet_s, other, note=""):
     def ms(v):
         return f"{v * 1e3:>10.2f}" if isinstance(v, float) else f"{'-':>10}"
 
-    ratio = lambda a: f"{a / ours:>7.2f}" if isinstance(a, float) else f"{'-':>7}"  # noqa: E731
+    ratio = lambda a: f"{a / ours:>8.2f}" if isinstance(a, float) else f"{'-':>8}"  # noqa: E731
     print(f"{label:<34}{ms(ours)}{launches:>5}{ms(sub)}{ms(naive)}{ms(stock)}{ms(mxnet_s)}"
           f"{ms(other)}{ratio(sub)}{ratio(naive)}{ratio(stock)}{ratio(mxnet_s)}  {note}",
           flush=True)  # fmt: skip
@@ -164,8 +164,8 @@ def bench_device(device: str, repeat: int, mx) -> None:
         f"subgroup: edgecv's Intel-subgroup variant, subgroups of 16)"
     )
     print(f"{'operator':<34}{'edgecv':>10}{'lnch':>5}{'subgroup':>10}{'naive GPU':>10}"
-          f"{'TVM GPU':>10}{'MXNet CPU':>10}{'NumPy/CV':>10}{'sub x':>7}{'naive x':>7}"
-          f"{'TVM x':>7}{'MXNet x':>7}")  # fmt: skip
+          f"{'TVM GPU':>10}{'MXNet CPU':>10}{'NumPy/CV':>10}{'sub x':>8}{'naive x':>8}"
+          f"{'TVM x':>8}{'MXNet x':>8}")  # fmt: skip
     for label, n in (("box_nms SSD-512 (122640 boxes)", 122640),
                      ("box_nms YOLOv3-512 (16128 boxes)", 16128)):  # fmt: skip
         data = ssd_like_boxes(n)
