@@ -131,8 +131,9 @@ def test_segmented_argsort_kernels_are_clean(lengths, block):
 
 @pytest.mark.parametrize(
     ("shape", "attrs"),
-    [((1, 5, 6), {}), ((2, 19, 6), {"id_index": 0, "topk": 10, "out_format": "center"})],
-)
+    [((1, 5, 6), {}), ((2, 19, 6), {"id_index": 0, "topk": 10, "out_format": "center"}),
+     ((2, 40, 6), {"id_index": 0, "topk": 6})],  # topk <= n / 2: the top-k sort
+)  # fmt: skip
 def test_box_nms_kernels_are_clean(shape, attrs):
     from edgecv.ops.box_nms import box_nms_gpu, box_nms_reference
 
