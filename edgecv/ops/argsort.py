@@ -129,6 +129,16 @@ def _check_chunk(merge_chunk: int) -> None:
         raise ValueError(f"argsort: merge_chunk must be a power of two >= 1, not {merge_chunk}")
 
 
+def _block_buffers(block: int, dtype: str):
+    """A block's keys, indices and segments in local memory, and 3 ints of scratch."""
+
+    def shared(dt):
+        return T.buffer_proxy(T.alloc_buffer((block,), dt, scope="shared"))
+
+    scratch = T.buffer_proxy(T.alloc_buffer((3,), "int32", scope="local"))
+    return shared(dtype), shared("int32"), shared("int32"), scratch
+
+
 def _emit_block_sort(keys, out, total: int, segment_of, dtype: str, block: int, before):
     """Segment ids and a bitonic sort per block in local memory: ``block / 2``
     work-items, each owning one compare-exchange pair per step (reads both, writes
@@ -138,10 +148,7 @@ def _emit_block_sort(keys, out, total: int, segment_of, dtype: str, block: int, 
     half = block // 2
     bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
     with T.launch_thread(bx, blocks), T.launch_thread(tx, half):
-        sk = T.buffer_proxy(T.alloc_buffer((block,), dtype, scope="shared"))
-        si = T.buffer_proxy(T.alloc_buffer((block,), int32, scope="shared"))
-        ss = T.buffer_proxy(T.alloc_buffer((block,), int32, scope="shared"))
-        lo = T.buffer_proxy(T.alloc_buffer((3,), int32, scope="local"))
+        sk, si, ss, lo = _block_buffers(block, dtype)
         pair = T.buffer_proxy(T.alloc_buffer((5,), int32, scope="local"))  # i, s of p and q; swap
         key = T.buffer_proxy(T.alloc_buffer((2,), dtype, scope="local"))
         for slot in (tx, tx + half):  # each work-item loads two keys
@@ -198,10 +205,7 @@ def _emit_subgroup_block_sort(keys, out, total: int, segment_of, dtype: str, blo
     int32 = "int32"
     bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
     with T.launch_thread(bx, blocks), T.launch_thread(tx, block):
-        sk = T.buffer_proxy(T.alloc_buffer((block,), dtype, scope="shared"))
-        si = T.buffer_proxy(T.alloc_buffer((block,), int32, scope="shared"))
-        ss = T.buffer_proxy(T.alloc_buffer((block,), int32, scope="shared"))
-        lo = T.buffer_proxy(T.alloc_buffer((3,), int32, scope="local"))
+        sk, si, ss, lo = _block_buffers(block, dtype)
         own = T.buffer_proxy(T.alloc_buffer((3,), int32, scope="local"))  # index, segment, take
         other = T.buffer_proxy(T.alloc_buffer((2,), int32, scope="local"))
         key = T.buffer_proxy(T.alloc_buffer((2,), dtype, scope="local"))  # own, other
@@ -287,7 +291,7 @@ def emit_segmented_sort(
             # a chunk never straddles two pairs of runs (both are powers of two); one
             # chunk per pair (chunk == 2 * width) makes TVM 0.27's CompactBufferAllocation
             # divide by zero on workspaces, so a chunk is at most one run
-            _emit_path_merge(work[src], work[1 - src], total, width, threads,
+            _emit_path_merge(work[src], work[1 - src], total, width,
                              min(merge_chunk, width), before)  # fmt: skip
         width, src = width * 2, 1 - src
 
@@ -337,64 +341,14 @@ def _emit_rank_merge(src, dst, total: int, width: int, threads: int, before) -> 
                 s_out[pos[3]] = s_in[e]
 
 
-def _emit_path_merge(src, dst, total: int, width: int, threads: int, chunk: int,
-                     before) -> None:  # fmt: skip
-    """One merge pass along the merge path: work-item ``t`` writes the ``chunk``
-    consecutive outputs from ``t * chunk``. One binary search finds how many of the
-    outputs before it come from the left run (the co-rank: the cut where the left run's
-    next element sorts after the right run's last taken one), then it merges ``chunk``
-    steps sequentially, keeping both runs' next elements in registers. The order is
+def _emit_path_merge(src, dst, total: int, width: int, chunk: int, before) -> None:
+    """One merge pass along the merge path: work-item ``t`` of a pair writes the
+    ``chunk`` consecutive outputs from ``t * chunk``: one binary search finds how many
+    of the outputs before it come from the left run (the co-rank), then it merges
+    ``chunk`` steps sequentially. The whole array as one row whose pairs keep all
+    their outputs (:func:`_emit_truncated_merge` with ``k = 2 * width``); the order is
     strict (indices differ), so the cut is unique and the merge stable."""
-    (k_in, i_in, s_in), (k_out, i_out, s_out) = src, dst
-    items = -(-total // chunk)
-    bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-    with T.launch_thread(bx, -(-items // threads)), T.launch_thread(tx, threads):
-        # 0 low, 1 high, 2 probe, 3 next left, 4 next right, 5 right taken (of d)
-        pos = T.buffer_proxy(T.alloc_buffer((6,), "int32", scope="local"))
-        head = T.buffer_proxy(T.alloc_buffer((2,), "int32", scope="local"))  # take left?
-        o = (bx * threads + tx) * chunk
-        with T.If(o < total):
-            with T.Then():
-                left = (o // (2 * width)) * 2 * width
-                mid = tirx.min(left + width, total)
-                end = tirx.min(left + 2 * width, total)
-                len_a, len_b = mid - left, end - mid
-                d = o - left  # outputs of this pair before ours
-                pos[0] = tirx.max(0, d - len_b)
-                pos[1] = tirx.min(d, len_a)
-                with T.While(pos[0] < pos[1]):  # co-rank: left elements among the first d
-                    pos[2] = (pos[0] + pos[1]) // 2
-                    a, b_ = left + pos[2], mid + d - pos[2] - 1
-                    with T.If(before(s_in[a], k_in[a], i_in[a], s_in[b_], k_in[b_], i_in[b_])):
-                        with T.Then():
-                            pos[0] = pos[2] + 1
-                        with T.Else():
-                            pos[1] = pos[2]
-                pos[3] = left + pos[0]  # next left element
-                pos[4] = mid + d - pos[0]  # next right element
-                with T.serial(0, chunk) as c:
-                    with T.If(o + c < end):
-                        with T.Then():
-                            a, b_ = pos[3], pos[4]
-                            take_left = tirx.Or(
-                                b_ >= end,
-                                tirx.And(
-                                    a < mid,
-                                    before(s_in[tirx.min(a, total - 1)],
-                                           k_in[tirx.min(a, total - 1)],
-                                           i_in[tirx.min(a, total - 1)],
-                                           s_in[tirx.min(b_, total - 1)],
-                                           k_in[tirx.min(b_, total - 1)],
-                                           i_in[tirx.min(b_, total - 1)]),
-                                ),
-                            )  # fmt: skip
-                            head[0] = tirx.Select(take_left, 1, 0)
-                            pos[5] = tirx.Select(head[0] == 1, a, b_)
-                            k_out[o + c] = k_in[pos[5]]
-                            i_out[o + c] = i_in[pos[5]]
-                            s_out[o + c] = s_in[pos[5]]
-                            pos[3] = pos[3] + head[0]
-                            pos[4] = pos[4] + 1 - head[0]
+    _emit_truncated_merge(src, dst, 1, total, width, 2 * width, chunk, before)
 
 
 # -- the first k of each row ----------------------------------------------------------
@@ -444,7 +398,7 @@ def emit_row_topk_sort(
     width, src = block, 0
     while width < stride:
         _emit_truncated_merge(work[src], work[1 - src], rows, stride, width, k,
-                              min(merge_chunk, k), before)  # fmt: skip
+                              min(merge_chunk, k, width), before)  # fmt: skip
         width, src = width * 2, 1 - src
     return work[src]
 
@@ -453,8 +407,10 @@ def _emit_truncated_merge(src, dst, rows: int, stride: int, width: int, k: int, 
                           before) -> None:  # fmt: skip
     """Merge runs of ``width`` pairwise within each row, writing only the first ``k``
     outputs of each pair (runs hold at most ``k`` meaningful keys after the first
-    pass). Merge path as in :func:`_emit_path_merge`: a co-rank search per ``chunk``
-    outputs, then a sequential merge."""
+    pass). Merge path: a co-rank search per ``chunk`` outputs (the split of the outputs
+    before them between the two runs), then a sequential merge with the next element
+    of each run in registers. ``chunk`` is at most ``width``: one chunk per pair makes
+    TVM 0.27's CompactBufferAllocation divide by zero on workspaces."""
     (k_in, i_in, s_in), (k_out, i_out, s_out) = src, dst
     pairs = -(-stride // (2 * width))
     per_pair = -(-min(2 * width, k) // chunk)  # work-items per pair
