@@ -21,8 +21,8 @@ import tvm
 from tvm import relax
 
 import edgecv  # noqa: F401  (sets TVM_NUM_THREADS before TVM's thread pool starts)
-from edgecv.build.cpu_schedule import schedule_cpu
-from edgecv.build.pipeline import lower
+from edgecv.lowering import lower
+from edgecv.schedules.cpu import schedule_cpu
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,11 @@ import numpy as np
 import tvm
 
 from edgecv._mxnet import import_mxnet
-from edgecv.build.pipeline import build_cpu, lower
+from edgecv.codegen.llvm import build_cpu
 from edgecv.frontend import zoo
 from edgecv.frontend.importer import from_mxnet
 from edgecv.frontend.mxnet_graph import load_params, load_symbol
+from edgecv.lowering import lower
 from edgecv.profiles import load_profile
 from edgecv.runtime.cpu import CPUBackend
 from edgecv.runtime.executor import Executor

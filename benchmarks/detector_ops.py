@@ -5,9 +5,9 @@
 
 For each detector and local OpenCL device, three all-GPU packages of the same weights
 for the deeplens profile: edgecv's box_nms in its Intel-subgroup variant (the default
-for a device with subgroups), in its work-group variant (``gpu_versions(subgroups=
+for a device with subgroups), in its work-group variant (``OpVersions(subgroups=
 False)``: segmented sort, scan, work-group suppression), and the naive version
-(``gpu_versions(box_nms="naive")``: keys, merge sort and the serial NMS loop in a
+(``OpVersions({"box_nms": "naive"})``: keys, merge sort and the serial NMS loop in a
 single work-item per batch row). Printed: end-to-end latency of each (median,
 alternating runs), the speed-ups over naive, and the NMS step alone in each (queues
 drained around it). Outputs of the packages are checked equal first.
@@ -26,8 +26,9 @@ import numpy as np
 from fallback_overhead import MODELS, alternating_medians, nms_time
 
 import edgecv
-from edgecv.build.gpu import gpu_versions
+from edgecv.codegen.op_versions import OpVersions
 from edgecv.deploy import deploy
+from edgecv.pipelines import BuildOptions
 from edgecv.runtime.opencl_devices import opencl_devices
 
 
@@ -47,12 +48,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="edgecv-bench-") as tmp:
         for name in args.models:
             packages = [deploy(name, Path(tmp) / f"{name}-sub", "deeplens", pretrained=False)]
-            with gpu_versions(subgroups=False):
-                packages.append(deploy(name, Path(tmp) / f"{name}-wg", "deeplens",
-                                       pretrained=False))  # fmt: skip
-            with gpu_versions(box_nms="naive"):
-                packages.append(deploy(name, Path(tmp) / f"{name}-naive", "deeplens",
-                                       pretrained=False))  # fmt: skip
+            for label, versions in (("wg", OpVersions(subgroups=False)),
+                                    ("naive", OpVersions({"box_nms": "naive"}))):  # fmt: skip
+                options = BuildOptions(op_versions=versions)
+                packages.append(deploy(name, Path(tmp) / f"{name}-{label}", "deeplens",
+                                       pretrained=False, options=options))  # fmt: skip
             for query in args.devices:
                 if not any(d.matches(query) for d in present):
                     continue

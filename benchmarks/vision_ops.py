@@ -26,7 +26,7 @@ import numpy as np
 import tvm
 
 from edgecv._mxnet import import_mxnet
-from edgecv.build.opencl import build_opencl
+from edgecv.codegen.opencl import build_opencl
 from edgecv.ops.argsort import segmented_argsort_gpu, segmented_argsort_reference
 from edgecv.ops.box_nms import box_nms_gpu, box_nms_reference
 from edgecv.ops.multibox import multibox_detection_gpu, multibox_detection_reference

@@ -30,8 +30,18 @@ def _say(message: str) -> None:
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     from .deploy import deploy
+    from .pipelines import BuildOptions
 
     start = time.perf_counter()
+    if args.kernel_time_limit <= 0:
+        raise EdgecvError(f"--kernel-time-limit must be positive, got {args.kernel_time_limit}")
+    options = BuildOptions(
+        cpu_ops=[op.strip() for op in (args.cpu_ops or "").split(",") if op.strip()],
+        gpu_only=args.gpu_only,
+        check_on=None if args.no_device_check else "auto",
+        tuning=None if args.no_tuning else tuning_folders(args.device, args.db),
+        kernel_time_limit_s=args.kernel_time_limit,
+    )
     path = deploy(
         args.model,
         output=args.output,
@@ -41,21 +51,45 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         pretrained=not args.random_weights,
         seed=args.seed,
         progress=_say,
-        cpu_ops=[op.strip() for op in (args.cpu_ops or "").split(",") if op.strip()],
-        gpu_only=args.gpu_only,
         host=args.host,
-        check_on=None if args.no_device_check else "auto",
+        options=options,
     )
     if args.explain:
         from .package import read_manifest
 
-        explain(read_manifest(path)[1])
+        manifest = read_manifest(path)[1]
+        explain(manifest)
+        explain_schedules(manifest)
     if args.archive:
         from .package import archive
 
         path = archive(path)
     print(f"{path}  (deployed in {time.perf_counter() - start:.1f} s)")
     return 0
+
+
+def tuning_folders(device: str, user_db: str | None) -> list[str]:
+    """Tuning databases for a deploy, highest priority first: the user's own (``--db``),
+    then the one shipped for the profile's device class (when it exists)."""
+    from .profiles import load_profile, profiles_dir
+
+    folders = [user_db] if user_db else []
+    shipped = load_profile(device).raw.get("tuning_database")
+    if shipped:
+        folders.append(str(profiles_dir() / shipped))
+    return folders
+
+
+def explain_schedules(manifest: dict) -> None:
+    """Print which rule scheduled each kernel, and why earlier rules were passed over."""
+    for device, facts in manifest["build"].get("schedules", {}).items():
+        counts = ", ".join(f"{rule} {n}" for rule, n in facts["rules"].items())
+        print(f"schedules ({device}): {counts}")
+        for name, kernel in facts["kernels"].items():
+            if kernel["passed_over"] or kernel["rule"] in (None, "tuned"):
+                why = "; ".join(f"{r}: {w}" for r, w in kernel["passed_over"])
+                print(f"  {name} ({', '.join(kernel['ops'])}): {kernel['rule']}"
+                      + (f"  [{why}]" if why else ""))  # fmt: skip
 
 
 def explain(manifest: dict) -> None:
@@ -235,7 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-only", action="store_true", help="fail instead of running any launch on the CPU"
     )
     d.add_argument(
-        "--explain", action="store_true", help="print the placement: CPU launches, copies"
+        "--explain",
+        action="store_true",
+        help="print the placement (CPU launches, copies) and the schedule of each kernel",
     )
     d.add_argument(
         "--host",
@@ -246,6 +282,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-device-check",
         action="store_true",
         help="do not compile the OpenCL program on a local device at deploy time",
+    )
+    d.add_argument(
+        "--kernel-time-limit",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="longest one schedule of one kernel may take to compile before the next "
+        "rule is tried (default 60)",
+    )
+    d.add_argument("--no-tuning", action="store_true", help="build with the default schedules only")
+    d.add_argument(
+        "--db", metavar="DIR", help="your tuning database folder (layered over the shipped one)"
     )
     d.set_defaults(func=cmd_deploy)
 

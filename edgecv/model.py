@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .build.plan import Plan
 from .errors import PackageError
 from .imaging import Detection, detections, preprocess, top_k
 from .package import read_manifest
+from .package_format import Plan
 from .runtime.cpu import CPUBackend
 from .runtime.executor import Executor
 
@@ -43,7 +43,7 @@ class DeployedModel:
     def _gpu_backend(self, on: str | None):
         kernels = self.manifest["build"]["kernels"]
         if "opencl" in kernels:
-            from .build.gpu import launches_from_json
+            from .package_format import launches_from_json
             from .runtime.opencl import OpenCLBackend
 
             launches = launches_from_json((self.root / kernels["opencl_launches"]).read_text())
@@ -51,7 +51,7 @@ class DeployedModel:
             requires = self.manifest["build"].get("requires", [])
             return OpenCLBackend(on or _default_device(self.manifest), source, launches, requires)
         if "cuda" in kernels:
-            from .build.gpu import launches_from_json
+            from .package_format import launches_from_json
             from .runtime.cuda import CUDABackend, CudaImages
 
             launches = launches_from_json((self.root / kernels["cuda_launches"]).read_text())

@@ -9,10 +9,11 @@ import pytest
 import tvm
 
 from edgecv._mxnet import import_mxnet
-from edgecv.build.pipeline import build_cpu, lower
+from edgecv.codegen.llvm import build_cpu
 from edgecv.frontend.converters.tensor import mxnet_reshape
 from edgecv.frontend.importer import from_mxnet
 from edgecv.frontend.mxnet_graph import parse_symbol
+from edgecv.lowering import lower
 from edgecv.runtime.cpu import CPUBackend
 from edgecv.runtime.executor import Executor
 from edgecv.testing import assert_close

@@ -13,8 +13,8 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from edgecv.build.cpu_schedule import schedule_cpu
-from edgecv.build.pipeline import lower
+from edgecv.lowering import lower
+from edgecv.schedules.cpu import schedule_cpu
 
 TARGET = tvm.target.Target({"kind": "llvm"})
 

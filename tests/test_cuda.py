@@ -14,10 +14,10 @@ import pytest
 from conftest import mxnet_forward, random_input
 from test_parity import depth_loosening
 
-from edgecv.build.cuda import CudaCompileError, build_cuda, compile_source
-from edgecv.build.pipeline import lower
+from edgecv.codegen.cuda import CudaCompileError, build_cuda, compile_source
 from edgecv.frontend.importer import from_mxnet
 from edgecv.frontend.mxnet_graph import load_params, load_symbol
+from edgecv.lowering import lower
 from edgecv.profiles import load_profile
 from edgecv.runtime.cuda import CudaDevice, CudaImages, choose_image, cuda_devices
 from edgecv.testing import assert_close

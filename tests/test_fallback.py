@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from conftest import mxnet_forward
 
-from edgecv.build.plan import Buffer, Plan, Step
 from edgecv.fallback import GpuOnlyError, insert_copies, place
 from edgecv.fallback.placement import Placement
+from edgecv.package_format import Buffer, Plan, Step
 
 
 def chain_plan() -> Plan:

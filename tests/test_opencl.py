@@ -8,10 +8,10 @@ import pytest
 from conftest import mxnet_forward, random_input
 from test_parity import depth_loosening
 
-from edgecv.build.opencl import build_opencl
-from edgecv.build.pipeline import lower
+from edgecv.codegen.opencl import build_opencl
 from edgecv.frontend.importer import from_mxnet
 from edgecv.frontend.mxnet_graph import load_params, load_symbol
+from edgecv.lowering import lower
 from edgecv.profiles import load_profile
 from edgecv.runtime.executor import Executor
 from edgecv.runtime.opencl import OpenCLBackend
@@ -133,7 +133,7 @@ def test_second_start_loads_the_program_from_the_binary_cache(tmp_path, monkeypa
 
 
 def test_program_using_intel_subgroups_refused_on_a_device_without_them():
-    from edgecv.build.opencl import required_extensions
+    from edgecv.codegen.opencl import required_extensions
     from edgecv.runtime.opencl import DeviceNotFoundError
 
     source = (

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
-from edgecv.build.pipeline import lower
-from edgecv.build.plan import Buffer, Plan, Step
+from edgecv.lowering import lower
+from edgecv.package_format import Buffer, Plan, Step
 
 
 def live_ranges(plan: Plan) -> dict[int, tuple[int, int]]:

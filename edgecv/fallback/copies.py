@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..build.plan import Buffer, Plan, Step
+from ..package_format import Buffer, Plan, Step
 from .placement import Placement
 
 

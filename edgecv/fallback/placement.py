@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..build.plan import Plan
 from ..errors import EdgecvError
+from ..package_format import Plan
 
 REASONS = {
     "forced": "forced onto the CPU by --cpu-ops",

@@ -4,7 +4,7 @@ Each gives one work-item a whole row (a scan row, a sort segment, an NMS batch) 
 runs the sequential algorithm in it: a running sum, a bottom-up merge sort, the serial
 NMS loop. They are correct (tested against the same references) and exist to measure
 what the work-balanced versions in :mod:`.scan`, :mod:`.argsort` and :mod:`.box_nms`
-gain; no build uses them unless asked (:func:`edgecv.build.gpu.gpu_versions`).
+gain; no build uses them unless asked (:func:`edgecv.codegen.op_versions.OpVersions`).
 """
 
 from __future__ import annotations

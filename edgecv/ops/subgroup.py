@@ -6,9 +6,9 @@ on the Intel Graphics of the deeplens profile). OpenCL exposes it with
 broadcast, any): data moves between the work-items of a subgroup in registers, with
 no local memory and no barrier. The variants that use these calls are chosen only for
 OpenCL targets whose profile says ``"intel_subgroups": true`` (see
-:func:`edgecv.build.gpu.gpu_version`), and their kernels are compiled for exactly the
+:mod:`edgecv.codegen.op_versions`), and their kernels are compiled for exactly the
 profile's subgroup size (``intel_reqd_sub_group_size``, added by
-:func:`edgecv.build.opencl.build_opencl`), so the emitters may unroll over it.
+:func:`edgecv.codegen.opencl.build_opencl`), so the emitters may unroll over it.
 
 Rules every emitter here follows, because these are collective operations:
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..build.gpu import Launch
 from ..errors import EdgecvError
+from ..package_format import Launch
 from .backend import Backend
 
 _CUDA_SUCCESS = 0

@@ -1,4 +1,4 @@
-"""The executor: replays a static :class:`~edgecv.build.plan.Plan` on a backend.
+"""The executor: replays a static :class:`~edgecv.package_format.Plan` on a backend.
 
 Everything is resolved once, at construction: storage slots are allocated, every
 buffer becomes a tensor (a view into its slot), constants are uploaded and each step
@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..build.plan import Plan
 from ..errors import EdgecvError, ShapeError
+from ..package_format import Plan
 from .backend import Backend
 
 

@@ -3,7 +3,7 @@
 TVM's wheel has no OpenCL runtime, so this backend is the runtime: one program per
 model, compiled once per device and driver and then loaded from the on-disk binary
 cache (:mod:`.kernel_cache`), buffers allocated once by the executor, and each kernel
-call replays the launches recorded at build time (:class:`~edgecv.build.gpu.Launch`)
+call replays the launches recorded at build time (:class:`~edgecv.package_format.Launch`)
 with ``clEnqueueNDRangeKernel``. Devices are refused, with the reason, before any
 compilation when they lack an extension the program uses.
 """
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..build.gpu import Launch
 from ..errors import EdgecvError
+from ..package_format import Launch
 from . import kernel_cache
 from .backend import Backend
 from .opencl_devices import register_pip_runtimes
@@ -58,7 +58,7 @@ class OpenCLBackend(Backend):
     source : str
         The OpenCL C program holding every kernel.
     launches : dict
-        PrimFunc name -> its launches, as recorded by :func:`~edgecv.build.opencl.build_opencl`.
+        PrimFunc name -> its launches, as recorded by :func:`~edgecv.codegen.opencl.build_opencl`.
     requires : list of str
         Device extensions the program uses (``cl_intel_subgroups``): devices without
         them are refused before anything is compiled.

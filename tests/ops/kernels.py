@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import tvm
 
-from edgecv.build.opencl import build_opencl
+from edgecv.codegen.opencl import build_opencl
 from edgecv.profiles import load_profile
 
 _CPU: dict = {}

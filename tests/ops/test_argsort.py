@@ -11,7 +11,7 @@ from conftest import needs_pocl, pocl_unusable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgecv.build.opencl import build_opencl
+from edgecv.codegen.opencl import build_opencl
 from edgecv.ops.argsort import (
     segmented_argsort_gpu,
     segmented_argsort_reference,

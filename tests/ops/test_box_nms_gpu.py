@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_box_nms import boxes, run_mxnet
 
-from edgecv.build.opencl import build_opencl
+from edgecv.codegen.opencl import build_opencl
 from edgecv.ops.box_nms import box_nms_gpu, box_nms_reference
 from edgecv.profiles import load_profile
 from edgecv.runtime.opencl_devices import opencl_devices

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tvm
 
-from edgecv.build.opencl import build_opencl
+from edgecv.codegen.opencl import build_opencl
 from edgecv.ops.scan import scan_gpu, scan_reference
 from edgecv.profiles import load_profile
 from edgecv.runtime.opencl_devices import opencl_devices
@@ -73,7 +73,7 @@ def assert_clean(report: str) -> None:
 
 
 def test_harness_sees_an_out_of_bounds_write_and_a_race():
-    from edgecv.build.gpu import Launch
+    from edgecv.package_format import Launch
 
     source = (
         "__kernel void bad(__global int* y) {\n"

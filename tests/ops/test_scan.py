@@ -11,7 +11,7 @@ from conftest import needs_pocl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgecv.build.opencl import build_opencl
+from edgecv.codegen.opencl import build_opencl
 from edgecv.ops.scan import scan_cpu, scan_gpu, scan_reference
 from edgecv.profiles import load_profile
 from edgecv.runtime.opencl_devices import opencl_devices

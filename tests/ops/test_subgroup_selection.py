@@ -9,8 +9,8 @@ import pytest
 import tvm
 from tvm import te
 
-from edgecv.build.gpu import gpu_version, gpu_versions
-from edgecv.build.opencl import build_opencl
+from edgecv.codegen.op_versions import OpVersions
+from edgecv.codegen.opencl import build_opencl
 from edgecv.ops.scan import scan_gpu
 from edgecv.profiles import _missing_vector_features, load_profile
 
@@ -42,13 +42,20 @@ def test_a_bad_subgroup_size_in_a_profile_is_named(tmp_path):
 def test_subgroup_variant_only_when_asked_and_on_opencl():
     func = tagged_box_nms()
     deeplens = load_profile("deeplens").tvm_target()
-    assert "sub_group_" in gpu_version(func, deeplens, 16).script()
-    assert "sub_group_" not in gpu_version(func, deeplens, None).script()
-    with gpu_versions(subgroups=False):  # benchmarks compare the work-group version
-        assert "sub_group_" not in gpu_version(func, deeplens, 16).script()
-    assert "sub_group_" in gpu_version(func, deeplens, 16).script()  # restored
+    default = OpVersions()
+    assert "sub_group_" in default.gpu_version(func, deeplens, 16).script()
+    assert "sub_group_" not in default.gpu_version(func, deeplens, None).script()
+    work_group = OpVersions(subgroups=False)  # benchmarks compare the work-group version
+    assert "sub_group_" not in work_group.gpu_version(func, deeplens, 16).script()
     cuda = load_profile("jetson_orin_nano").tvm_target()
-    assert "sub_group_" not in gpu_version(func, cuda, 16).script()
+    assert "sub_group_" not in default.gpu_version(func, cuda, 16).script()
+
+
+def test_unknown_operator_versions_are_named():
+    from edgecv.errors import EdgecvError
+
+    with pytest.raises(EdgecvError, match="no GPU version box_nms=fast; known: box_nms=naive"):
+        OpVersions({"box_nms": "fast"})
 
 
 def test_subgroup_kernels_get_the_required_size_attribute():

@@ -35,7 +35,7 @@ def contrib_box_nms(ctx: Context, inputs: list, attrs: Attrs) -> list:
 
 def _tag(ctx: Context, out: relax.Expr, **spec) -> None:
     """Tag the kernel computing ``out`` with its operator and attributes: GPU builds
-    swap in the GPU version of the same operator (edgecv.build.gpu.gpu_version)."""
+    swap in the GPU version of the same operator (edgecv.codegen.op_versions)."""
     call = ctx.bb.lookup_binding(out)
     gv = call.args[0]
     tagged = ctx.bb.get()[gv].with_attr("edgecv.op", json.dumps(spec))

@@ -1,10 +1,14 @@
-"""The static execution plan: buffers, kernel launches and a memory plan.
+"""The package format: the static execution plan and the recorded GPU launches.
+
+Both the build (which writes them) and the runtime (which replays them) import this
+module, and nothing else of each other.
 
 A plan is decided entirely at build time and replayed by the executor: every tensor
 is a :class:`Buffer` (an input, a constant, a kernel output or a view of another
 buffer), every kernel launch a :class:`Step` naming its argument buffers, and every
 intermediate buffer is placed in a shared *storage* slot chosen by liveness, so an
-inference allocates nothing.
+inference allocates nothing. A GPU kernel's :class:`Launch` records say how the host
+launches its device functions (grid, work-group, arguments, workspaces).
 """
 
 from __future__ import annotations
@@ -173,3 +177,42 @@ class Plan:
 
 def _aligned(nbytes: int, alignment: int = 64) -> int:
     return max(alignment, (nbytes + alignment - 1) // alignment * alignment)
+
+
+@dataclass
+class Launch:
+    """One device-function launch: args are ("buffer", param index), ("workspace", index)
+    or ("scalar", value), each with the C type of the parameter.
+
+    ``global_size`` counts work-items (OpenCL's convention): CUDA's grid is
+    ``global_size / local_size``.
+    """
+
+    kernel: str
+    args: list[tuple[str, int | float, str]]
+    global_size: tuple[int, int, int]
+    local_size: tuple[int, int, int]
+    # bytes of each device workspace of the PrimFunc (the same list on each of its
+    # launches); ("workspace", i) arguments name them. The runtime allocates them once.
+    workspaces: list[int] = field(default_factory=list)
+
+
+def launches_to_json(launches: dict[str, list[Launch]]) -> str:
+    return json.dumps({name: [asdict(x) for x in items] for name, items in launches.items()})
+
+
+def launches_from_json(text: str) -> dict[str, list[Launch]]:
+    raw = json.loads(text)
+    return {
+        name: [
+            Launch(
+                x["kernel"],
+                [tuple(a) for a in x["args"]],
+                tuple(x["global_size"]),
+                tuple(x["local_size"]),
+                list(x.get("workspaces", [])),
+            )
+            for x in items
+        ]
+        for name, items in raw.items()
+    }

@@ -1,9 +1,9 @@
 """OpenCL C for a model: one program holding every kernel, plus its launch lists.
 
-The lowering is shared with CUDA (:mod:`.gpu`); this module runs TVM's OpenCL code
-generator over the device functions and records what the program needs from a device
-(:func:`required_extensions`), so a runtime can refuse a device that lacks it before
-compiling anything.
+The lowering is shared with CUDA (:mod:`.gpu_lowering`); this module runs TVM's OpenCL
+code generator over the device functions and records what the program needs from a
+device (:func:`required_extensions`), so a runtime can refuse a device that lacks it
+before compiling anything.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 import tvm
 
-from .gpu import Launch, launches_from_json, launches_to_json, lower_device
+from ..package_format import Launch
+from ..schedules.stage import KernelChoice, ScheduleOrder
+from .gpu_lowering import lower_device
 
 # OpenCL C identifiers that need a device extension, and the extension.
 _EXTENSION_USES = {
@@ -30,6 +32,7 @@ class OpenCLKernels:
     launches: dict[str, list[Launch]] = field(default_factory=dict)
     unsupported: dict[str, str] = field(default_factory=dict)  # PrimFunc -> why not
     requires: list[str] = field(default_factory=list)  # device extensions the source uses
+    choices: dict[str, KernelChoice] = field(default_factory=dict)
 
 
 def required_extensions(source: str) -> list[str]:
@@ -57,28 +60,47 @@ def require_subgroup_size(source: str, kernels: list[str], size: int | None) -> 
     return source
 
 
-def build_opencl(
-    kernels: tvm.IRModule, target: tvm.target.Target, subgroup: int | None = None
-) -> OpenCLKernels:
-    """Schedule, lower and generate OpenCL for every kernel that supports it.
+def generate_opencl(
+    device_mod: tvm.IRModule,
+    target: tvm.target.Target,
+    subgroup_kernels: list[str],
+    subgroup: int | None,
+) -> tuple[str, list[str]]:
+    """OpenCL C for the device functions, with ``subgroup_kernels`` compiled for the
+    subgroup size ``subgroup``; returns the source and the extensions it needs."""
+    if not device_mod.functions:
+        return "", []
+    source = tvm.get_global_func("target.build.opencl")(device_mod, target).inspect_source()
+    source = require_subgroup_size(source, subgroup_kernels, subgroup)
+    return source, required_extensions(source)
 
-    ``subgroup``: the device's Intel subgroup size (profiles with ``intel_subgroups``);
-    edgecv's operators then use their subgroup variants, whose kernels are compiled for
-    exactly that size.
+
+def build_opencl(
+    kernels: tvm.IRModule,
+    target: tvm.target.Target,
+    subgroup: int | None = None,
+    order: ScheduleOrder | None = None,
+) -> OpenCLKernels:
+    """Schedule, lower and generate OpenCL for every kernel that supports it, in this
+    process (tests and benchmarks; ``edgecv deploy`` runs :mod:`edgecv.pipelines.opencl`).
+
+    ``subgroup``: the device's Intel subgroup size; kernels that call subgroup builtins
+    are compiled for exactly that size. ``order``: the schedule candidates (default:
+    edgecv's GPU rules for ``target``, no tuning database).
     """
-    lowered = lower_device(kernels, target, subgroup)
-    source = tvm.get_global_func("target.build.opencl")(lowered.device_mod, target)
-    text = source.inspect_source()
-    text = require_subgroup_size(text, lowered.subgroup_kernels, subgroup)
-    return OpenCLKernels(text, lowered.launches, lowered.unsupported, required_extensions(text))
+    if order is None:
+        from ..pipelines.orders import gpu_order
+
+        order = gpu_order(target, subgroup)
+    lowered = lower_device(kernels, order)
+    text, requires = generate_opencl(lowered.device_mod, target, lowered.subgroup_kernels, subgroup)
+    return OpenCLKernels(text, lowered.launches, lowered.unsupported, requires, lowered.choices)
 
 
 __all__ = [
-    "Launch",
     "OpenCLKernels",
     "build_opencl",
-    "launches_from_json",
-    "launches_to_json",
+    "generate_opencl",
     "require_subgroup_size",
     "required_extensions",
 ]

@@ -1,6 +1,6 @@
 """CUDA for a model: TVM's CUDA C++ for every kernel, compiled here with nvcc.
 
-The lowering and the launch lists are shared with OpenCL (:mod:`.gpu`). The source is
+The lowering and the launch lists are shared with OpenCL (:mod:`.gpu_lowering`). The source is
 compiled to a cubin for the profile's architecture (``sm_87``) plus PTX for its
 virtual architecture (``compute_87``), which newer GPUs' drivers JIT-compile. When the
 nvcc on the deploying machine cannot target the architecture (nvcc 13 dropped
@@ -21,7 +21,9 @@ from pathlib import Path
 import tvm
 
 from ..errors import EdgecvError
-from .gpu import Launch, lower_device
+from ..package_format import Launch
+from ..schedules.stage import KernelChoice, ScheduleOrder
+from .gpu_lowering import lower_device
 
 # Warnings TVM's generated code always triggers (unused CSE temporaries): not news.
 NVCC_FLAGS = ("-O3", "-std=c++17", "-diag-suppress", "177,550")
@@ -40,6 +42,7 @@ class CudaKernels:
     cubin: bytes | None = None
     ptx: str | None = None
     not_compiled_because: str | None = None  # set when only the source ships
+    choices: dict[str, KernelChoice] = field(default_factory=dict)
 
 
 def find_nvcc() -> str | None:
@@ -96,14 +99,13 @@ def _failing_kernels(source: str, log: str) -> str:
     return "kernel " + ", ".join(dict.fromkeys(names)) if names else "see the log"
 
 
-def build_cuda(
-    kernels: tvm.IRModule, target: tvm.target.Target, compile_binaries: bool = True
+def generate_cuda(
+    device_mod: tvm.IRModule, target: tvm.target.Target, compile_binaries: bool = True
 ) -> CudaKernels:
-    """Lower every kernel, generate CUDA, and compile it when this nvcc supports the arch."""
+    """CUDA C++ for the device functions, compiled when this nvcc supports the arch."""
     arch = str(target.attrs.get("arch", "sm_75"))
-    lowered = lower_device(kernels, target)
-    source = tvm.get_global_func("target.build.cuda")(lowered.device_mod, target)
-    result = CudaKernels(source.inspect_source(), arch, lowered.launches, lowered.unsupported)
+    source = tvm.get_global_func("target.build.cuda")(device_mod, target).inspect_source()
+    result = CudaKernels(source, arch)
     if not compile_binaries:
         result.not_compiled_because = "compilation was not asked for"
         return result
@@ -122,4 +124,30 @@ def build_cuda(
     return result
 
 
-__all__ = ["CudaCompileError", "CudaKernels", "build_cuda", "compile_source", "find_nvcc"]
+def build_cuda(
+    kernels: tvm.IRModule,
+    target: tvm.target.Target,
+    compile_binaries: bool = True,
+    order: ScheduleOrder | None = None,
+) -> CudaKernels:
+    """Schedule and lower every kernel in this process, generate CUDA, and compile it
+    when this nvcc supports the arch (tests; deploy runs :mod:`edgecv.pipelines.cuda`)."""
+    if order is None:
+        from ..pipelines.orders import gpu_order
+
+        order = gpu_order(target, None)
+    lowered = lower_device(kernels, order)
+    result = generate_cuda(lowered.device_mod, target, compile_binaries)
+    result.launches, result.unsupported = lowered.launches, lowered.unsupported
+    result.choices = lowered.choices
+    return result
+
+
+__all__ = [
+    "CudaCompileError",
+    "CudaKernels",
+    "build_cuda",
+    "compile_source",
+    "generate_cuda",
+    "find_nvcc",
+]

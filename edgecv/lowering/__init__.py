@@ -1,0 +1,5 @@
+"""Target-independent lowering: Relax passes, fused kernels and the static plan."""
+
+from .relax_passes import MAX_FUSION_DEPTH, Lowered, lower, op_name, relax_passes
+
+__all__ = ["MAX_FUSION_DEPTH", "Lowered", "lower", "op_name", "relax_passes"]

@@ -1,0 +1,34 @@
+"""The CPU pipeline, in order.
+
+1. Relax passes: legalize, fold, fuse into kernels; the static plan and memory plan
+   (:func:`edgecv.lowering.lower`).
+2. Schedule + code, per kernel, contained and time-limited, on every core: tuned record
+   -> edgecv's CPU rule for the kernel's class -> the safe rule; LLVM to an object file
+   (:func:`.steps.compile_cpu_kernels`).
+3. Link the objects into ``kernels/cpu.so`` when the package is written.
+"""
+
+from __future__ import annotations
+
+import time
+
+import tvm
+
+from ..lowering import lower
+from ..profiles import Profile
+from .steps import BuildOptions, Built, Progress, compile_cpu_kernels
+
+
+def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: Progress) -> Built:
+    """Compile the imported Relax module ``mod`` for a CPU profile."""
+    progress("lowering (Relax passes, fusion, memory plan)")
+    lowered = lower(mod)
+    target = profile.tvm_target()
+    progress(f"scheduling and compiling {len(lowered.kernels.functions)} kernels for "
+             f"{target.attrs.get('mcpu', 'the CPU')}")  # fmt: skip
+    started = time.perf_counter()
+    write, facts = compile_cpu_kernels(
+        lowered.kernels, target, lowered, options, progress, str(target.attrs.get("mcpu", "cpu"))
+    )
+    timings = {**lowered.timings, "build_s": time.perf_counter() - started}
+    return Built(lowered.plan, lowered.constants, write, {"schedules": {"cpu": facts}}, timings)

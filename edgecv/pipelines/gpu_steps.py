@@ -1,0 +1,208 @@
+"""Steps of the GPU pipelines (OpenCL, CUDA): placement, per-kernel schedule and
+lowering, the device check, copies, the CPU fallback kernels and the package files."""
+
+from __future__ import annotations
+
+import warnings
+
+import tvm
+
+from ..codegen.contained import Compiled
+from ..codegen.gpu_lowering import device_module, lower_to_file
+from ..errors import EdgecvError
+from ..fallback import Placement, insert_copies, place
+from ..lowering import Lowered
+from ..package_format import Launch, Plan, launches_to_json
+from ..profiles import Profile
+from .orders import gpu_order, tuning_database
+from .steps import (
+    BuildOptions,
+    Progress,
+    compile_cpu_kernels,
+    compile_kernels,
+    schedule_facts,
+    subset,
+)
+
+
+def place_launches(
+    lowered: Lowered,
+    profile: Profile,
+    options: BuildOptions,
+    no_gpu_kernel: dict[str, str] | None = None,
+    gpu_build_failed: dict[str, str] | None = None,
+) -> Placement:
+    """GPU or CPU for each launch: first from the profile's declared capabilities and
+    ``--cpu-ops`` alone, then again with the kernels the GPU could not take."""
+    return place(
+        lowered.plan,
+        lowered.kernel_ops,
+        profile.raw.get("gpu_ops", "all"),
+        no_gpu_kernel=no_gpu_kernel,
+        gpu_build_failed=gpu_build_failed,
+        cpu_ops=options.cpu_ops,
+        gpu_only=options.gpu_only,
+    )
+
+
+def kernels_on(lowered: Lowered, placement: Placement, device: str) -> set[str]:
+    steps = lowered.plan.steps
+    return {s.kernel for s, d in zip(steps, placement.devices, strict=True) if d == device}
+
+
+def schedule_gpu_kernels(
+    lowered: Lowered,
+    names: set[str],
+    profile: Profile,
+    options: BuildOptions,
+    progress: Progress,
+) -> tuple[dict[str, Compiled], object]:
+    """Schedule and lower the GPU kernels (edgecv's operators in their GPU versions),
+    each contained and time-limited."""
+    target = profile.tvm_target()
+    subgroup = profile.intel_subgroup_size
+    kernels = options.op_versions.replace(subset(lowered.kernels, names), target, subgroup)
+    order = gpu_order(target, subgroup, tuning_database(options.tuning))
+    return compile_kernels(
+        kernels, order, lower_to_file(target), lowered, options, progress, profile.runtime
+    )
+
+
+def no_gpu_kernel(compiled: dict[str, Compiled]) -> dict[str, str]:
+    """Kernels no GPU candidate could lower, with the last reason."""
+    return {
+        name: (c.choice.passed_over[-1][1] if c.choice.passed_over else "no rule applies")
+        for name, c in compiled.items()
+        if c.choice.rule is None
+    }
+
+
+def device_code_of(compiled: dict[str, Compiled], names: set[str]):
+    """The device module, launches and subgroup kernels of the kernels ``names``."""
+    parts = [compiled[n].facts["device"] for n in sorted(names)]
+    launches: dict[str, list[Launch]] = {n: compiled[n].facts["launches"] for n in sorted(names)}
+    subgroup_kernels = sorted(k for n in names for k in compiled[n].facts["subgroup_kernels"])
+    return device_module(parts), launches, subgroup_kernels
+
+
+def warn_fallbacks(placement: Placement) -> None:
+    for node in placement.cpu_nodes:
+        if node.reason in ("gpu-build-failed", "no-gpu-kernel") and node.detail:
+            warnings.warn(
+                f"{node.kernel} ({', '.join(node.ops)}) runs on the CPU: {node.detail}",
+                stacklevel=3,
+            )
+
+
+def copies_and_cpu_kernels(
+    lowered: Lowered,
+    placement: Placement,
+    profile: Profile,
+    options: BuildOptions,
+    progress: Progress,
+) -> tuple[Plan, dict, object]:
+    """Insert the device copies; compile the CPU launches for the profile's host CPU.
+    Returns the plan, the placement facts and how to write the CPU library (or None)."""
+    plan, copies = insert_copies(lowered.plan, placement)
+    progress(
+        f"placement: {placement.on('gpu')} launches on the GPU, {placement.on('cpu')} on the "
+        f"CPU, {len(copies)} device copies ({sum(c.nbytes for c in copies):,} bytes per run)"
+    )
+    facts = {"placement": placement_facts(plan, placement, copies)}
+    cpu_names = kernels_on(lowered, placement, "cpu")
+    write_cpu = None
+    if cpu_names:
+        host = profile.host_target()
+        progress(f"compiling {len(cpu_names)} CPU fallback kernels for {host.attrs.get('mcpu')}")
+        write_cpu, cpu_facts = compile_cpu_kernels(
+            subset(lowered.kernels, cpu_names), host, lowered, options, progress,
+            profile.host.get("mtriple", "this machine"),
+        )  # fmt: skip
+        facts["cpu_schedules"] = cpu_facts
+    return plan, facts, write_cpu
+
+
+def gpu_schedule_facts(compiled: dict[str, Compiled], lowered: Lowered) -> dict:
+    return schedule_facts(compiled, lowered.kernel_ops)
+
+
+def package_writer(kind: str, source: str, launches: dict, write_cpu, extra=None):
+    """How to write a GPU package's kernel files (source, launches, CPU library)."""
+
+    def write(writer) -> dict[str, str]:
+        ext = "cl" if kind == "opencl" else "cu"
+        files = {kind: f"kernels/{kind}.{ext}", f"{kind}_launches": f"kernels/{kind}_launches.json"}
+        writer.write_text(files[kind], source)
+        writer.write_text(files[f"{kind}_launches"], launches_to_json(launches))
+        if extra is not None:
+            files.update(extra(writer))
+        if write_cpu is not None:
+            files.update(write_cpu(writer))
+        return files
+
+    return write
+
+
+def placement_facts(plan: Plan, placement: Placement, copies) -> dict:
+    return {
+        "launches": {"gpu": placement.on("gpu"), "cpu": placement.on("cpu")},
+        "cpu_nodes": [
+            {"kernel": n.kernel, "ops": n.ops, "reason": n.reason, "detail": n.detail}
+            for n in placement.cpu_nodes
+        ],
+        "copies": [
+            {
+                "shape": list(c.shape),
+                "dtype": c.dtype,
+                "bytes": c.nbytes,
+                "from": c.from_device,
+                "to": c.to_device,
+            }
+            for c in copies
+        ],  # fmt: skip
+        "copy_bytes": sum(c.nbytes for c in copies),
+        "intermediate_bytes": {
+            device: sum(
+                size
+                for size, d in zip(plan.storage_sizes, plan.storage_devices, strict=True)
+                if d == device
+            )
+            for device in ("gpu", "cpu")
+        },
+    }
+
+
+def check_on_device(profile: Profile, source: str, requires: list[str], launches: dict,
+                    check_on: str | None, progress: Progress) -> dict[str, str]:  # fmt: skip
+    """Compile the OpenCL program on a local device; return the kernels it rejects."""
+    if profile.runtime != "opencl" or check_on is None or not launches:
+        return {}
+    from ..runtime.opencl import ProgramBuildError, compile_on_device
+
+    query = default_opencl_device(profile.raw) if check_on == "auto" else check_on
+    progress(f"compiling the OpenCL program on `{query or 'the first device'}`")
+    try:
+        compile_on_device(query, source, requires)
+    except ProgramBuildError as err:
+        failing = err.kernels
+        if not failing:
+            raise
+        kernels = {
+            name
+            for name, items in launches.items()
+            if any(launch.kernel in failing for launch in items)
+        }
+        progress(f"{len(kernels)} kernel(s) failed to compile on `{query}`: moving to the CPU")
+        return {name: str(err).splitlines()[0] for name in kernels}
+    except EdgecvError as err:  # no such device here: nothing to check against
+        progress(f"not compiled on a local device ({str(err).splitlines()[0][:120]})")
+    return {}
+
+
+def default_opencl_device(profile_raw: dict) -> str:
+    gpu = profile_raw.get("gpu", {})
+    return "intel" if gpu.get("intel_subgroups") is True else ""
+
+
+def empty_module() -> tvm.IRModule:
+    return tvm.IRModule({})

@@ -1,0 +1,62 @@
+"""The OpenCL pipeline (Intel Graphics, Mali), in order.
+
+1. Relax passes, fused kernels, the static plan (:func:`edgecv.lowering.lower`).
+2. Placement, pass 1: each launch GPU or CPU from the profile's declared capabilities
+   (``gpu_ops``) and ``--cpu-ops``.
+3. Schedule + lowering of the GPU kernels, per kernel, contained and time-limited:
+   edgecv's operators in their GPU versions (Intel-subgroup variants where the profile
+   has subgroups); every other kernel tuned record -> edgecv's GPU rule -> safe rule.
+4. OpenCL C for the kernels that lowered, one program.
+5. The program compiled on a local device of the profile's kind (when there is one);
+   kernels its compiler rejects leave the program.
+6. Placement, pass 2: kernels without a GPU kernel after 3-5 go to the CPU.
+7. Device copies on every edge between devices.
+8. The CPU launches scheduled and compiled for the profile's host CPU.
+"""
+
+from __future__ import annotations
+
+import time
+
+import tvm
+
+from ..codegen.opencl import generate_opencl
+from ..lowering import lower
+from ..profiles import Profile
+from . import gpu_steps as g
+from .steps import BuildOptions, Built, Progress
+
+
+def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: Progress) -> Built:
+    """Compile the imported Relax module ``mod`` for an OpenCL profile."""
+    progress("lowering (Relax passes, fusion, memory plan)")
+    lowered = lower(mod)  # 1
+    started = time.perf_counter()
+    placement = g.place_launches(lowered, profile, options)  # 2
+    gpu_names = g.kernels_on(lowered, placement, "gpu")
+    progress(f"scheduling and lowering {len(gpu_names)} kernels for {profile.name}")
+    compiled, work = g.schedule_gpu_kernels(lowered, gpu_names, profile, options, progress)  # 3
+    no_kernel = g.no_gpu_kernel(compiled)
+    target, subgroup = profile.tvm_target(), profile.intel_subgroup_size
+    failed: dict[str, str] = {}
+    while True:
+        names = gpu_names - set(no_kernel) - set(failed)
+        device_mod, launches, subgroup_kernels = g.device_code_of(compiled, names)
+        source, requires = generate_opencl(device_mod, target, subgroup_kernels, subgroup)  # 4
+        newly = g.check_on_device(profile, source, requires, launches, options.check_on,
+                                  progress)  # 5  # fmt: skip
+        if not newly:
+            break
+        failed.update(newly)
+    work.cleanup()
+    placement = g.place_launches(lowered, profile, options, no_kernel, failed)  # 6
+    g.warn_fallbacks(placement)
+    plan, facts, write_cpu = g.copies_and_cpu_kernels(lowered, placement, profile, options,
+                                                      progress)  # 7, 8  # fmt: skip
+    facts["requires"] = requires
+    facts["schedules"] = {"gpu": g.gpu_schedule_facts(compiled, lowered)}
+    if "cpu_schedules" in facts:
+        facts["schedules"]["cpu"] = facts.pop("cpu_schedules")
+    timings = {**lowered.timings, "build_s": time.perf_counter() - started}
+    write = g.package_writer("opencl", source, launches, write_cpu)
+    return Built(plan, lowered.constants, write, facts, timings)

@@ -1,0 +1,169 @@
+"""The steps the pipelines are made of, each a function the pipeline files call in order."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tvm
+
+from ..codegen.contained import DEFAULT_TIME_LIMIT_S, Compiled, CompileOne, compile_contained
+from ..codegen.op_versions import OpVersions
+from ..errors import EdgecvError
+from ..lowering import Lowered
+from ..package_format import Plan
+from ..schedules.stage import ScheduleOrder
+
+Progress = Callable[[str], None]
+
+
+class KernelBuildError(EdgecvError):
+    """A kernel that no schedule rule could compile for the CPU."""
+
+
+@dataclass
+class BuildOptions:
+    """What a deploy may change about a build.
+
+    Parameters
+    ----------
+    cpu_ops : list of str
+        Operators to run on the CPU even where the GPU could.
+    gpu_only : bool
+        Fail instead of falling back to the CPU.
+    check_on : str or None
+        OpenCL device to compile the program on at deploy time (``auto``: the profile's
+        default device when this machine has it; None: no check).
+    op_versions : OpVersions
+        Which GPU versions of edgecv's operators to build.
+    tuning : list of path or None
+        Tuning database folders, highest priority first; None builds defaults only.
+    kernel_time_limit_s : float
+        Longest one schedule candidate of one kernel may take to compile.
+    workers : int or None
+        Kernels compiled at once (default: the CPU count).
+    """
+
+    cpu_ops: list[str] = field(default_factory=list)
+    gpu_only: bool = False
+    check_on: str | None = "auto"
+    op_versions: OpVersions = field(default_factory=OpVersions)
+    tuning: Sequence[str | Path] | None = ()
+    kernel_time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    workers: int | None = None
+
+
+@dataclass
+class Built:
+    """What a pipeline hands to the package writer."""
+
+    plan: Plan
+    constants: dict[str, np.ndarray]
+    write: Callable  # PackageWriter -> {role: relative path} of the kernel files
+    facts: dict  # the manifest's ``build`` entries of this pipeline
+    timings: dict[str, float]
+
+
+def compile_kernels(
+    kernels: tvm.IRModule,
+    order: ScheduleOrder,
+    compile_one: CompileOne,
+    lowered: Lowered,
+    options: BuildOptions,
+    progress: Progress,
+    device: str,
+) -> tuple[dict[str, Compiled], tempfile.TemporaryDirectory]:
+    """Schedule and compile ``kernels`` (contained, time-limited, on every core); warn
+    once per kernel that needed a later rule than its first applicable one."""
+    work = tempfile.TemporaryDirectory(prefix=f"edgecv-{device}-")
+    functions = {gv.name_hint: f for gv, f in kernels.functions.items()}
+    done = [0]
+
+    def on_done(name: str, compiled: Compiled) -> None:
+        done[0] += 1
+        choice = compiled.choice
+        if choice.passed_over:
+            reasons = "; ".join(f"{rule}: {why}" for rule, why in choice.passed_over)
+            ops = ", ".join(lowered.kernel_ops.get(name, [name]))
+            outcome = f"scheduled by {choice.rule}" if choice.rule else "no rule compiled it"
+            warnings.warn(f"{device} kernel {name} ({ops}): {outcome} ({reasons})", stacklevel=2)
+        if done[0] % 10 == 0 or done[0] == len(functions):
+            progress(f"{device}: {done[0]}/{len(functions)} kernels scheduled and compiled")
+
+    compiled = compile_contained(
+        functions,
+        order,
+        compile_one,
+        Path(work.name),
+        time_limit_s=options.kernel_time_limit_s,
+        workers=options.workers,
+        on_done=on_done,
+    )
+    return compiled, work
+
+
+def schedule_facts(compiled: dict[str, Compiled], kernel_ops: dict[str, list[str]]) -> dict:
+    """The manifest's record of which rule scheduled each kernel, and a count per rule."""
+    kernels = {
+        name: {"ops": kernel_ops.get(name, [name]), **c.choice.to_json()}
+        for name, c in compiled.items()
+    }
+    counts: dict[str, int] = {}
+    for entry in kernels.values():
+        counts[str(entry["rule"])] = counts.get(str(entry["rule"]), 0) + 1
+    return {"rules": dict(sorted(counts.items())), "kernels": kernels}
+
+
+def subset(kernels: tvm.IRModule, names: set[str]) -> tvm.IRModule:
+    return tvm.IRModule({gv: f for gv, f in kernels.functions.items() if gv.name_hint in names})
+
+
+def compile_cpu_kernels(
+    kernels: tvm.IRModule,
+    target: tvm.target.Target,
+    lowered: Lowered,
+    options: BuildOptions,
+    progress: Progress,
+    host_label: str,
+) -> tuple[Callable, dict]:
+    """Schedule and compile CPU kernels; returns how to link them into the package and
+    the schedule facts. A kernel no rule compiles is an error naming it."""
+    from ..codegen.llvm import compile_object, link_objects
+    from .orders import cpu_order, tuning_database
+
+    order = cpu_order(target, tuning_database(options.tuning))
+    started = time.perf_counter()
+    compiled, work = compile_kernels(
+        kernels, order, compile_object(target), lowered, options, progress, "cpu"
+    )
+    failed = [name for name, c in compiled.items() if c.choice.rule is None]
+    if failed:
+        work.cleanup()
+        details = "; ".join(
+            f"{name} ({', '.join(lowered.kernel_ops.get(name, [name]))}): "
+            + " / ".join(f"{r}: {w}" for r, w in compiled[name].choice.passed_over)
+            for name in failed
+        )
+        raise KernelBuildError(
+            f"{len(failed)} kernel(s) could not be compiled for the CPU even by the safe "
+            f"rule: {details[:1500]}. Please report this model; --kernel-time-limit raises "
+            "the time limit per kernel"
+        )
+    objects = [compiled[name].facts["object"] for name in compiled]
+    seconds = time.perf_counter() - started
+
+    def write(writer) -> dict[str, str]:
+        try:
+            link_objects(objects, writer.path("kernels/cpu.so"), host_label)
+        finally:
+            work.cleanup()
+        return {"cpu": "kernels/cpu.so"}
+
+    facts = schedule_facts(compiled, lowered.kernel_ops)
+    facts["compile_s"] = round(seconds, 3)
+    return write, facts

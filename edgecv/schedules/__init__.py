@@ -1,0 +1,11 @@
+"""The schedule stage: database record -> default rule -> safe rule, per kernel.
+
+- :mod:`.stage`: the order and its contained attempts;
+- :mod:`.database`: tuned records (MetaSchedule's JSON database);
+- :mod:`.cpu`, :mod:`.gpu`: edgecv's default rules, one kernel class per file.
+"""
+
+from .database import TuningDatabase
+from .stage import KernelChoice, ScheduleOrder, rule_name
+
+__all__ = ["KernelChoice", "ScheduleOrder", "TuningDatabase", "rule_name"]

@@ -1,0 +1,66 @@
+"""edgecv's default CPU (LLVM) rules, one kernel class per file, in the order tried.
+
+=========================================  ==============================================
+kernel (main block)                        rule
+=========================================  ==============================================
+conv2d NCHW, groups 1                      :class:`.conv2d.Conv2D`: register tiles
+                                           vectorized over output channels
+depthwise / grouped conv2d, pooling        :class:`.window.Window`: tiles vectorized
+                                           along output rows
+dense ``x @ w`` (``w`` as ``[in, out]``)   :class:`.dense.Dense`
+no reduction (elementwise, transpose,      :class:`.injective.Injective`: producers
+concat, slicing, padding)                  inlined; outer axes parallel, inner vectorized
+other reductions (softmax, mean)           :class:`.reduction.Rows`: rows in parallel
+anything (the safe rule)                   :class:`.safe.SafeParallel`
+=========================================  ==============================================
+
+The elementwise ops after a reduction (bias, BatchNorm, activation, residual add) are
+applied to each register tile as it is written back. A rule returns None for a kernel
+that is not its kind; the schedule stage (:mod:`edgecv.schedules.stage`) tries the next.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+from tvm.s_tir import dlight
+
+from .conv2d import Conv2D
+from .dense import Dense
+from .injective import Injective
+from .loop_nest import Simd
+from .reduction import Rows
+from .safe import SafeParallel
+from .window import Window
+
+
+def default_rules(target: tvm.target.Target) -> list[dlight.ScheduleRule]:
+    """The CPU rules for ``target``, in the order the schedule stage tries them."""
+    return [Conv2D(), Window(), Dense(), Injective(), Rows()]
+
+
+def safe_rule() -> dlight.ScheduleRule:
+    """The CPU rule that applies to every kernel."""
+    return SafeParallel()
+
+
+def schedule_cpu(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc:
+    """``func`` scheduled by the first CPU rule that applies (tests, benchmarks)."""
+    from ..stage import ScheduleOrder
+
+    order = ScheduleOrder(target, default_rules(target), safe_rule())
+    return next(c.func for c in order.attempts(func) if c.func is not None)
+
+
+__all__ = [
+    "Conv2D",
+    "Dense",
+    "Injective",
+    "Rows",
+    "SafeParallel",
+    "Simd",
+    "Window",
+    "default_rules",
+    "safe_rule",
+    "schedule_cpu",
+]

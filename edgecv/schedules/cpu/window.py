@@ -1,0 +1,73 @@
+"""CPU rule: depthwise and grouped convolutions and pooling, along output rows."""
+
+from __future__ import annotations
+
+from tvm import s_tir
+from tvm.s_tir.schedule import SBlockRV
+
+from .base import OneReductionRule
+from .loop_nest import (
+    NotApplicable,
+    Simd,
+    accumulate_locally,
+    extent,
+    iter_kinds,
+    nest,
+    unroll,
+    vector_width,
+)
+
+
+def schedule_window(
+    sch: s_tir.Schedule, block: SBlockRV, epilogue: SBlockRV | None, simd: Simd
+) -> set[str]:
+    """A reduction over a window of each output pixel, vectorized along output rows.
+
+    Depthwise and grouped convolutions and pooling: the reduction (kernel taps, the
+    input channels of a group) runs outside a tile of ``rows`` output rows times one
+    vector of output columns. Threads split the outer axes (batch and channels); each
+    pads only the input channels it reads, while they are in cache.
+
+    Returns the names of the producer blocks it placed (the others are the caller's).
+    """
+    kinds = iter_kinds(sch, block)
+    spatial = len(kinds.rstrip("R"))
+    if spatial < 3 or spatial == len(kinds) or "R" in kinds[:spatial]:
+        raise NotApplicable(f"no window reduction over an image: {kinds}")
+    loops = nest(sch, block, kinds)
+    outer, (h, w), reduce_ = loops[: spatial - 2], loops[spatial - 2 : spatial], loops[spatial:]
+    lanes = vector_width(extent(sch, w), simd)
+    if lanes < 4:
+        raise NotApplicable(f"output width {extent(sch, w)} leaves no vector")
+    producers = list(sch.get_producers(block))
+    write_back = accumulate_locally(sch, block, epilogue)
+    w_o, w_i = sch.split(w, [None, lanes])
+    # Two rows per tile reuse each loaded input row for two output rows (3x3, stride 1).
+    rows = 2 if extent(sch, h) % 2 == 0 else 1
+    h_o, h_i = sch.split(h, [None, rows])
+    sch.reorder(*outer, h_o, w_o, *reduce_, h_i, w_i)
+    parallel = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    sch.parallel(parallel)
+    for loop in (*reduce_, h_i):
+        if extent(sch, loop) <= 16:
+            unroll(sch, loop)
+    sch.vectorize(w_i)
+    init = sch.decompose_reduction(block, reduce_[0])
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.reverse_compute_at(write_back, w_o)
+    sch.vectorize(sch.get_loops(write_back)[-1])
+    placed = set()
+    for producer in reversed(producers):
+        try:
+            sch.compute_at(producer, parallel)
+        except Exception:  # not a per-channel producer: the caller schedules it apart
+            continue
+        placed.add(sch.get(producer).name_hint)
+    return placed
+
+
+class Window(OneReductionRule):
+    """A reduction over a window of each output pixel (depthwise/grouped conv, pooling)."""
+
+    def schedule(self, sch, main, epilogue, simd):
+        return schedule_window(sch, main, epilogue, simd)

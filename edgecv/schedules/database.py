@@ -1,0 +1,110 @@
+"""Tuned schedules, looked up per kernel: MetaSchedule's JSON database.
+
+A database is a folder holding MetaSchedule's two JSON-lines files
+(``database_workload.json``, ``database_tuning_record.json``); a kernel's record is
+found by the structural hash of the kernel (as an IRModule whose one function is
+``main``) and replayed on it as a schedule trace. Databases are kept one per device
+class (MetaSchedule keys records by workload only, not target). Several databases layer:
+the first that has a record for a kernel wins (a user's over the shipped one).
+
+A database from another TVM version, or one that cannot be read, is skipped with a
+warning: tuned records are an optimization, never a reason for a build to fail.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import tvm
+from tvm import tirx
+
+log = logging.getLogger(__name__)
+
+WORKLOADS = "database_workload.json"
+RECORDS = "database_tuning_record.json"
+# Written beside the two files by edgecv: the TVM version that produced the records.
+META = "edgecv_database.json"
+
+
+class TuningDatabase:
+    """Tuned records from one or more database folders (first one wins).
+
+    Parameters
+    ----------
+    folders : sequence of path
+        Database folders, highest priority first; missing folders are skipped.
+    """
+
+    def __init__(self, folders: Sequence[str | Path]):
+        from tvm.s_tir import meta_schedule as ms
+
+        self._databases = []
+        self.folders: list[Path] = []
+        for folder in (Path(f) for f in folders):
+            if not (folder / WORKLOADS).is_file() or not (folder / RECORDS).is_file():
+                continue
+            version = _recorded_version(folder)
+            if version is not None and version != tvm.__version__:
+                warnings.warn(
+                    f"tuning database {folder} was written by TVM {version}, this is "
+                    f"{tvm.__version__}: its records are ignored (re-tune with `edgecv tune`)",
+                    stacklevel=2,
+                )
+                continue
+            try:
+                database = ms.database.JSONDatabase(
+                    path_workload=str(folder / WORKLOADS),
+                    path_tuning_record=str(folder / RECORDS),
+                    allow_missing=False,
+                )
+            except Exception as err:  # corrupt or foreign files: build with the defaults
+                warnings.warn(
+                    f"tuning database {folder} cannot be read ({str(err).strip()[-160:]}); "
+                    "its records are ignored",
+                    stacklevel=2,
+                )
+                continue
+            self._databases.append(database)
+            self.folders.append(folder)
+
+    def __bool__(self) -> bool:
+        return bool(self._databases)
+
+    def query(self, func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc | None:
+        """``func`` scheduled by its best tuned record, or None when no database has one."""
+        mod = tvm.IRModule({"main": _workload(func)})
+        for database in self._databases:
+            sch = database.query_schedule(mod, target, workload_name="main")
+            if sch is not None:
+                return sch.mod["main"]
+        return None
+
+
+def workload(func: tirx.PrimFunc) -> tvm.IRModule:
+    """The IRModule a kernel is tuned and looked up as."""
+    return tvm.IRModule({"main": _workload(func)})
+
+
+def _workload(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    # The kernel's name is not part of what it computes: two models' identical convs
+    # share one record.
+    named = func.attrs is not None and "global_symbol" in func.attrs
+    return func.without_attr("global_symbol") if named else func
+
+
+def _recorded_version(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / META).read_text()).get("tvm")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def write_meta(folder: Path, device_key: dict) -> None:
+    """Record which TVM wrote a database and the device class it holds records for."""
+    (folder / META).write_text(
+        json.dumps({"tvm": tvm.__version__, "device": device_key}, indent=1) + "\n"
+    )

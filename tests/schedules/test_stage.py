@@ -1,0 +1,220 @@
+"""The schedule stage: the order (tuned record -> default rule -> safe rule), contained
+attempts (a rule that raises, hangs or crashes its process moves the kernel to the next
+rule, with the reason recorded), the tuning-database lookup, and whole-model parity of
+the `cpu` profile at its native target."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, s_tir
+from tvm.s_tir import dlight
+
+from edgecv.codegen.contained import compile_contained
+from edgecv.codegen.llvm import compile_object, link_objects
+from edgecv.lowering import lower
+from edgecv.schedules import cpu
+from edgecv.schedules.database import TuningDatabase, workload, write_meta
+from edgecv.schedules.stage import ScheduleOrder
+from edgecv.testing import assert_close
+
+TARGET = tvm.target.Target({"kind": "llvm"})
+
+
+def conv_relu_kernels():
+    """The fused kernels of a conv + bias + relu and a max pool (Relax -> edgecv's lowering)."""
+    rng = np.random.RandomState(0)
+    x = relax.Var("data", relax.TensorType((1, 8, 13, 13), "float32"))
+    w = rng.normal(size=(16, 8, 3, 3)).astype(np.float32)
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, relax.const(w), 1, 1))
+            y = bb.emit(relax.op.nn.relu(y))
+            y = bb.emit(relax.op.nn.max_pool2d(y, 2, 2))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return lower(bb.get())
+
+
+class Raises(dlight.ScheduleRule):
+    def apply(self, func, target, tunable):
+        raise RuntimeError("this rule always breaks")
+
+
+class Sleeps(dlight.ScheduleRule):
+    def apply(self, func, target, tunable):
+        time.sleep(60)
+
+
+class Crashes(dlight.ScheduleRule):
+    def apply(self, func, target, tunable):
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def run_library(path, lowered, x):
+    """Run the plan's launches from a linked library (the two kernels in order)."""
+    lib = tvm.runtime.load_module(str(path))
+    buffers = {}
+    for index in lowered.plan.inputs:
+        buffers[index] = tvm.runtime.tensor(x)
+    for step in lowered.plan.steps:
+        args = []
+        for b in step.args:
+            buf = lowered.plan.buffers[lowered.plan.root(b)]
+            if b not in buffers:
+                if buf.kind == "const":
+                    buffers[b] = tvm.runtime.tensor(lowered.constants[buf.name])
+                else:
+                    buffers[b] = tvm.runtime.tensor(np.zeros(buf.shape, buf.dtype))
+            args.append(buffers[b])
+        lib[step.kernel](*args)
+    return buffers[lowered.plan.outputs[0]].numpy()
+
+
+def reference(lowered, x):
+    """The same plan built unscheduled (TVM's own lowering of each op)."""
+    from edgecv.codegen.llvm import build_cpu
+
+    lib = build_cpu(lowered.kernels, TARGET, schedule=False)
+    out = {}
+    plan = lowered.plan
+    for index in plan.inputs:
+        out[index] = tvm.runtime.tensor(x)
+    for step in plan.steps:
+        args = []
+        for b in step.args:
+            buf = plan.buffers[plan.root(b)]
+            if b not in out:
+                value = (lowered.constants[buf.name] if buf.kind == "const"
+                         else np.zeros(buf.shape, buf.dtype))  # fmt: skip
+                out[b] = tvm.runtime.tensor(value)
+            args.append(out[b])
+        lib[step.kernel](*args)
+    return out[plan.outputs[0]].numpy()
+
+
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        (Raises(), "RuntimeError: this rule always breaks"),
+        (Sleeps(), "compile exceeded the 3 s limit"),
+        (Crashes(), "crashed (exit -11)"),
+    ],
+)
+def test_a_failing_rule_passes_the_kernel_to_the_next_with_the_reason(tmp_path, bad, reason):
+    lowered = conv_relu_kernels()
+    order = ScheduleOrder(TARGET, [bad, *cpu.default_rules(TARGET)], cpu.safe_rule())
+    kernels = {gv.name_hint: f for gv, f in lowered.kernels.functions.items()}
+    compiled = compile_contained(kernels, order, compile_object(TARGET), tmp_path, 3.0, 2)
+    for name, result in compiled.items():
+        assert result.choice.passed_over[0] == (f"test_stage.{type(bad).__name__}", reason), name
+        assert result.choice.rule.startswith("cpu."), result.choice
+    conv = next(c for n, c in compiled.items() if "conv2d" in n)
+    assert conv.choice.rule == "cpu.Conv2D"
+    link_objects([c.facts["object"] for c in compiled.values()], tmp_path / "k.so")
+    x = np.random.RandomState(1).normal(size=(1, 8, 13, 13)).astype(np.float32)
+    assert_close(run_library(tmp_path / "k.so", lowered, x), reference(lowered, x))
+
+
+def test_only_the_safe_rule_left_still_compiles_every_kernel(tmp_path):
+    lowered = conv_relu_kernels()
+    order = ScheduleOrder(TARGET, [Raises()], cpu.safe_rule())
+    kernels = {gv.name_hint: f for gv, f in lowered.kernels.functions.items()}
+    compiled = compile_contained(kernels, order, compile_object(TARGET), tmp_path, 30.0, 1)
+    assert {c.choice.rule for c in compiled.values()} == {"cpu.SafeParallel"}
+    link_objects([c.facts["object"] for c in compiled.values()], tmp_path / "k.so")
+    x = np.random.RandomState(2).normal(size=(1, 8, 13, 13)).astype(np.float32)
+    assert_close(run_library(tmp_path / "k.so", lowered, x), reference(lowered, x))
+
+
+def test_no_rule_left_reports_the_kernel_unscheduled(tmp_path):
+    lowered = conv_relu_kernels()
+    order = ScheduleOrder(TARGET, [], Raises())
+    kernels = {gv.name_hint: f for gv, f in lowered.kernels.functions.items()}
+    compiled = compile_contained(kernels, order, compile_object(TARGET), tmp_path, 30.0, 1)
+    for result in compiled.values():
+        assert result.choice.rule is None and result.facts == {}
+        assert result.choice.passed_over == [
+            ("test_stage.Raises", "RuntimeError: this rule always breaks")
+        ]
+
+
+def test_a_tuned_record_comes_first_and_gives_the_same_numbers(tmp_path):
+    """A record in a MetaSchedule JSON database (a trace of a schedule of the kernel) is
+    found by the kernel's structure and replayed; a kernel without one gets the rules."""
+    from tvm.s_tir import meta_schedule as ms
+
+    lowered = conv_relu_kernels()
+    conv_name, conv = next((gv.name_hint, f) for gv, f in lowered.kernels.functions.items()
+                           if "conv2d" in gv.name_hint)  # fmt: skip
+    mod = workload(conv)
+    sch = s_tir.Schedule(mod)
+    block = sch.get_sblock("conv2d_nchw")
+    loops = sch.get_loops(block)
+    sch.parallel(loops[1])  # a valid, recognisable schedule: output channels in parallel
+    (tmp_path / "db").mkdir()
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path / "db"), module_equality="structural")
+    record = ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [1e-4], TARGET,
+                                      ms.arg_info.ArgInfo.from_prim_func(mod["main"]))  # fmt: skip
+    db.commit_tuning_record(record)
+    write_meta(tmp_path / "db", {"kind": "llvm"})
+    order = ScheduleOrder(TARGET, cpu.default_rules(TARGET), cpu.safe_rule(),
+                          TuningDatabase([tmp_path / "missing", tmp_path / "db"]))  # fmt: skip
+    kernels = {gv.name_hint: f for gv, f in lowered.kernels.functions.items()}
+    compiled = compile_contained(kernels, order, compile_object(TARGET), tmp_path, 30.0, 2)
+    assert compiled[conv_name].choice.rule == "tuned"
+    assert all(c.choice.rule.startswith("cpu.") for n, c in compiled.items() if n != conv_name)
+    tuned = order.candidate(conv, 0).func
+    assert "T.parallel" in tuned.script()
+    link_objects([c.facts["object"] for c in compiled.values()], tmp_path / "k.so")
+    x = np.random.RandomState(3).normal(size=(1, 8, 13, 13)).astype(np.float32)
+    assert_close(run_library(tmp_path / "k.so", lowered, x), reference(lowered, x))
+
+
+def test_a_corrupt_or_foreign_database_warns_and_builds_with_defaults(tmp_path):
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "database_workload.json").write_text("{not json\n")
+    (corrupt / "database_tuning_record.json").write_text("[1, 2\n")
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "database_workload.json").write_text("")
+    (old / "database_tuning_record.json").write_text("")
+    (old / "edgecv_database.json").write_text(json.dumps({"tvm": "0.19.0"}))
+    with pytest.warns(UserWarning) as caught:
+        database = TuningDatabase([corrupt, old])
+    messages = " ".join(str(w.message) for w in caught)
+    assert "cannot be read" in messages and "written by TVM 0.19.0" in messages
+    assert not database
+    conv = next(f for gv, f in conv_relu_kernels().kernels.functions.items()
+                if "conv2d" in gv.name_hint)  # fmt: skip
+    assert database.query(conv, TARGET) is None
+
+
+def test_cpu_profile_at_its_native_target_matches_mxnet(tmp_path, exported):
+    """squeezenet1.0 (7x7/2 stem onto a 109-wide map, 13-wide last layers: the kernels
+    that used to hang LLVM) deployed for `cpu` at this machine's own target, vs MXNet."""
+    from conftest import mxnet_forward, random_input
+
+    from edgecv.deploy import deploy
+    from edgecv.model import load
+
+    model = exported("squeezenet1.0")
+    started = time.perf_counter()
+    path = deploy(str(model.symbol_path), tmp_path / "pkg", "cpu",
+                  params=str(model.params_path), input_shape=model.input_shape)  # fmt: skip
+    assert time.perf_counter() - started < 240
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["profile"]["target"]["mcpu"] == "native"
+    facts = manifest["build"]["schedules"]["cpu"]
+    assert sum(facts["rules"].values()) == len(facts["kernels"]) == 33
+    assert facts["rules"].get("cpu.Conv2D", 0) >= 20
+    x = random_input(model.input_shape)
+    assert_close(load(path).run(x)[0], mxnet_forward(model.symbol_path, model.params_path, x)[0])
