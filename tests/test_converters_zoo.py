@@ -33,31 +33,59 @@ CASES = {
     "resize_down_half_pixel": (_bilinear(height=3, width=2, align_corners=False), (1, 2, 7, 9)),
     "resize_to_one": (_bilinear(height=1, width=1, align_corners=False), (1, 2, 4, 4)),
     "resize_scale": (_bilinear(scale_height=2.0, scale_width=0.5), (1, 2, 5, 8)),
-    "resize_odd_scale": (_bilinear(scale_height=2.0, scale_width=2.0, mode="odd_scale"),
-                         (1, 1, 5, 6)),  # fmt: skip
+    "resize_odd_scale": (
+        _bilinear(scale_height=2.0, scale_width=2.0, mode="odd_scale"),
+        (1, 1, 5, 6),
+    ),
     "resize_to_even_up": (_bilinear(mode="to_even_up"), (1, 1, 5, 6)),
     "resize_to_odd_down": (_bilinear(mode="to_odd_down", align_corners=False), (1, 1, 5, 6)),
-    "resize_like": (S.contrib.BilinearResize2D(d, S.zeros((1, 1, 9, 3)), mode="like"),
-                    (1, 2, 4, 5)),  # fmt: skip
-    "sync_batchnorm": (S.contrib.SyncBatchNorm(d, fix_gamma=False, eps=1e-5, key="bn0"), (2, 3, 4, 4)),
+    "resize_like": (
+        S.contrib.BilinearResize2D(d, S.zeros((1, 1, 9, 3)), mode="like"),
+        (1, 2, 4, 5),
+    ),
+    "sync_batchnorm": (
+        S.contrib.SyncBatchNorm(d, fix_gamma=False, eps=1e-5, key="bn0"),
+        (2, 3, 4, 4),
+    ),
     "shape_array": (S.broadcast_add(S.cast(S.shape_array(d), "float32"), S.sum(d)), (2, 3)),
-    "broadcast_axis": (S.broadcast_axis(S.sum(d, axis=1, keepdims=True), axis=1, size=4),
-                       (2, 3, 5)),  # fmt: skip
+    "broadcast_axis": (
+        S.broadcast_axis(S.sum(d, axis=1, keepdims=True), axis=1, size=4),
+        (2, 3, 5),
+    ),
     "reverse": (S.Group([S.reverse(d, axis=1), S.reverse(d, axis=(0, 2))]), (2, 3, 4)),
     "reshape_like": (
-        S.Group([S.reshape_like(d, S.zeros((4, 6))),
-                 S.reshape_like(d, S.zeros((6, 2)), lhs_begin=1, lhs_end=3, rhs_begin=0,
-                                rhs_end=2)]),
+        S.Group(
+            [
+                S.reshape_like(d, S.zeros((4, 6))),
+                S.reshape_like(d, S.zeros((6, 2)), lhs_begin=1, lhs_end=3, rhs_begin=0, rhs_end=2),
+            ]
+        ),
         (2, 3, 4),
-    ),  # fmt: skip
+    ),
     "batch_dot": (S.batch_dot(d, S.transpose(d, axes=(0, 2, 1))), (2, 3, 4)),
     "batch_dot_transposed": (S.batch_dot(d, d, transpose_a=True), (2, 3, 3)),
     "log2": (S.log2(d), (3, 4)),
-    "argsort": (S.Group([S.argsort(d, axis=1), S.argsort(d, is_ascend=False),
-                         S.argsort(d, axis=None, dtype="int32")]), (2, 5, 3)),  # fmt: skip
+    "argsort": (
+        S.Group(
+            [
+                S.argsort(d, axis=1),
+                S.argsort(d, is_ascend=False),
+                S.argsort(d, axis=None, dtype="int32"),
+            ]
+        ),
+        (2, 5, 3),
+    ),
     "sort": (S.Group([S.sort(d), S.sort(d, axis=0, is_ascend=False)]), (3, 6)),
-    "topk": (S.Group([S.topk(d, k=3, ret_typ="both"), S.topk(d, axis=0, k=2, ret_typ="value"),
-                      S.topk(d, k=2, is_ascend=True, dtype="int32")]), (4, 7)),  # fmt: skip
+    "topk": (
+        S.Group(
+            [
+                S.topk(d, k=3, ret_typ="both"),
+                S.topk(d, axis=0, k=2, ret_typ="value"),
+                S.topk(d, k=2, is_ascend=True, dtype="int32"),
+            ]
+        ),
+        (4, 7),
+    ),
 }
 
 
@@ -109,21 +137,37 @@ def _convert(sym, shape, **patch):
 @pytest.mark.parametrize(
     ("sym", "shape", "patch", "match"),
     [
-        (_bilinear(height=4, width=4), (1, 1, 3, 3), {"mode": "bicubic"},
-         r"attribute `mode` should be one of \['size'.*found 'bicubic'"),
-        (_bilinear(height=4, width=4), (1, 1, 3, 3), {"align_corners": "maybe"},
-         "attribute `align_corners` should be a boolean"),
-        (_bilinear(scale_height=2.0, scale_width=2.0, mode="odd_scale"), (1, 1, 3, 3),
-         {"scale_width": "None"}, "needs both `scale_height` and `scale_width`"),
-        (S.contrib.AdaptiveAvgPooling2D(d, output_size=2), (1, 1, 4, 4),
-         {"output_size": "(1, 2, 3)"}, "attribute `output_size` should be one or two"),
+        (
+            _bilinear(height=4, width=4),
+            (1, 1, 3, 3),
+            {"mode": "bicubic"},
+            r"attribute `mode` should be one of \['size'.*found 'bicubic'",
+        ),
+        (
+            _bilinear(height=4, width=4),
+            (1, 1, 3, 3),
+            {"align_corners": "maybe"},
+            "attribute `align_corners` should be a boolean",
+        ),
+        (
+            _bilinear(scale_height=2.0, scale_width=2.0, mode="odd_scale"),
+            (1, 1, 3, 3),
+            {"scale_width": "None"},
+            "needs both `scale_height` and `scale_width`",
+        ),
+        (
+            S.contrib.AdaptiveAvgPooling2D(d, output_size=2),
+            (1, 1, 4, 4),
+            {"output_size": "(1, 2, 3)"},
+            "attribute `output_size` should be one or two",
+        ),
         (S.broadcast_axis(d, axis=0, size=3), (1, 2), {"size": "(3, 4)"}, "one per axis"),
         (S.broadcast_axis(d, axis=(0,), size=(3,)), (2, 2), {}, "only size-1 axes"),
         (S.topk(d, k=2), (2, 5), {"ret_typ": "mask"}, "ret_typ `mask` is not supported"),
         (S.topk(d, k=2), (2, 5), {"k": "two"}, "attribute `k` should be an integer"),
         (S.reverse(d, axis=1), (2, 2), {"axis": "3"}, "out of range"),
     ],
-)  # fmt: skip
+)
 def test_bad_attributes_are_rejected(sym, shape, patch, match):
     with pytest.raises(ConversionError, match=match) as info:
         _convert(sym, shape, **patch)

@@ -48,8 +48,13 @@ def supported_ops() -> list[str]:
 
 # Ops of MXNet's int8 graphs (quantization passes, MKL-DNN fused subgraphs): such a graph
 # is refused as a whole, not op by op, since its float32 twin is what edgecv deploys.
-_QUANTIZED_PREFIXES = ("_contrib_quantize", "_contrib_dequantize", "_contrib_requantize",
-                       "_contrib_quantized_", "_sg_mkldnn_")  # fmt: skip
+_QUANTIZED_PREFIXES = (
+    "_contrib_quantize",
+    "_contrib_dequantize",
+    "_contrib_requantize",
+    "_contrib_quantized_",
+    "_sg_mkldnn_",
+)
 
 
 def check_supported(graph: MXNetGraph) -> None:

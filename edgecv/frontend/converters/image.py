@@ -10,8 +10,15 @@ from .registry import converts
 
 R = relax.op
 
-_RESIZE_MODES = ("size", "odd_scale", "like", "to_even_down", "to_even_up", "to_odd_down",
-                 "to_odd_up")  # fmt: skip
+_RESIZE_MODES = (
+    "size",
+    "odd_scale",
+    "like",
+    "to_even_down",
+    "to_even_up",
+    "to_odd_down",
+    "to_odd_up",
+)
 
 
 @converts("_contrib_AdaptiveAvgPooling2D")
@@ -62,8 +69,10 @@ def contrib_bilinear_resize_2d(ctx: Context, inputs: list, attrs: Attrs) -> rela
     mode = attrs.str("mode", "size", choices=_RESIZE_MODES)
     if mode == "like":
         if len(inputs) != 2:
-            raise ctx.error(f"mode `like` needs a second input to take the size of, found "
-                            f"{len(inputs)} input(s)")  # fmt: skip
+            raise ctx.error(
+                f"mode `like` needs a second input to take the size of, found "
+                f"{len(inputs)} input(s)"
+            )
         out_hw = ctx.shape(inputs[1])[2:4]
     else:
         scale = (attrs.float("scale_height", None), attrs.float("scale_width", None))

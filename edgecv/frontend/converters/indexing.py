@@ -51,8 +51,9 @@ def reshape_like(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
         begin = 0 if begin is None else begin % (len(shape) + 1) if begin < 0 else begin
         end = len(shape) if end is None else end + len(shape) if end < 0 else end
         if not 0 <= begin <= end <= len(shape):
-            raise ctx.error(f"`{begin_name}`/`{end_name}` select [{begin}, {end}) of a "
-                            f"{len(shape)}-d input")  # fmt: skip
+            raise ctx.error(
+                f"`{begin_name}`/`{end_name}` select [{begin}, {end}) of a {len(shape)}-d input"
+            )
         return begin, end
 
     lb, le = bounds("lhs_begin", "lhs_end", lhs)
@@ -67,8 +68,10 @@ def reshape_like(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
 def gather_nd(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
     data, indices = inputs
     if len(ctx.shape(indices)) < 1 or ctx.shape(indices)[0] > len(ctx.shape(data)):
-        raise ctx.error(f"indices of shape {ctx.shape(indices)} cannot index data of shape "
-                        f"{ctx.shape(data)}: the first axis must be at most its rank")  # fmt: skip
+        raise ctx.error(
+            f"indices of shape {ctx.shape(indices)} cannot index data of shape "
+            f"{ctx.shape(data)}: the first axis must be at most its rank"
+        )
     # MXNet lists the index tuples along the first axis of `indices`, Relax along the
     # last; Relax wants int64 indices where MXNet also takes int32 and float ones.
     ndim = len(ctx.shape(indices))
@@ -82,8 +85,9 @@ def batch_dot(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
     a, b = inputs
     for name, x in (("lhs", a), ("rhs", b)):
         if len(ctx.shape(x)) < 3:
-            raise ctx.error(f"{name} must be at least 3-d (a batch of matrices), found "
-                            f"{ctx.shape(x)}")  # fmt: skip
+            raise ctx.error(
+                f"{name} must be at least 3-d (a batch of matrices), found {ctx.shape(x)}"
+            )
     if attrs.str("forward_stype", "None") not in ("None", "default"):
         raise ctx.error("only dense storage (`forward_stype` default) is supported")
 

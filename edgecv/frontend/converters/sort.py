@@ -41,10 +41,18 @@ def _rows(ctx: Context, data: relax.Expr, axis: int | None):
 def _sorted_indices(ctx: Context, rows: relax.Expr, descending: bool, k: int = 0):
     from ...ops import sort as sort_op  # the TIR ops import topi: load on first use
 
-    out = ctx.bb.emit_te(sort_op.row_argsort, rows, descending=descending, k=k,
-                         primfunc_name_hint="row_argsort")  # fmt: skip
-    _tag(ctx, out, op="row_argsort", shape=list(ctx.shape(rows)), dtype=ctx.dtype(rows),
-         descending=descending, k=k)  # fmt: skip
+    out = ctx.bb.emit_te(
+        sort_op.row_argsort, rows, descending=descending, k=k, primfunc_name_hint="row_argsort"
+    )
+    _tag(
+        ctx,
+        out,
+        op="row_argsort",
+        shape=list(ctx.shape(rows)),
+        dtype=ctx.dtype(rows),
+        descending=descending,
+        k=k,
+    )
     return out
 
 
