@@ -179,3 +179,59 @@ def test_int8_graph_refused_with_one_message():
     sym = S.contrib.dequantize(q[0], q[1], q[2])
     with pytest.raises(QuantizedGraphError, match="int8 graphs are not supported.*float32"):
         _convert(sym, (1, 4))
+
+
+def _dcn(data_shape, **kw):
+    """DCNv2 on ``data``; offsets and mask are graph parameters (random in ``run_both``)."""
+    (kh, kw_), (h, w) = kw["kernel"], data_shape[2:]
+    stride, dilate, pad = kw.get("stride", (1, 1)), kw.get("dilate", (1, 1)), kw.get("pad", (0, 0))
+    oh = (h + 2 * pad[0] - dilate[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (w + 2 * pad[1] - dilate[1] * (kw_ - 1) - 1) // stride[1] + 1
+    taps = kh * kw_ * kw.get("num_deformable_group", 1)
+    offset = S.var("offset", shape=(data_shape[0], 2 * taps, oh, ow)) * 2.0  # off the edge too
+    mask = S.sigmoid(S.var("mask", shape=(data_shape[0], taps, oh, ow)))
+    return S.contrib.ModulatedDeformableConvolution(d, offset, mask, **kw)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"kernel": (3, 3), "pad": (1, 1), "num_filter": 4},
+        {
+            "kernel": (3, 3),
+            "stride": (2, 2),
+            "dilate": (2, 2),
+            "pad": (2, 2),
+            "num_filter": 2,
+            "num_deformable_group": 2,
+        },
+        {"kernel": (1, 3), "num_filter": 4, "num_group": 2, "no_bias": True},
+    ],
+)
+def test_modulated_deformable_convolution_matches_mxnet(kw):
+    shape = (1, 4, 7, 6)
+    ours, ref = run_both(_dcn(shape, **kw), shape)
+    assert_close(ours[0], ref[0], "dcnv2")
+
+
+@pytest.mark.parametrize(
+    ("patch", "match"),
+    [
+        ({"num_deformable_group": "3"}, "do not split into"),
+        ({"layout": "NHWC"}, "attribute `layout` should be NCHW"),
+        ({"num_filter": "5"}, r"input `weight` has shape \(2, 4, 3, 3\), expected \(5, 4, 3, 3\)"),
+    ],
+)
+def test_deformable_convolution_bad_attributes(patch, match):
+    shape = (1, 4, 5, 5)
+    sym = _dcn(shape, kernel=(3, 3), pad=(1, 1), num_filter=2, no_bias=True)
+    raw = json.loads(sym.tojson())
+    raw["nodes"][-1]["attrs"].update(patch)
+    arg_shapes, _, _ = sym.infer_shape(data=shape)
+    params = {
+        n: np.zeros(s, np.float32)
+        for n, s in zip(sym.list_arguments(), arg_shapes, strict=True)
+        if n != "data"
+    }
+    with pytest.raises(ConversionError, match=match):
+        from_mxnet(parse_symbol(json.dumps(raw)), params, {"data": shape})
