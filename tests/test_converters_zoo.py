@@ -65,6 +65,11 @@ CASES = {
     "batch_dot": (S.batch_dot(d, S.transpose(d, axes=(0, 2, 1))), (2, 3, 4)),
     "batch_dot_transposed": (S.batch_dot(d, d, transpose_a=True), (2, 3, 3)),
     "log2": (S.log2(d), (3, 4)),
+    # R-CNN splits into one part (one class); Relax returns the tensor, not a tuple
+    "split_one": (
+        S.Group([S.split(d, num_outputs=1, axis=1), S.split(d, 1, axis=1, squeeze_axis=True)]),
+        (2, 1, 3),
+    ),
     "argsort": (
         S.Group(
             [
