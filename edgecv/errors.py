@@ -50,3 +50,16 @@ class ProfileError(EdgecvError):
 
 class PackageError(EdgecvError):
     """A deploy package is missing files, corrupt, or from another edgecv version."""
+
+
+class QuantizedGraphError(UnsupportedOpsError):
+    """The graph is an int8 (quantized, MKL-DNN fused) graph: refused as a whole."""
+
+    def __init__(self, counts: dict[str, int]):
+        self.counts = dict(counts)
+        listed = ", ".join(f"`{op}`" for op in sorted(counts))
+        EdgecvError.__init__(
+            self,
+            f"int8 graphs are not supported (quantized ops found: {listed}); deploy the "
+            "float32 model instead (the same name without `_int8`).",
+        )

@@ -14,7 +14,14 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..errors import ConversionError, EdgecvError, GraphError, ParamsError, UnsupportedOpsError
+from ..errors import (
+    ConversionError,
+    EdgecvError,
+    GraphError,
+    ParamsError,
+    QuantizedGraphError,
+    UnsupportedOpsError,
+)
 from .attrs import Attrs
 from .context import Context
 from .converters import CONVERTERS
@@ -39,8 +46,23 @@ def supported_ops() -> list[str]:
     return sorted(CONVERTERS)
 
 
+# Ops of MXNet's int8 graphs (quantization passes, MKL-DNN fused subgraphs): such a graph
+# is refused as a whole, not op by op, since its float32 twin is what edgecv deploys.
+_QUANTIZED_PREFIXES = (
+    "_contrib_quantize",
+    "_contrib_dequantize",
+    "_contrib_requantize",
+    "_contrib_quantized_",
+    "_sg_mkldnn_",
+)
+
+
 def check_supported(graph: MXNetGraph) -> None:
-    """Raise one :class:`UnsupportedOpsError` naming every op without a converter."""
+    """Raise one :class:`UnsupportedOpsError` naming every op without a converter
+    (one :class:`QuantizedGraphError` for an int8 graph)."""
+    quantized = {op: n for op, n in graph.op_counts().items() if op.startswith(_QUANTIZED_PREFIXES)}
+    if quantized:
+        raise QuantizedGraphError(quantized)
     missing = {op: n for op, n in graph.op_counts().items() if op not in CONVERTERS}
     if missing:
         raise UnsupportedOpsError(missing, supported_ops())

@@ -6,28 +6,34 @@ GluonCV model store when it can be reached (or is already in its local cache), o
 else from a seeded random initialization, announced with a loud warning: such a
 model computes the right *function* of the wrong weights, which is what parity
 tests need and what a demo must never pretend is a trained model.
+
+The seven models of ``data/zoo.json`` have short aliases; every other name of
+``gluoncv.model_zoo.get_model_list()`` resolves through the family rules of
+``data/zoo_families.json`` (task and input shapes), except the families marked
+``skip`` there (video/action recognition).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import numpy as np
-
 from .._mxnet import import_gluoncv, import_mxnet
 from ..errors import ModelNotFoundError, ParamsError
+from .random_weights import MEAN_RGB, STD_RGB, random_init
 
 log = logging.getLogger(__name__)
 
-# ImageNet preprocessing used by every GluonCV model: RGB in [0, 1], then normalized.
-MEAN_RGB = (0.485, 0.456, 0.406)
-STD_RGB = (0.229, 0.224, 0.225)
+__all__ = ["MEAN_RGB", "STD_RGB", "ExportedModel", "ZooModel", "export", "resolve"]
+
+# Class names given to the `*_custom` detectors, which GluonCV builds only with a list.
+CUSTOM_CLASSES = ["person", "car", "bicycle", "dog"]
 
 
 @dataclass(frozen=True)
@@ -35,14 +41,21 @@ class ZooModel:
     """A model the zoo knows: its canonical GluonCV name and how it is used."""
 
     name: str
-    task: str  # "classification" | "detection"
+    task: str  # "classification" | "detection" | "segmentation" | "pose" | ...
     input_size: int
     aliases: tuple[str, ...]
     labels: str
+    family: str = ""
+    inputs: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (name, shape) when not one "data"
 
     @property
     def default_shape(self) -> tuple[int, int, int, int]:
         return (1, 3, self.input_size, self.input_size)
+
+    @property
+    def input_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each input's default shape, by the name the exported graph gives it."""
+        return dict(self.inputs) if self.inputs else {"data": self.default_shape}
 
 
 @dataclass
@@ -56,6 +69,8 @@ class ExportedModel:
     input_shape: tuple[int, ...]
     classes: list[str]
     weights: str  # "params-file" | "pretrained" | "random(seed=N)"
+    # every input by its graph name; {"data": input_shape} for single-input models
+    input_shapes: dict[str, tuple[int, ...]] | None = None
 
 
 def zoo_models() -> dict[str, ZooModel]:
@@ -67,126 +82,101 @@ def zoo_models() -> dict[str, ZooModel]:
     }
 
 
+@dataclass(frozen=True)
+class FamilyRule:
+    """One rule of ``data/zoo_families.json``."""
+
+    pattern: str
+    family: str
+    task: str
+    inputs: dict
+    skip: str | None = None
+
+
+def family_rules() -> list[FamilyRule]:
+    raw = json.loads(resources.files("edgecv.data").joinpath("zoo_families.json").read_text())
+    return [FamilyRule(**rule) for rule in raw["rules"]]
+
+
+def family_of(name: str) -> FamilyRule:
+    """The first rule of ``data/zoo_families.json`` whose pattern matches ``name``."""
+    for rule in family_rules():
+        if re.search(rule.pattern, name):
+            return rule
+    raise ModelNotFoundError(f"no family rule matches `{name}` in zoo_families.json")
+
+
+def gluoncv_names() -> list[str]:
+    """Every name of ``gluoncv.model_zoo.get_model_list()``."""
+    return list(import_gluoncv().model_zoo.get_model_list())
+
+
 def resolve(name: str) -> ZooModel:
-    """Resolve a zoo name or short alias (``ssd_mobilenet``) to its :class:`ZooModel`."""
+    """Resolve a zoo name or short alias (``ssd_mobilenet``) to its :class:`ZooModel`.
+
+    Names of the seven tuned models and their aliases come from ``data/zoo.json``; any
+    other GluonCV zoo name gets its family's task and input shapes.
+    """
     models = zoo_models()
     if name in models:
         return models[name]
     for model in models.values():
         if name in model.aliases:
             return model
+    if name in gluoncv_names():
+        rule = family_of(name)
+        if rule.skip:
+            raise ModelNotFoundError(f"`{name}` is a {rule.family} model: {rule.skip}")
+        inputs = tuple((n, tuple(s)) for n, s in rule.inputs.items())
+        size = inputs[0][1][-1] if inputs else 224
+        labels = "imagenet" if rule.task == "classification" else "net"
+        return ZooModel(name, rule.task, size, (), labels, rule.family, inputs)
     known = ", ".join(f"{m.name} ({'/'.join(m.aliases)})" for m in models.values())
     raise ModelNotFoundError(
-        f"unknown model `{name}`: not a zoo name, alias or path to a `*-symbol.json` file. "
-        f"Known models: {known}"
+        f"unknown model `{name}`: not a GluonCV zoo name, alias or path to a `*-symbol.json` "
+        f"file. Aliases: {known}; every name of gluoncv.model_zoo.get_model_list() except "
+        "video/action models is accepted."
     )
 
 
-def _random_init(net, seed: int, shape: tuple[int, ...]) -> None:
-    """Seeded random weights that keep every layer's activations O(1).
+def build_net(model: ZooModel):
+    """Construct the GluonCV network of ``model`` offline (no weights loaded).
 
-    MXNet's default initializer makes a ResNet's logits ~1e-20 and a YOLO head's boxes
-    ~1e13: useless for parity checks. Here convolution/dense weights are He-normal, and
-    each BatchNorm's running statistics are set to the actual statistics of its input
-    on one random image (a forward pass in training mode with momentum 0), so every BN
-    outputs roughly N(beta, gamma^2) whatever the depth.
+    Backbone downloads are switched off (``pretrained_base=False``) where the model
+    accepts it, and the ``*_custom`` detectors, which need class names, get
+    :data:`CUSTOM_CLASSES`.
     """
-    mx = import_mxnet()
-    mx.random.seed(seed)
-    rng = np.random.RandomState(seed)
-    net.initialize(mx.init.Uniform(0.05), force_reinit=True)
-    net(mx.nd.zeros(shape))  # finishes deferred initialization, so shapes are known
-    params = net.collect_params()
-    for pname, param in params.items():
-        if isinstance(param, mx.gluon.parameter.Constant):
-            continue  # SSD/YOLO anchors and offsets are part of the model, not weights
-        pshape = param.shape
-        if pname.endswith(("weight", "alpha")) and len(pshape) >= 2:
-            fan_in = int(np.prod(pshape[1:]))
-            std = np.sqrt(2.0 / max(fan_in, 1))
-            if pname.removesuffix("weight") + "bias" in params:
-                # A layer with a bias has no BatchNorm after it: an output head (class
-                # logits, box regressions). A tenth of He scale keeps those in the few-
-                # unit range trained heads produce; at full scale YOLO's exp() box sizes
-                # reach millions of pixels and its sigmoid scores saturate into ties.
-                std *= 0.1
-            value = rng.normal(0.0, std, pshape)
-        elif pname.endswith("gamma"):
-            value = rng.uniform(0.5, 1.5, pshape)
-        elif pname.endswith("running_var"):
-            value = np.ones(pshape)
-        elif pname.endswith("running_mean"):
-            value = np.zeros(pshape)
-        else:  # beta, bias and anything else 1-D
-            value = rng.normal(0.0, 0.1, pshape)
-        param.set_data(mx.nd.array(value))
-    batch_norms = []
-    net.apply(lambda b: batch_norms.append(b) if isinstance(b, mx.gluon.nn.BatchNorm) else None)
-    calibration = mx.nd.array(calibration_image(shape))
-
-    # Gluon BN blocks: a pre-forward hook sets each one's running statistics to those of
-    # the input it is about to normalize, so one inference pass calibrates them in order.
-    def calibrate(block, inputs):
-        x = inputs[0].asnumpy()
-        axes = tuple(i for i in range(x.ndim) if i != 1)
-        block.running_mean.set_data(mx.nd.array(x.mean(axis=axes)))
-        block.running_var.set_data(mx.nd.array(_floored(x.var(axis=axes))))
-
-    handles = [b.register_forward_pre_hook(calibrate) for b in batch_norms]
-    net(calibration)
-    for handle in handles:
-        handle.detach()
-    # BatchNorms written as symbols inside a SymbolBlock (SSD's feature expander) have no
-    # hook: MXNet updates their statistics in the backward pass of a recorded training
-    # step (a forward alone leaves them untouched), with momentum 0.9, so 30 steps.
-    gluon_vars = {id(b.running_var) for b in batch_norms}
-    symbolic = [
-        p
-        for n, p in net.collect_params().items()
-        if n.endswith(("running_var", "moving_var")) and id(p) not in gluon_vars
-    ]
-    if symbolic:
-        frozen = [(b, b._kwargs.get("use_global_stats", False)) for b in batch_norms]
-        for block, _ in frozen:  # keep the hook-calibrated statistics as they are
-            block._kwargs["use_global_stats"] = True
-        for _ in range(30):
-            with mx.autograd.record(train_mode=True):
-                out = net(calibration)
-                heads = [o for o in _flatten(out) if o.dtype == np.float32]
-                loss = mx.nd.add_n(*[h.sum() for h in heads])
-            loss.backward()
-        for block, value in frozen:
-            block._kwargs["use_global_stats"] = value
-    for param in symbolic:
-        param.set_data(mx.nd.array(_floored(param.data().asnumpy())))
+    gcv = import_gluoncv()
+    kwargs: dict = {"pretrained_base": False}
+    if "custom" in model.name:
+        kwargs["classes"] = CUSTOM_CLASSES
+    try:
+        return gcv.model_zoo.get_model(model.name, pretrained=False, **kwargs)
+    except TypeError as err:
+        if "pretrained_base" not in str(err):
+            raise
+    # classifiers pass unknown keywords down to a Block, which rejects them
+    kwargs.pop("pretrained_base")
+    return gcv.model_zoo.get_model(model.name, pretrained=False, **kwargs)
 
 
-def _floored(var: np.ndarray) -> np.ndarray:
-    # On small feature maps (SSD's 2x2 and 1x1 layers) one image gives some channels a
-    # near-zero variance, and BN would amplify them by 1/sqrt(eps): floor the variance at
-    # half the layer's median, so no channel is boosted by more than sqrt(2).
-    return np.maximum(var, max(0.5 * float(np.median(var)), 1e-3))
-
-
-def calibration_image(shape: tuple[int, ...]) -> np.ndarray:
-    """A real photo (scikit-image's coffee cup), preprocessed to ``shape`` (N, 3, H, W).
-
-    Random weights are calibrated on it rather than on noise: a network calibrated on
-    i.i.d. noise sees very different activation statistics on any real image and
-    outputs saturated scores and boxes millions of pixels wide.
-    """
-    import cv2
-    import skimage.data
-
-    rgb = cv2.resize(skimage.data.coffee(), (shape[3], shape[2]), interpolation=cv2.INTER_AREA)
-    x = (rgb.astype(np.float32) / 255.0 - np.float32(MEAN_RGB)) / np.float32(STD_RGB)
-    return np.ascontiguousarray(np.broadcast_to(x.transpose(2, 0, 1)[None], shape))
-
-
-def _flatten(out) -> list:
-    if isinstance(out, (list, tuple)):
-        return [x for item in out for x in _flatten(item)]
-    return [out]
+def input_shapes_of(model: ZooModel, net, input_shape: tuple[int, ...] | None):
+    """The shapes to export ``net`` with: ``input_shape`` for a one-input model if given,
+    else the family default; segmentation nets resize to their crop size inside the
+    graph, so their input must be that size."""
+    shapes = model.input_shapes
+    if input_shape is not None:
+        if len(shapes) != 1:
+            raise ModelNotFoundError(
+                f"{model.name} has {len(shapes)} inputs ({', '.join(shapes)}); one "
+                f"--input-shape {tuple(input_shape)} cannot describe them"
+            )
+        return {next(iter(shapes)): tuple(input_shape)}
+    crop = getattr(net, "crop_size", None)
+    if model.task == "segmentation" and isinstance(crop, int):
+        ((name, shape),) = shapes.items()
+        return {name: (*shape[:2], crop, crop)}
+    return shapes
 
 
 def _labels(model: ZooModel, net) -> list[str]:
@@ -221,6 +211,7 @@ def export(
     pretrained: bool = True,
     seed: int = 0,
     download_timeout_s: float = 10.0,
+    calibrate: bool = True,
 ) -> ExportedModel:
     """Build a zoo model, load its weights, and export its graph to ``out_dir``.
 
@@ -238,12 +229,14 @@ def export(
         Try the GluonCV model store (its cache, then the network) before random weights.
     seed : int
         Seed of the random weights when nothing else is available.
+    calibrate : bool
+        Calibrate random weights on a photo (see :mod:`.random_weights`); an import-only
+        check can skip it.
     """
     model = resolve(name)
-    gcv = import_gluoncv()
     mx = import_mxnet()
-    kwargs = {"pretrained_base": False} if model.task == "detection" else {}
-    net = gcv.model_zoo.get_model(model.name, pretrained=False, **kwargs)
+    net = build_net(model)
+    shapes = input_shapes_of(model, net, input_shape)
     if params_file is not None:
         path = Path(params_file)
         if not path.is_file():
@@ -260,7 +253,7 @@ def export(
     elif pretrained and _try_pretrained(model, net, download_timeout_s):
         weights = "pretrained"
     else:
-        _random_init(net, seed, tuple(input_shape) if input_shape else model.default_shape)
+        random_init(net, seed, list(shapes.values()), calibrate=calibrate)
         weights = f"random(seed={seed})"
         warnings.warn(
             f"\n*** {model.name}: using RANDOM weights (seed {seed}): no --params file was given "
@@ -269,9 +262,8 @@ def export(
             "weights. ***",
             stacklevel=2,
         )
-    shape = tuple(input_shape) if input_shape else model.default_shape
     net.hybridize()
-    net(mx.nd.zeros(shape))
+    net(*[mx.nd.zeros(s) for s in shapes.values()])
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prefix = out / model.name
@@ -281,7 +273,15 @@ def export(
         task=model.task,
         symbol_path=Path(f"{prefix}-symbol.json"),
         params_path=Path(f"{prefix}-0000.params"),
-        input_shape=shape,
+        input_shape=next(iter(shapes.values())),
         classes=_labels(model, net),
         weights=weights,
+        input_shapes=_graph_input_names(shapes),
     )
+
+
+def _graph_input_names(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    # HybridBlock.export names one input "data" and several "data0", "data1", ...
+    if len(shapes) == 1:
+        return {"data": next(iter(shapes.values()))}
+    return {f"data{i}": s for i, s in enumerate(shapes.values())}

@@ -11,6 +11,6 @@ from __future__ import annotations
 from .registry import CONVERTERS, converts
 
 # Importing the families fills CONVERTERS.
-from . import math, nn, tensor, vision  # noqa: E402,F401  isort: skip
+from . import deformable, image, indexing, math, nn, sort, tensor, vision  # noqa: E402,F401  isort: skip
 
 __all__ = ["CONVERTERS", "converts"]

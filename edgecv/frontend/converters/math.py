@@ -6,6 +6,7 @@ results are cast back to it.
 
 from __future__ import annotations
 
+import numpy as np
 from tvm import relax
 
 from ..attrs import Attrs
@@ -139,3 +140,9 @@ def add_n(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
     for x in inputs[1:]:
         total = ctx.emit(R.add(total, x))
     return total
+
+
+@converts("log2")
+def log2(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
+    # Relax has no log2: log(x) / ln 2
+    return R.multiply(R.log(inputs[0]), relax.const(1.0 / np.log(2.0), ctx.dtype(inputs[0])))

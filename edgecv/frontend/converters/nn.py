@@ -82,7 +82,7 @@ def deconvolution(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
     return out
 
 
-@converts("BatchNorm")
+@converts("BatchNorm", "_contrib_SyncBatchNorm")
 def batch_norm(ctx: Context, inputs: list, attrs: Attrs) -> list:
     data, gamma, beta, mean, var = inputs
     eps = attrs.float("eps", 1e-3)

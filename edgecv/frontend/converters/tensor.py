@@ -271,8 +271,11 @@ def split(ctx: Context, inputs: list, attrs: Attrs) -> list:
     axis = ctx.normalize_axis(attrs.int("axis", 1), len(shape))
     if shape[axis] % n:
         raise ctx.error(f"axis {axis} of size {shape[axis]} does not split into {n} equal parts")
-    parts = ctx.emit(R.split(inputs[0], n, axis))
-    outs = [relax.TupleGetItem(parts, i) for i in range(n)]
+    if n == 1:  # Relax's split into one part is the tensor itself, not a 1-tuple
+        outs = [inputs[0]]
+    else:
+        parts = ctx.emit(R.split(inputs[0], n, axis))
+        outs = [relax.TupleGetItem(parts, i) for i in range(n)]
     if attrs.bool("squeeze_axis", False):
         outs = [R.squeeze(ctx.emit(o), [axis]) for o in outs]
     return outs
