@@ -19,7 +19,16 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .base import GPURule, blocks, extent, inline_around, iter_kinds, max_threads
+from .base import (
+    GPURule,
+    blocks,
+    divisor_at_most,
+    extent,
+    inline_around,
+    iter_kinds,
+    max_threads,
+    work_items,
+)
 
 
 @dataclass(frozen=True)
@@ -36,24 +45,6 @@ class ConvTile:
 
 def _largest_divisor(value: int, choices: tuple[int, ...]) -> int:
     return next((c for c in choices if value % c == 0), 1)
-
-
-def divisor_at_most(extent: int, limit: int) -> int:
-    return max(d for d in range(1, min(extent, limit) + 1) if extent % d == 0)
-
-
-def work_items(extent: int, limit: int) -> int:
-    """Work-items along an axis of ``extent``: its largest divisor up to ``limit``.
-
-    A split the thread count does not divide puts a predicate on every statement of
-    the kernel; on Intel's CPU runtime that made 1x1 convs 3x slower (64 predicated
-    threads over 14x14: 10.8 ms; 196 exact: 2.5 ms) and a 3x3 4x slower. Extents with
-    no divisor of at least 16 (a prime width) are split 32-wide, predicated.
-    """
-    best = divisor_at_most(extent, limit)
-    if best < 16 and extent > best:
-        return min(32, limit)
-    return best
 
 
 def conv_tile(shape: dict[str, int], target: Target, depthwise: bool = False) -> ConvTile:
