@@ -1,0 +1,59 @@
+"""Pooling windows (max, average, global average) and mean over H, W.
+
+One work-item per output element, consecutive work-items on consecutive output
+columns; the window is reduced in a register (``local``), unrolled when small, with
+the padding (zero or edge) and the epilogue (the average's division) inlined.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.target import Target
+
+from .base import GPURule, bind_spatial, blocks, extent, inline_around, iter_kinds, max_threads
+
+THREADS = 256
+# windows up to this many elements are unrolled (a 7x7 global pool: 49)
+UNROLL = 64
+# Over this many elements per output and with fewer outputs than one work-group, one
+# work-item per output leaves the device idle: dlight's cross-thread reductions suit.
+SERIAL_LIMIT = 4096
+
+
+def _is_window(name: str) -> bool:
+    return name.startswith(("pool_", "adaptive_pool_", "tensor")) or name.endswith("_red")
+
+
+class Pool(GPURule):
+    """One ``SSSSRR`` reduction block (a pooling window or a sum over H, W)."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = self.new_schedule(func)
+        found = blocks(sch)
+        reductions = [b for b in found if "R" in iter_kinds(sch, b)]
+        if len(reductions) != 1 or iter_kinds(sch, reductions[0]) != "SSSSRR":
+            return None
+        pool = reductions[0]
+        if not _is_window(sch.get(pool).name_hint):
+            return None
+        loops = sch.get_loops(pool)
+        window = extent(sch, loops[4]) * extent(sch, loops[5])
+        outputs = 1
+        for loop in loops[:4]:
+            outputs *= extent(sch, loop)
+        if window > SERIAL_LIMIT and outputs < THREADS:
+            return None
+        _, out = inline_around(sch, pool, found)
+        _, item, reduce = bind_spatial(sch, pool, min(THREADS, max_threads(target)))
+        if out is None:
+            out = sch.cache_write(pool, 0, "local")
+        else:
+            sch.set_scope(pool, 0, "local")
+        sch.reverse_compute_at(out, item, preserve_unit_loops=True)
+        sch.decompose_reduction(pool, reduce[0])
+        if window <= UNROLL:
+            for loop in reduce:
+                sch.unroll(loop)
+        return sch
