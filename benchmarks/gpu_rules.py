@@ -24,8 +24,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from edgecv.build.opencl import build_opencl
-from edgecv.build.pipeline import build_cpu, lower
+from edgecv.codegen.opencl import build_opencl
+from edgecv.codegen.llvm import build_cpu
+from edgecv.lowering import lower
 from edgecv.profiles import load_profile
 from edgecv.runtime.opencl import OpenCLBackend
 from edgecv.schedules.gpu import default_rules
