@@ -126,6 +126,9 @@ class ScheduleOrder:
 def _apply(rule: dlight.ScheduleRule, func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
     symbol = func.attrs.get("global_symbol") if func.attrs else None
     bare = func.without_attr("global_symbol") if symbol else func
+    # A schedule may rewrite the function it was given in place (seen in TVM 0.27): each
+    # rule gets its own copy, so a rule that fails halfway leaves nothing behind.
+    bare = tvm.ir.load_json(tvm.ir.save_json(bare))
     with target:
         sch = rule.apply(bare, target, False)
     if sch is None:
