@@ -14,53 +14,15 @@ import tvm
 
 from . import __version__
 from .build.pipeline import build_cpu, lower
-from .errors import EdgecvError, ModelNotFoundError, ProfileError
+from .errors import EdgecvError, ProfileError, foreign_message
 from .frontend import zoo
 from .frontend.importer import from_mxnet
 from .frontend.mxnet_graph import load_params, load_symbol
-from .package import PackageWriter
+from .package import PackageWriter, check_destination
 from .profiles import AVAILABLE_RUNTIMES, Profile, load_profile
+from .source import resolve_source, source_record
 
 log = logging.getLogger(__name__)
-
-
-def resolve_source(
-    model: str,
-    work_dir: Path,
-    params: str | None = None,
-    input_shape: tuple[int, ...] | None = None,
-    pretrained: bool = True,
-    seed: int = 0,
-) -> zoo.ExportedModel:
-    """A zoo name/alias is exported to ``work_dir``; a ``*-symbol.json`` path is used as is."""
-    if model.endswith(".json"):
-        symbol = Path(model)
-        if not symbol.is_file():
-            raise ModelNotFoundError(f"symbol file {symbol} does not exist")
-        if params is None:
-            guess = Path(str(symbol).removesuffix("-symbol.json") + "-0000.params")
-            if not guess.is_file():
-                raise ModelNotFoundError(
-                    f"no params given for {symbol} and {guess.name} is not beside it; pass --params"
-                )
-            params = str(guess)
-        name = symbol.name.removesuffix(".json").removesuffix("-symbol")
-        shape = tuple(input_shape) if input_shape else (1, 3, 224, 224)
-        task = "detection" if _looks_like_detector(symbol) else "classification"
-        return zoo.ExportedModel(name, task, symbol, Path(params), shape, [], "params-file")
-    return zoo.export(
-        model,
-        work_dir,
-        params_file=params,
-        input_shape=input_shape,
-        pretrained=pretrained,
-        seed=seed,
-    )
-
-
-def _looks_like_detector(symbol: Path) -> bool:
-    text = symbol.read_text()
-    return "_contrib_box_nms" in text or "_contrib_MultiBoxDetection" in text
 
 
 def deploy(
@@ -76,6 +38,7 @@ def deploy(
     gpu_only: bool = False,
     host: str | None = None,
     check_on: str | None = "auto",
+    force: bool = False,
 ) -> Path:
     """Compile ``model`` for the device profile ``device`` and write a package.
 
@@ -106,29 +69,37 @@ def deploy(
         An OpenCL device to compile the GPU program on at deploy time (``auto``: the
         package's default device, when this machine has it); kernels its compiler
         rejects move to the CPU with a warning. ``None`` skips the check.
+    force : bool
+        Replace an existing edgecv package at ``output``. Anything at ``output`` that is
+        not an edgecv package is never replaced (:func:`~edgecv.package.check_destination`).
 
     Returns
     -------
     Path
         The package folder.
     """
+    if output is not None:
+        check_destination(output, force)  # before minutes of compiling, not after
     profile = load_profile(device)
     _check_buildable(profile)
     if host == "native":
         profile = profile.with_native_host()
     elif host is not None:
         raise ProfileError(f"--host accepts `native` only, not `{host}`")
+    _check_profile(profile)
     started = time.perf_counter()
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="edgecv-export-") as tmp:
         progress(f"resolving {model}")
         t = time.perf_counter()
-        source = resolve_source(model, Path(tmp), params, input_shape, pretrained, seed)
+        source = resolve_source(model, Path(tmp), params, input_shape, pretrained, seed, progress)
+        if output is None:
+            check_destination(f"{source.name}-{profile.name}", force)
         timings["export_s"] = time.perf_counter() - t
         progress(f"importing {source.symbol_path.name} ({source.weights} weights)")
         t = time.perf_counter()
         graph = load_symbol(source.symbol_path)
-        weights = load_params(source.params_path)
+        weights = load_params(source.params_path) if source.params_path else {}
         imported = from_mxnet(graph, weights, {"data": source.input_shape})
         timings["import_s"] = time.perf_counter() - t
     progress("lowering (Relax passes, fusion, memory plan)")
@@ -141,9 +112,9 @@ def deploy(
     timings["build_s"] = time.perf_counter() - t
 
     output = Path(output) if output else Path(f"{source.name}-{profile.name}")
-    writer = PackageWriter(output)
+    writer = PackageWriter(output, force=force)
     try:
-        kernel_files = write_kernels(writer)
+        kernel_files = _write_kernels(write_kernels, writer)
         plan = kernel_facts.pop("plan", lowered.plan)
         writer.write_text("plan.json", plan.to_json())
         writer.write_arrays("params.npz", lowered.constants)
@@ -153,6 +124,7 @@ def deploy(
                 "task": source.task,
                 "weights": source.weights,
                 "symbol": source.symbol_path.name,
+                "source": source_record(source, model, params, seed),
             },
             "profile": profile.raw,
             "inputs": [
@@ -198,6 +170,34 @@ def deploy(
         raise
     progress(f"wrote {path} ({len(plan.steps)} launches)")
     return path
+
+
+def _check_profile(profile: Profile) -> None:
+    """A profile whose target TVM rejects is the profile's fault: say so, before compiling."""
+    try:
+        profile.tvm_target()
+        profile.host_target()
+        profile.intel_subgroup_size  # noqa: B018  (validates gpu.subgroup_size)
+    except Exception as err:  # TVM raises ValueError/TVMError on bad target fields
+        raise ProfileError(
+            f"device profile `{profile.name}` is malformed: {foreign_message(err)}; fix its "
+            "target/host/gpu fields (see device_profiles/*.json)"
+        ) from None
+
+
+def _write_kernels(write_kernels, writer: PackageWriter) -> dict[str, str]:
+    """Kernel libraries that fail to link or write (no compiler, disk full) are reported
+    as such, not as a traceback from TVM's export_library."""
+    try:
+        return write_kernels(writer)
+    except EdgecvError:
+        raise
+    except Exception as err:
+        raise EdgecvError(
+            f"cannot write the compiled kernels into {writer.destination}: "
+            f"{foreign_message(err)}; check that a C compiler (cc/g++) is installed and the "
+            "disk has space"
+        ) from None
 
 
 @dataclass
