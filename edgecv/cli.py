@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import progress
 from .errors import EdgecvError, ShapeError, foreign_message
 from .outputs import check_image_path, check_output_folder, save_arrays, save_image
 
@@ -26,10 +27,6 @@ def _shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def _say(message: str) -> None:
-    print(f"[edgecv] {message}", file=sys.stderr, flush=True)
-
-
 def cmd_deploy(args: argparse.Namespace) -> int:
     from .deploy import deploy
 
@@ -42,7 +39,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         input_shape=args.input_shape,
         pretrained=not args.random_weights,
         seed=args.seed,
-        progress=_say,
+        progress=progress.say,
         cpu_ops=[op.strip() for op in (args.cpu_ops or "").split(",") if op.strip()],
         gpu_only=args.gpu_only,
         host=args.host,
