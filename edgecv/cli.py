@@ -277,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--on", help="OpenCL device: part of its platform/device name (intel, pocl)")
     r.set_defaults(func=cmd_run)
 
+    from .bench.command import add_parser as add_bench
+
+    add_bench(sub, common)
+
     v = sub.add_parser("devices", parents=[common], help="list OpenCL and CUDA devices here")
     v.set_defaults(func=cmd_devices)
 

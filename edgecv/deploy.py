@@ -157,6 +157,7 @@ def deploy(
                 "kernels": kernel_files,
                 **kernel_facts,
                 "launches": len(plan.steps),
+                "kernel_ops": lowered.kernel_ops,  # fused MXNet-level ops per kernel
                 "intermediate_bytes": sum(plan.storage_sizes),
                 "live_bytes_lower_bound": plan.live_bytes_lower_bound(),
                 "constant_bytes": int(sum(a.nbytes for a in lowered.constants.values())),
