@@ -280,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.command import add_parser as add_bench
 
     add_bench(sub, common)
+    from .demo import add_parser as add_demo
+
+    add_demo(sub, common)
 
     v = sub.add_parser("devices", parents=[common], help="list OpenCL and CUDA devices here")
     v.set_defaults(func=cmd_devices)
