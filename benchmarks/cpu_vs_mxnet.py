@@ -19,6 +19,7 @@ import numpy as np
 import tvm
 
 from edgecv._mxnet import import_mxnet
+from edgecv.bench.harness import alternate
 from edgecv.codegen.llvm import build_cpu
 from edgecv.frontend import zoo
 from edgecv.frontend.importer import from_mxnet
@@ -39,17 +40,6 @@ MODELS = [
 ]
 
 
-def median_ms(fn, repeat: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e3
-
-
 def bench(name: str, work: Path, repeat: int, schedule: bool) -> dict:
     mx = import_mxnet()
     exported = zoo.export(name, work / name, pretrained=False)
@@ -64,7 +54,6 @@ def bench(name: str, work: Path, repeat: int, schedule: bool) -> dict:
     lib = build_cpu(lowered.kernels, load_profile("cpu").tvm_target(), schedule=schedule)
     build_s = time.perf_counter() - t
     executor = Executor(lowered.plan, CPUBackend(lib), lowered.constants)
-    ours = median_ms(lambda: executor.run([x]), repeat)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -79,7 +68,9 @@ def bench(name: str, work: Path, repeat: int, schedule: bool) -> dict:
         for o in out if isinstance(out, (list, tuple)) else [out]:
             o.wait_to_read()
 
-    theirs = median_ms(mxnet_run, repeat)
+    # Alternating runs in one process (the shared harness): load drift hits both alike.
+    timed = alternate({"edgecv": lambda: executor.run([x]), "mxnet": mxnet_run}, repeat, 2)
+    ours, theirs = timed["edgecv"].median * 1e3, timed["mxnet"].median * 1e3
     return {
         "model": exported.name,
         "edgecv_ms": ours,

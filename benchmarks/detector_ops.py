@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from fallback_overhead import MODELS, alternating_medians, nms_time
+from fallback_overhead import MODELS, model_medians, nms_time
 
 import edgecv
 from edgecv.codegen.op_versions import OpVersions
@@ -67,7 +67,7 @@ def main() -> None:
                 for other in models[1:]:
                     for a, b in zip(first, other.run(x), strict=True):
                         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-                t_sub, t_wg, t_naive = alternating_medians(models, x, args.repeat)
+                t_sub, t_wg, t_naive = model_medians(models, x, args.repeat)
                 nms = [nms_time(m.executor, x, args.repeat)[1] for m in models]
                 label = models[0].executor.backends["gpu"].label.split(" / ")[0]
                 print(

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 import edgecv
+from edgecv.bench.harness import alternating_medians
 from edgecv.deploy import deploy
 from edgecv.runtime.opencl_devices import opencl_devices
 
@@ -57,16 +58,10 @@ def nms_time(executor, x, repeat: int) -> tuple[float, float]:
     return statistics.median(copies), statistics.median(nms)
 
 
-def alternating_medians(models, x, repeat: int) -> list[float]:
-    """Median seconds per inference of each model, runs alternating so that drift in
-    the machine's load hits all alike."""
-    times = [[] for _ in models]
-    for _ in range(repeat):
-        for spent, model in zip(times, models, strict=True):
-            t = time.perf_counter()
-            model.run(x)
-            spent.append(time.perf_counter() - t)
-    return [statistics.median(spent) for spent in times]
+def model_medians(models, x, repeat: int) -> list[float]:
+    """Median seconds per inference of each model, in alternating runs (the shared
+    harness, edgecv.bench) so that drift in the machine's load hits all alike."""
+    return alternating_medians([lambda m=m: m.run(x) for m in models], repeat)
 
 
 def main() -> None:
@@ -98,7 +93,7 @@ def main() -> None:
                     continue
                 x = np.random.RandomState(0).uniform(-1, 1, gpu.input_shape).astype(np.float32)
                 gpu.run(x), mixed.run(x)  # warm-up
-                t_gpu, t_mixed = alternating_medians([gpu, mixed], x, args.repeat)
+                t_gpu, t_mixed = model_medians([gpu, mixed], x, args.repeat)
                 copy_s, nms_cpu = nms_time(mixed.executor, x, args.repeat)
                 _, nms_gpu = nms_time(gpu.executor, x, args.repeat)
                 placement = mixed.manifest["build"]["placement"]

@@ -24,8 +24,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from edgecv.codegen.opencl import build_opencl
 from edgecv.codegen.llvm import build_cpu
+from edgecv.codegen.opencl import build_opencl
 from edgecv.lowering import lower
 from edgecv.profiles import load_profile
 from edgecv.runtime.opencl import OpenCLBackend

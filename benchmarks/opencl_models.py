@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 import edgecv
+from edgecv.bench.harness import time_runs
 from edgecv.deploy import deploy
 from edgecv.runtime.opencl_devices import opencl_devices
 
@@ -50,12 +51,9 @@ def measure(package: Path, on: str, repeat: int, cache: Path) -> dict:
     warm = time.perf_counter() - t
     backend, executor = model.executor.backend, model.executor
     x = np.random.RandomState(0).uniform(-1, 1, model.input_shape).astype(np.float32)
-    model.run(x)  # warm-up
-    latencies, enqueue = [], []
+    latency = time_runs(lambda: model.run(x), repeat, warmup=1)  # the shared harness
+    enqueue = []
     for _ in range(repeat):
-        t = time.perf_counter()
-        model.run(x)
-        latencies.append(time.perf_counter() - t)
         backend.synchronize()
         t = time.perf_counter()
         for launch in executor._launches:
@@ -67,7 +65,7 @@ def measure(package: Path, on: str, repeat: int, cache: Path) -> dict:
     bound = build["constant_bytes"] + inputs + build["live_bytes_lower_bound"]
     return {
         "device": backend.label,
-        "latency_ms": statistics.median(latencies) * 1e3,
+        "latency_ms": latency.median * 1e3,
         "launches": executor.num_launches,
         "host_us": statistics.median(enqueue) / executor.num_launches * 1e6,
         "device_mb": backend.allocated_bytes / 2**20,

@@ -18,14 +18,13 @@ CPU runtimes standing in for integrated GPUs.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import warnings
 
 import numpy as np
 import tvm
 
 from edgecv._mxnet import import_mxnet
+from edgecv.bench.harness import median_time  # one warm-up, then the median
 from edgecv.codegen.opencl import build_opencl
 from edgecv.ops.argsort import segmented_argsort_gpu, segmented_argsort_reference
 from edgecv.ops.box_nms import box_nms_gpu, box_nms_reference
@@ -40,16 +39,6 @@ from edgecv.testing import detector_inputs
 
 SSD = dict(overlap_thresh=0.45, valid_thresh=0.01, topk=400, id_index=0, score_index=1,
            coord_start=2, force_suppress=False)  # fmt: skip
-
-
-def median_time(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 class DeviceOp:

@@ -6,12 +6,15 @@ import argparse
 import logging
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-from .errors import EdgecvError, ShapeError
+from . import progress
+from .errors import EdgecvError, ShapeError, foreign_message
+from .outputs import check_image_path, check_output_folder, save_arrays, save_image
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -22,10 +25,6 @@ def _shape(text: str) -> tuple[int, ...]:
     if len(shape) != 4 or min(shape) <= 0:
         raise argparse.ArgumentTypeError(f"expected 4 positive integers N,C,H,W, got {text!r}")
     return shape
-
-
-def _say(message: str) -> None:
-    print(f"[edgecv] {message}", file=sys.stderr, flush=True)
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -50,9 +49,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         input_shape=args.input_shape,
         pretrained=not args.random_weights,
         seed=args.seed,
-        progress=_say,
+        progress=progress.say,
         host=args.host,
         options=options,
+        force=args.force,
     )
     if args.explain:
         from .package import read_manifest
@@ -63,7 +63,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     if args.archive:
         from .package import archive
 
-        path = archive(path)
+        path = archive(path, force=args.force)
     print(f"{path}  (deployed in {time.perf_counter() - start:.1f} s)")
     return 0
 
@@ -117,6 +117,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .imaging import draw, read_image
     from .model import load
 
+    # Where results go is checked before the model runs, not after.
+    if args.save:
+        check_image_path(args.save)
+    if args.output:
+        check_output_folder(args.output)
     model = load(args.package, on=args.on)
     images = list(args.images)
     if args.sample:
@@ -164,9 +169,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 out = Path(args.save)
                 if len(images) > 1:
                     out = out.with_name(f"{out.stem}-{Path(image_path).stem}{out.suffix}")
-                import cv2
-
-                cv2.imwrite(str(out), draw(image, found, fps=1.0 / latency))
+                save_image(out, draw(image, found, fps=1.0 / latency))
                 print(f"  annotated image: {out}")
         print(f"  latency: {latency * 1e3:.2f} ms (median of {args.repeat})")
         if args.output:
@@ -206,8 +209,8 @@ def _report_outputs(model, outputs: list[np.ndarray], path: str | None) -> None:
     for i, out in enumerate(outputs):
         print(f"output{i} {model.manifest['outputs'][i]['name']}: shape {out.shape} {out.dtype}")
     if path:
-        np.savez(path, **{f"output{i}": o for i, o in enumerate(outputs)})
-        print(f"wrote {path}")
+        written = save_arrays(path, {f"output{i}": o for i, o in enumerate(outputs)})
+        print(f"wrote {written}")
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
@@ -246,10 +249,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgecv", description="Deploy GluonCV/MXNet vision models to edge GPUs and CPUs."
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log compiler progress")
+    verbose = "log progress; print the traceback of a failure (for a bug report)"
+    parser.add_argument("-v", "--verbose", action="store_true", help=verbose)
+    # -v is accepted after the command too (`edgecv deploy ... -v`)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("deploy", help="compile a model into a package")
+    d = sub.add_parser("deploy", parents=[common], help="compile a model into a package")
     d.add_argument("model", help="zoo name/alias (ssd_mobilenet, resnet50, ...) or *-symbol.json")
     d.add_argument("--params", help="weights file (.params)")
     d.add_argument("--device", default="cpu", help="device profile (see `edgecv profiles`)")
@@ -262,6 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--seed", type=int, default=0, help="seed of random weights")
     d.add_argument("--archive", action="store_true", help="also pack the folder as .tar.gz")
+    d.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing edgecv package at -o (anything else there is never touched)",
+    )
     d.add_argument(
         "--cpu-ops", metavar="OPS", help="comma-separated operators to run on the CPU (box_nms)"
     )
@@ -297,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.set_defaults(func=cmd_deploy)
 
-    r = sub.add_parser("run", help="run a package on images or a tensor")
+    r = sub.add_parser("run", parents=[common], help="run a package on images or a tensor")
     r.add_argument("package", help="package folder or .tar.gz")
     r.add_argument("images", nargs="*", help="image files")
     r.add_argument("--input", help="raw input tensor (.npy), no preprocessing")
@@ -311,15 +325,25 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--on", help="OpenCL device: part of its platform/device name (intel, pocl)")
     r.set_defaults(func=cmd_run)
 
-    v = sub.add_parser("devices", help="list OpenCL and CUDA devices on this machine")
+    from .bench.command import add_parser as add_bench
+
+    add_bench(sub, common)
+    from .demo import add_parser as add_demo
+
+    add_demo(sub, common)
+
+    v = sub.add_parser("devices", parents=[common], help="list OpenCL and CUDA devices here")
     v.set_defaults(func=cmd_devices)
 
-    p = sub.add_parser("profiles", help="list device profiles")
+    p = sub.add_parser("profiles", parents=[common], help="list device profiles")
     p.set_defaults(func=cmd_profiles)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``edgecv`` command: every failure ends in one ``edgecv: error:`` line and a
+    non-zero exit (2: bad input or environment; 1: a bug in edgecv); ``-v`` adds the
+    traceback, for a bug report."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="[edgecv] %(message)s"
@@ -328,11 +352,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except EdgecvError as err:
+        if args.verbose:
+            traceback.print_exc()
         print(f"edgecv: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("edgecv: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # not the user's fault: one line, the traceback with -v
+        if args.verbose:
+            traceback.print_exc()
+        print(
+            f"edgecv: error: internal error ({type(err).__name__}: {foreign_message(err)}); "
+            "run again with -v for the traceback and report it",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

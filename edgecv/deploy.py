@@ -11,54 +11,16 @@ from pathlib import Path
 import tvm
 
 from . import __version__
-from .errors import EdgecvError, ModelNotFoundError, ProfileError
+from .errors import EdgecvError, ProfileError, foreign_message
 from .frontend import zoo
 from .frontend.importer import from_mxnet
 from .frontend.mxnet_graph import load_params, load_symbol
-from .package import PackageWriter
+from .package import PackageWriter, check_destination
 from .pipelines import BuildOptions, pipeline_for
 from .profiles import AVAILABLE_RUNTIMES, Profile, load_profile
+from .source import resolve_source, source_record
 
 log = logging.getLogger(__name__)
-
-
-def resolve_source(
-    model: str,
-    work_dir: Path,
-    params: str | None = None,
-    input_shape: tuple[int, ...] | None = None,
-    pretrained: bool = True,
-    seed: int = 0,
-) -> zoo.ExportedModel:
-    """A zoo name/alias is exported to ``work_dir``; a ``*-symbol.json`` path is used as is."""
-    if model.endswith(".json"):
-        symbol = Path(model)
-        if not symbol.is_file():
-            raise ModelNotFoundError(f"symbol file {symbol} does not exist")
-        if params is None:
-            guess = Path(str(symbol).removesuffix("-symbol.json") + "-0000.params")
-            if not guess.is_file():
-                raise ModelNotFoundError(
-                    f"no params given for {symbol} and {guess.name} is not beside it; pass --params"
-                )
-            params = str(guess)
-        name = symbol.name.removesuffix(".json").removesuffix("-symbol")
-        shape = tuple(input_shape) if input_shape else (1, 3, 224, 224)
-        task = "detection" if _looks_like_detector(symbol) else "classification"
-        return zoo.ExportedModel(name, task, symbol, Path(params), shape, [], "params-file")
-    return zoo.export(
-        model,
-        work_dir,
-        params_file=params,
-        input_shape=input_shape,
-        pretrained=pretrained,
-        seed=seed,
-    )
-
-
-def _looks_like_detector(symbol: Path) -> bool:
-    text = symbol.read_text()
-    return "_contrib_box_nms" in text or "_contrib_MultiBoxDetection" in text
 
 
 def deploy(
@@ -75,6 +37,7 @@ def deploy(
     cpu_ops: Sequence[str] = (),
     gpu_only: bool = False,
     check_on: str | None = "auto",
+    force: bool = False,
 ) -> Path:
     """Compile ``model`` for the device profile ``device`` and write a package.
 
@@ -102,29 +65,37 @@ def deploy(
         (see :class:`edgecv.pipelines.BuildOptions`).
     cpu_ops, gpu_only, check_on
         Shorthands for the same fields of ``options`` when ``options`` is not given.
+    force : bool
+        Replace an existing edgecv package at ``output``. Anything at ``output`` that is
+        not an edgecv package is never replaced (:func:`~edgecv.package.check_destination`).
 
     Returns
     -------
     Path
         The package folder.
     """
+    if output is not None:
+        check_destination(output, force)  # before minutes of compiling, not after
     profile = load_profile(device)
     _check_buildable(profile)
     if host == "native":
         profile = profile.with_native_host()
     elif host is not None:
         raise ProfileError(f"--host accepts `native` only, not `{host}`")
+    _check_profile(profile)
     started = time.perf_counter()
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="edgecv-export-") as tmp:
         progress(f"resolving {model}")
         t = time.perf_counter()
-        source = resolve_source(model, Path(tmp), params, input_shape, pretrained, seed)
+        source = resolve_source(model, Path(tmp), params, input_shape, pretrained, seed, progress)
+        if output is None:
+            check_destination(f"{source.name}-{profile.name}", force)
         timings["export_s"] = time.perf_counter() - t
         progress(f"importing {source.symbol_path.name} ({source.weights} weights)")
         t = time.perf_counter()
         graph = load_symbol(source.symbol_path)
-        weights = load_params(source.params_path)
+        weights = load_params(source.params_path) if source.params_path else {}
         imported = from_mxnet(graph, weights, {"data": source.input_shape})
         timings["import_s"] = time.perf_counter() - t
     options = options or BuildOptions(list(cpu_ops), gpu_only, check_on)
@@ -133,9 +104,9 @@ def deploy(
     plan = built.plan
 
     output = Path(output) if output else Path(f"{source.name}-{profile.name}")
-    writer = PackageWriter(output)
+    writer = PackageWriter(output, force=force)
     try:
-        kernel_files = built.write(writer)
+        kernel_files = _write_kernels(built.write, writer)
         writer.write_text("plan.json", plan.to_json())
         writer.write_arrays("params.npz", built.constants)
         manifest = {
@@ -144,6 +115,7 @@ def deploy(
                 "task": source.task,
                 "weights": source.weights,
                 "symbol": source.symbol_path.name,
+                "source": source_record(source, model, params, seed),
             },
             "profile": profile.raw,
             "inputs": [
@@ -176,6 +148,7 @@ def deploy(
                 "kernels": kernel_files,
                 **built.facts,
                 "launches": len(plan.steps),
+                "kernel_ops": built.kernel_ops,  # fused MXNet-level ops per kernel
                 "intermediate_bytes": sum(plan.storage_sizes),
                 "live_bytes_lower_bound": plan.live_bytes_lower_bound(),
                 "constant_bytes": int(sum(a.nbytes for a in built.constants.values())),
@@ -189,6 +162,34 @@ def deploy(
         raise
     progress(f"wrote {path} ({len(plan.steps)} launches)")
     return path
+
+
+def _check_profile(profile: Profile) -> None:
+    """A profile whose target TVM rejects is the profile's fault: say so, before compiling."""
+    try:
+        profile.tvm_target()
+        profile.host_target()
+        profile.intel_subgroup_size  # noqa: B018  (validates gpu.subgroup_size)
+    except Exception as err:  # TVM raises ValueError/TVMError on bad target fields
+        raise ProfileError(
+            f"device profile `{profile.name}` is malformed: {foreign_message(err)}; fix its "
+            "target/host/gpu fields (see device_profiles/*.json)"
+        ) from None
+
+
+def _write_kernels(write_kernels, writer: PackageWriter) -> dict[str, str]:
+    """Kernel libraries that fail to link or write (no compiler, disk full) are reported
+    as such, not as a traceback from TVM's export_library."""
+    try:
+        return write_kernels(writer)
+    except EdgecvError:
+        raise
+    except Exception as err:
+        raise EdgecvError(
+            f"cannot write the compiled kernels into {writer.destination}: "
+            f"{foreign_message(err)}; check that a C compiler (cc/g++) is installed and the "
+            "disk has space"
+        ) from None
 
 
 def _check_buildable(profile: Profile) -> None:

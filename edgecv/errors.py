@@ -63,3 +63,25 @@ class QuantizedGraphError(UnsupportedOpsError):
             f"int8 graphs are not supported (quantized ops found: {listed}); deploy the "
             "float32 model instead (the same name without `_int8`).",
         )
+
+
+def foreign_message(err: BaseException) -> str:
+    """The meaningful line of another library's error, without its traceback text.
+
+    MXNet's errors start with ``Traceback (most recent call last):`` and C++ file lines;
+    the user needs the last line, without ``MXNetError: Check failed: <expr>:``.
+    """
+    lines = [line.strip() for line in str(err).strip().splitlines()]
+    lines = [
+        line
+        for line in lines
+        if line and not line.startswith(("Traceback", "File ", "[bt]", "Stack trace"))
+    ]
+    if not lines:
+        return type(err).__name__
+    last = lines[-1]
+    for prefix in ("MXNetError:", "TVMError:", "ValueError:", "RuntimeError:"):
+        last = last.removeprefix(prefix).strip()
+    if last.startswith("Check failed:") and ": " in last[len("Check failed:") :]:
+        last = last[len("Check failed:") :].split(": ", 1)[1]
+    return last or type(err).__name__

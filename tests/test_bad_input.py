@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import cv2
 import numpy as np
 import pytest
 
@@ -22,6 +23,7 @@ from edgecv.errors import (
 )
 from edgecv.frontend.importer import from_mxnet
 from edgecv.frontend.mxnet_graph import load_params, load_symbol, parse_symbol
+from edgecv.testing import assert_close, assert_one_error_line, run_cli
 
 mx = import_mxnet()
 S = mx.sym
@@ -138,35 +140,130 @@ def tiny_package(tmp_path_factory):
     return root / "pkg"
 
 
-def test_cli_errors_exit_nonzero_without_traceback(tiny_package, tmp_path, capsys):
+def _cli_error_cases(tiny_package, tmp_path):
+    """(argv, expected fragment, extra environment) of bad inputs the CLI must refuse."""
     cases = [
-        (["deploy", "not_a_model"], "unknown model"),
-        (["deploy", "mobilenet", "--device", "nope"], "unknown device profile"),
-        (["run", str(tmp_path / "missing")], "does not exist"),
+        (["deploy", "not_a_model"], "unknown model", {}),
+        (["deploy", "mobilenet", "--device", "nope"], "unknown device profile", {}),
+        (["run", tmp_path / "missing"], "does not exist", {}),
     ]
-    truncated = tmp_path / "cut-symbol.json"
     text = small_net().tojson()
+    truncated = tmp_path / "cut-symbol.json"
     truncated.write_text(text[: len(text) // 3])
-    cases.append(
-        (["deploy", str(truncated), "--params", str(tiny_package / "params.npz")], "truncated")
-    )
+    cases.append((["deploy", truncated, "--params", tiny_package / "params.npz"], "truncated", {}))
     other = tmp_path / "other-0000.params"
     mx.nd.save(str(other), {"arg:fc_weight": mx.nd.zeros((3, 4))})
     (tmp_path / "other-symbol.json").write_text(text)
     cases.append(
         (
-            ["deploy", str(tmp_path / "other-symbol.json"), "--input-shape", "1,2,5,5"],
+            ["deploy", tmp_path / "other-symbol.json", "--input-shape", "1,2,5,5"],
             "not in the params",
+            {},
         )
     )
     bad_input = tmp_path / "x.npy"
     np.save(bad_input, np.zeros((1, 2, 6, 6), np.float32))
-    cases.append((["run", str(tiny_package), "--input", str(bad_input)], "has shape (1, 2, 6, 6)"))
-    for argv, fragment in cases:
-        assert main(argv) == 2, argv
-        err = capsys.readouterr().err
-        assert fragment in err, (argv, err)
-        assert "Traceback" not in err
+    cases.append((["run", tiny_package, "--input", bad_input], "has shape (1, 2, 6, 6)", {}))
+    # A truncated params file: MXNet's reason, without MXNet's traceback text.
+    cut = tmp_path / "cut-0000.params"
+    whole = tmp_path / "whole.params"
+    mx.nd.save(str(whole), {k: mx.nd.array(v) for k, v in small_params().items()})
+    cut.write_bytes(whole.read_bytes()[:200])
+    (tmp_path / "cut2-symbol.json").write_text(text)
+    cases.append(
+        (
+            ["deploy", tmp_path / "cut2-symbol.json", "--params", cut],
+            "Invalid NDArray file format",
+            {},
+        )
+    )
+    # Profiles TVM or edgecv reject (TVM raises ValueError on these).
+    for i, change in enumerate([
+        {"target": {"kind": "no_such_target"}},
+        {"runtime": "opencl", "gpu": {"intel_subgroups": True, "subgroup_size": 3}},
+    ]):  # fmt: skip
+        raw = {"name": f"broken{i}", "runtime": "cpu", "target": {"kind": "llvm"},
+               "host": {"kind": "llvm"}, **change}  # fmt: skip
+        path = tmp_path / f"broken{i}.json"
+        path.write_text(json.dumps(raw))
+        cases.append(
+            (["deploy", tmp_path / "other-symbol.json", "--device", path], "malformed", {})
+        )
+    # No C compiler for the CPU kernel library: export_library fails.
+    cases.append(
+        (
+            ["deploy", f"{tiny_package.parent}/tiny-symbol.json", "--input-shape", "1,2,5,5",
+             "-o", tmp_path / "nocc"],
+            "cannot write the compiled kernels",
+            {"CXX": "/nonexistent/g++", "CC": "/nonexistent/cc"},
+        )
+    )  # fmt: skip
+    photo = tmp_path / "photo.png"
+    cv2.imwrite(str(photo), np.zeros((8, 8, 3), np.uint8))
+    cases.append(
+        (["run", tiny_package, photo, "--save", tmp_path / "out.unknownext"], "no writer", {})
+    )
+    cases.append(
+        (["run", tiny_package, photo, "--save", tmp_path / "no" / "out.jpg"], "does not exist", {})
+    )
+    cases.append(
+        (["run", tiny_package, "--input", bad_input, "--output", tmp_path / "no" / "y.npz"],
+         "does not exist", {})
+    )  # fmt: skip
+    return cases
+
+
+def test_cli_errors_exit_nonzero_with_one_line(tiny_package, tmp_path, monkeypatch):
+    for argv, fragment, env in _cli_error_cases(tiny_package, tmp_path):
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        result = run_cli(*argv)
+        for key in env:
+            monkeypatch.delenv(key)
+        assert_one_error_line(result, fragment)
+    assert not (tmp_path / "nocc").exists()  # the failed deploy left nothing behind
+    assert not (tmp_path / "out.unknownext").exists()
+
+
+def test_verbose_shows_the_traceback(tmp_path):
+    result = run_cli("-v", "run", tmp_path / "missing")
+    assert result.returncode == 2
+    assert "Traceback" in result.stderr and "PackageError" in result.stderr
+    assert result.stderr.count("edgecv: error:") == 1
+    after = run_cli("run", tmp_path / "missing", "-v")  # -v after the command too
+    assert "Traceback" in after.stderr
+
+
+def test_unsupported_ops_come_before_missing_params(tmp_path):
+    d = S.var("data")
+    raw = json.loads(S.FullyConnected(S.relu(d), num_hidden=3, name="fc").tojson())
+    raw["nodes"][1]["op"] = "Custom"
+    (tmp_path / "odd-symbol.json").write_text(json.dumps(raw))  # no params file beside it
+    result = run_cli("deploy", tmp_path / "odd-symbol.json")
+    line = assert_one_error_line(result, "`Custom` (x1)")
+    assert "--params" not in line
+
+
+def test_graph_without_parameters_deploys_without_params_and_says_the_shape(tmp_path):
+    d = S.var("data")
+    S.Pooling(S.relu(d), kernel=(2, 2), stride=(2, 2), pool_type="avg").save(
+        str(tmp_path / "pool-symbol.json")
+    )
+    result = run_cli("deploy", tmp_path / "pool-symbol.json", "-o", tmp_path / "pkg")
+    assert result.returncode == 0, result.stderr
+    assert "assuming data 1x3x224x224" in result.stderr
+    from edgecv.model import load
+
+    x = np.random.RandomState(0).normal(size=(1, 3, 224, 224)).astype(np.float32)
+    expected = mx.nd.Pooling(mx.nd.relu(mx.nd.array(x)), kernel=(2, 2), stride=(2, 2),
+                             pool_type="avg").asnumpy()  # fmt: skip
+    assert_close(load(tmp_path / "pkg").run(x)[0], expected)
+
+
+def test_graph_with_parameters_and_no_params_file_names_them(tmp_path):
+    small_net().save(str(tmp_path / "bare-symbol.json"))
+    result = run_cli("deploy", tmp_path / "bare-symbol.json")
+    assert_one_error_line(result, "conv_weight")
 
 
 def test_package_checks(tiny_package, tmp_path):

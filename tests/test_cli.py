@@ -12,6 +12,7 @@ import pytest
 from conftest import mxnet_forward, random_input
 
 from edgecv.cli import main
+from edgecv.testing import assert_close
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_run_on_tensor_writes_outputs_matching_mxnet(mobilenet_package, exported
     # same weights as the package.
     model = exported("mobilenet1.0")
     ref = mxnet_forward(model.symbol_path, model.params_path, x)[0]
-    np.testing.assert_allclose(ours["output0"], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert_close(ours["output0"], ref, "mobilenet1.0 via the CLI")
 
 
 def test_run_on_sample_photo_prints_top5(mobilenet_package):
@@ -97,31 +98,25 @@ def test_profiles_lists_all_devices(capsys):
         assert name in out
 
 
-def test_camera_demo_on_image_folder(mobilenet_package, tmp_path):
+def test_camera_demo_script_calls_edgecv_demo(mobilenet_package, tmp_path):
     import cv2
     import skimage.data
 
     frames = tmp_path / "frames"
     frames.mkdir()
     cv2.imwrite(str(frames / "a.jpg"), skimage.data.astronaut()[:, :, ::-1])
-    cv2.imwrite(str(frames / "b.jpg"), skimage.data.coffee()[:, :, ::-1])
-    out = tmp_path / "annotated"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(Path(__file__).parent.parent / "demos" / "camera.py"),
-            str(mobilenet_package),
-            "--source",
-            str(frames),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    cv2.imwrite(str(frames / "b.jpg"), skimage.data.astronaut()[:, :, ::-1])
+    out = tmp_path / "annotated.mp4"
+    script = Path(__file__).parent.parent / "demos" / "camera.py"
+    argv = [str(mobilenet_package), "--images", str(frames), "--headless", "-o", str(out)]
+    result = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["a.jpg", "b.jpg"]
-    assert cv2.imread(str(out / "a.jpg")).shape == skimage.data.astronaut().shape
+    capture = cv2.VideoCapture(str(out))
+    assert int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) == 2
+    assert (capture.get(cv2.CAP_PROP_FRAME_HEIGHT), capture.get(cv2.CAP_PROP_FRAME_WIDTH)) == (
+        512.0,
+        512.0,
+    )
 
 
 def test_archived_package_loads(tmp_path):
@@ -151,7 +146,9 @@ def test_archived_package_loads(tmp_path):
 
     shutil.rmtree(out)
     model = load(archive)
-    assert model.run(np.zeros((1, 2, 5, 5), np.float32))[0].shape == (1, 3)
+    x = np.random.RandomState(4).normal(size=(1, 2, 5, 5)).astype(np.float32)
+    ref = mxnet_forward(f"{prefix}-symbol.json", f"{prefix}-0000.params", x)[0]
+    assert_close(model.run(x)[0], ref, "archived package vs MXNet")
 
 
 def test_public_load_api(mobilenet_package):

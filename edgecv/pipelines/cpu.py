@@ -31,4 +31,11 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
         lowered.kernels, target, lowered, options, progress, str(target.attrs.get("mcpu", "cpu"))
     )
     timings = {**lowered.timings, "build_s": time.perf_counter() - started}
-    return Built(lowered.plan, lowered.constants, write, {"schedules": {"cpu": facts}}, timings)
+    return Built(
+        lowered.plan,
+        lowered.constants,
+        write,
+        {"schedules": {"cpu": facts}},
+        timings,
+        lowered.kernel_ops,
+    )

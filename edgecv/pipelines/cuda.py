@@ -68,4 +68,4 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
 
     timings = {**lowered.timings, "build_s": time.perf_counter() - started}
     write = g.package_writer("cuda", code.source, launches, write_cpu, binaries)
-    return Built(plan, lowered.constants, write, facts, timings)
+    return Built(plan, lowered.constants, write, facts, timings, lowered.kernel_ops)

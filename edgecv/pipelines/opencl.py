@@ -59,4 +59,4 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
         facts["schedules"]["cpu"] = facts.pop("cpu_schedules")
     timings = {**lowered.timings, "build_s": time.perf_counter() - started}
     write = g.package_writer("opencl", source, launches, write_cpu)
-    return Built(plan, lowered.constants, write, facts, timings)
+    return Built(plan, lowered.constants, write, facts, timings, lowered.kernel_ops)

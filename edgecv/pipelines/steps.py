@@ -67,6 +67,7 @@ class Built:
     write: Callable  # PackageWriter -> {role: relative path} of the kernel files
     facts: dict  # the manifest's ``build`` entries of this pipeline
     timings: dict[str, float]
+    kernel_ops: dict[str, list[str]] = field(default_factory=dict)  # fused ops per kernel
 
 
 def compile_kernels(

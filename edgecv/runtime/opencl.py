@@ -132,6 +132,7 @@ class OpenCLBackend(Backend):
                 f"OpenCL device(s) that cannot build the program: {skipped}", stacklevel=2
             )
         self.queue = cl.CommandQueue(self.context)
+        self.events: list | None = None  # (step kernel, OpenCL kernel, event) when profiling
         self.launches = launches
         self.allocated_bytes = 0
         self.label = _label(self.device.platform, self.device)
@@ -199,13 +200,36 @@ class OpenCLBackend(Backend):
                 else:
                     kernel.set_arg(i, _SCALARS[ctype](value))
             prepared.append((kernel, launch.global_size, launch.local_size))
-        enqueue, queue = self.cl.enqueue_nd_range_kernel, self.queue
+        enqueue = self.cl.enqueue_nd_range_kernel
 
         def run(_keep=workspaces) -> None:  # set_arg holds no reference: run() does
+            queue, events = self.queue, self.events  # the queue changes when profiling
             for kernel, global_size, local_size in prepared:
-                enqueue(queue, kernel, global_size, local_size)
+                event = enqueue(queue, kernel, global_size, local_size)
+                if events is not None:
+                    events.append((name, kernel.function_name, event))
 
         return run
+
+    def start_profiling(self) -> None:
+        """Record an event per launch on a profiling queue (``edgecv bench``); buffers
+        belong to the context, so they carry over to the new queue."""
+        self.queue.finish()
+        props = self.cl.command_queue_properties.PROFILING_ENABLE
+        self.queue = self.cl.CommandQueue(self.context, properties=props)
+        self.events = []
+
+    def stop_profiling(self) -> list[tuple[str, str, float]]:
+        """(step kernel, OpenCL kernel, device seconds) of each launch since
+        :meth:`start_profiling`; the queue is a plain one again."""
+        self.queue.finish()
+        timed = [
+            (step, kernel, (event.profile.end - event.profile.start) * 1e-9)
+            for step, kernel, event in self.events or []
+        ]
+        self.queue = self.cl.CommandQueue(self.context)
+        self.events = None
+        return timed
 
     def synchronize(self) -> None:
         try:

@@ -44,7 +44,7 @@ def inline_all(sch: s_tir.Schedule) -> None:
             for inline in (sch.compute_inline, sch.reverse_compute_inline):
                 try:
                     inline(block)
-                except Exception:  # noqa: BLE001: not inlinable is the common case
+                except Exception:  # not inlinable is the common case
                     continue
                 changed = True
                 break
@@ -76,7 +76,7 @@ class SafeFallback(GPURule):
             trial = sch.copy()
             try:
                 bind_spatial(trial, block, limit)
-            except Exception:  # noqa: BLE001: fall back to one work-item for the block
+            except Exception:  # fall back to one work-item for the block
                 _one_item(sch, block)
             else:
                 sch = trial

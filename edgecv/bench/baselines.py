@@ -1,0 +1,146 @@
+"""Baseline runtimes built from a package's source model (MXNet symbol + params).
+
+Each builder returns a :class:`Baseline` or raises :class:`BaselineUnavailable` with
+the reason (not installed, export failed, load failed): ``edgecv bench`` lists those
+and goes on. ONNX Runtime and OpenVINO run the ONNX file MXNet's own exporter writes
+(``mx.onnx.export_model``, which needs onnx < 1.15). OpenVINO runs in FP32: on CPUs
+with AVX-512 BF16 it would pick bf16 by default, which is not the comparison we want.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .._mxnet import import_mxnet
+from ..errors import EdgecvError, foreign_message
+
+KNOWN = ("mxnet", "onnxruntime", "openvino")
+
+
+class BaselineUnavailable(EdgecvError):
+    """A baseline runtime that is not installed or cannot run this model."""
+
+
+@dataclass
+class Baseline:
+    name: str
+    version: str
+    run: Callable[[np.ndarray], list[np.ndarray]]
+    load_s: float
+
+
+def threads() -> int:
+    """The cores this process may use (edgecv's TVM pool uses the same number)."""
+    return len(os.sched_getaffinity(0))
+
+
+def _module(name: str, hint: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        raise BaselineUnavailable(f"not installed ({err.name}); {hint}") from None
+
+
+def mxnet_baseline(symbol: Path, params: Path, shape: tuple[int, ...]) -> Baseline:
+    mx = import_mxnet()
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        net = mx.gluon.SymbolBlock.imports(str(symbol), ["data"], str(params))
+    net.hybridize(static_alloc=True, static_shape=True)
+
+    def run(x: np.ndarray) -> list[np.ndarray]:
+        out = net(mx.nd.array(x))
+        return [o.asnumpy() for o in (out if isinstance(out, (list, tuple)) else [out])]
+
+    run(np.zeros(shape, np.float32))  # builds the cached graph: part of loading
+    return Baseline("mxnet", mx.__version__, run, time.perf_counter() - start)
+
+
+def export_onnx(symbol: Path, params: Path, shape: tuple[int, ...], out: Path) -> Path:
+    """The model as ONNX, written by MXNet's exporter (once per bench run)."""
+    _module("onnx", "pip install 'edgecv[bench]' (onnx<1.15, for MXNet's exporter)")
+    mx = import_mxnet()
+    path = out / "model.onnx"
+    if path.is_file():
+        return path
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mx.onnx.export_model(
+                str(symbol), str(params), [shape], [np.float32], onnx_file_path=str(path)
+            )
+    except Exception as err:
+        raise BaselineUnavailable(
+            f"MXNet's ONNX export failed: {foreign_message(err)[:200]}"
+        ) from None
+    return path
+
+
+def onnxruntime_baseline(onnx_path: Path) -> Baseline:
+    ort = _module("onnxruntime", "pip install 'edgecv[bench]'")
+    start = time.perf_counter()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads()
+    options.log_severity_level = 3  # not one warning per initializer of an MXNet export
+    try:
+        session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    except Exception as err:
+        msg = f"cannot load the ONNX export: {foreign_message(err)[:200]}"
+        raise BaselineUnavailable(msg) from None
+    name = session.get_inputs()[0].name
+
+    def run(x: np.ndarray) -> list[np.ndarray]:
+        return list(session.run(None, {name: x}))
+
+    return Baseline("onnxruntime", ort.__version__, run, time.perf_counter() - start)
+
+
+def openvino_baseline(onnx_path: Path) -> Baseline:
+    ov = _module("openvino", "pip install 'edgecv[bench]'")
+    start = time.perf_counter()
+    config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads()}
+    try:
+        compiled = ov.Core().compile_model(str(onnx_path), "CPU", config)
+    except Exception as err:
+        msg = f"cannot load the ONNX export: {foreign_message(err)[:200]}"
+        raise BaselineUnavailable(msg) from None
+    request = compiled.create_infer_request()
+    outputs = compiled.outputs
+
+    def run(x: np.ndarray) -> list[np.ndarray]:
+        result = request.infer([x])
+        return [np.array(result[o]) for o in outputs]
+
+    version = ov.get_version().split("-")[0]
+    return Baseline("openvino", version, run, time.perf_counter() - start)
+
+
+def build_baselines(
+    names: list[str], symbol: Path, params: Path, shape: tuple[int, ...], work: Path
+) -> tuple[list[Baseline], dict[str, str]]:
+    """The baselines ``names`` that load, and the reason for each that does not."""
+    built, failed = [], {}
+    for name in names:
+        try:
+            if name == "mxnet":
+                built.append(mxnet_baseline(symbol, params, shape))
+            elif name == "onnxruntime":
+                built.append(onnxruntime_baseline(export_onnx(symbol, params, shape, work)))
+            elif name == "openvino":
+                built.append(openvino_baseline(export_onnx(symbol, params, shape, work)))
+            else:
+                failed[name] = f"unknown baseline; known: {', '.join(KNOWN)}"
+        except BaselineUnavailable as err:
+            failed[name] = str(err)
+        except Exception as err:  # a baseline's own failure must not end the bench
+            failed[name] = f"failed: {type(err).__name__}: {foreign_message(err)[:200]}"
+    return built, failed

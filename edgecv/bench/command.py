@@ -1,0 +1,175 @@
+"""``edgecv bench PACKAGE``: latency percentiles, load time, memory, the kernels that
+take the time, and baselines timed in alternating runs in the same process."""
+
+from __future__ import annotations
+
+import json
+import resource
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__, progress
+from ..errors import EdgecvError
+from ..outputs import check_output_folder
+from .baselines import KNOWN, build_baselines, threads
+from .harness import alternate
+from .steps import profile_steps
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def source_files(manifest: dict, source: str | None, work: Path) -> tuple[Path, Path]:
+    """The symbol and params files of the package's source model: ``--source`` (a
+    ``*-symbol.json`` with its ``-0000.params`` beside it), else what the manifest
+    records (a symbol file's path, or a zoo model re-exported with the same weights)."""
+    if source:
+        symbol = Path(source)
+        params = Path(str(symbol).removesuffix("-symbol.json") + "-0000.params")
+        for path in (symbol, params):
+            if not path.is_file():
+                raise EdgecvError(f"--source: {path} does not exist")
+        return symbol, params
+    record = manifest["model"].get("source")
+    if record is None:
+        raise EdgecvError(
+            "this package does not record its source model (deployed by an older edgecv); "
+            "pass --source PREFIX-symbol.json"
+        )
+    if record["kind"] == "symbol":
+        symbol, params = Path(record["symbol"]), record.get("params")
+        if not symbol.is_file() or (params and not Path(params).is_file()):
+            raise EdgecvError(
+                f"the package's source model {symbol} is no longer there; pass --source"
+            )
+        if not params:
+            raise EdgecvError("the source graph has no params file; baselines need one")
+        return symbol, Path(params)
+    from ..frontend import zoo
+
+    progress.say(f"re-exporting {record['name']} ({record['weights']} weights) for the baselines")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exported = zoo.export(
+            record["name"],
+            work,
+            params_file=record.get("params"),
+            input_shape=tuple(record["input_shape"]),
+            pretrained=record["weights"] == "pretrained",
+            seed=record.get("seed", 0),
+        )
+    return exported.symbol_path, exported.params_path
+
+
+def agreement(ours: list[np.ndarray], theirs: list[np.ndarray]) -> dict:
+    """Largest difference over all outputs, relative to the reference's scale, and
+    whether the top class agrees (classifiers)."""
+    if len(ours) != len(theirs):
+        return {"error": f"{len(theirs)} outputs, edgecv has {len(ours)}"}
+    worst = 0.0
+    for a, b in zip(ours, theirs, strict=True):
+        b = np.asarray(b).reshape(a.shape) if np.size(b) == np.size(a) else b
+        if np.shape(a) != np.shape(b):
+            return {"error": f"output shapes {np.shape(b)} vs edgecv {np.shape(a)}"}
+        scale = max(1.0, float(np.abs(b).max(initial=0.0)))
+        worst = max(worst, float(np.abs(a.astype(np.float64) - b).max(initial=0.0)) / scale)
+    same_top = bool(np.argmax(ours[0].reshape(-1)) == np.argmax(np.asarray(theirs[0]).reshape(-1)))
+    return {"max_rel_diff": worst, "same_top1": same_top}
+
+
+def bench_input(model) -> np.ndarray:
+    """A real photo (scikit-image's astronaut) preprocessed as the package says; seeded
+    noise for models whose input is not a 3-channel image."""
+    import skimage.data
+
+    if len(model.input_shape) != 4 or model.input_shape[1] != 3:
+        return np.random.RandomState(0).normal(size=model.input_shape).astype(np.float32)
+    return model.preprocess(np.ascontiguousarray(skimage.data.astronaut()[:, :, ::-1]))
+
+
+def cmd_bench(args) -> int:
+    from ..model import load
+
+    for path in (args.json, args.plot):
+        if path:
+            check_output_folder(path)
+    if args.plot and not args.plot.endswith(".png"):
+        raise EdgecvError(f"--plot {args.plot}: give a .png file")
+    wanted = [n.strip() for n in (args.vs or "").split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in KNOWN]
+    if unknown:
+        raise EdgecvError(f"--vs: unknown baseline(s) {unknown}; known: {', '.join(KNOWN)}")
+    rss_before = _peak_rss_mib()
+    start = time.perf_counter()
+    model = load(args.package, on=args.on)
+    load_s = time.perf_counter() - start
+    x = bench_input(model)
+    ours = model.run(x)
+    kernels = profile_steps(model, x, repeat=min(args.repeat, 10))
+    rss_after = _peak_rss_mib()  # before any baseline is loaded into this process
+    runners = {"edgecv": lambda: model.run(x)}
+    report: dict = {
+        "package": str(args.package),
+        "model": model.manifest["model"]["name"],
+        "profile": model.manifest["profile"]["name"],
+        "device": getattr(model.executor.backend, "label", model.executor.backend.name),
+        "input_shape": list(x.shape),
+        "threads": threads(),
+        "load_s": load_s,
+        "peak_rss_mib": rss_after,
+        "rss_growth_mib": rss_after - rss_before,
+        "runtimes": {"edgecv": {"version": __version__, "load_s": load_s}},
+        "not_run": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="edgecv-bench-") as tmp:
+        if wanted:
+            try:
+                symbol, params = source_files(model.manifest, args.source, Path(tmp))
+            except EdgecvError as err:
+                report["not_run"] = {name: str(err) for name in wanted}
+            else:
+                progress.say(f"loading baselines: {', '.join(wanted)}")
+                built, failed = build_baselines(wanted, symbol, params, tuple(x.shape), Path(tmp))
+                report["not_run"] = failed
+                for b in built:
+                    runners[b.name] = lambda b=b: b.run(x)
+                    report["runtimes"][b.name] = {
+                        "version": b.version,
+                        "load_s": b.load_s,
+                        "agreement": agreement(ours, b.run(x)),
+                    }
+        progress.say(f"timing {', '.join(runners)}: {args.repeat} alternating runs each")
+        timed = alternate(runners, args.repeat, args.warmup)
+    for name, t in timed.items():
+        report["runtimes"][name].update(t.summary_ms())
+    report["kernels"] = [vars(k) for k in kernels]
+    from .report import plot, print_report
+
+    print_report(report, top=args.top)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot(report, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def add_parser(sub, common) -> None:
+    """Register ``bench`` on the CLI's subparsers."""
+    b = sub.add_parser("bench", parents=[common], help="time a package, against baselines")
+    b.add_argument("package", help="package folder or .tar.gz")
+    b.add_argument("--on", help="OpenCL device: part of its platform/device name")
+    b.add_argument("--repeat", type=int, default=50, help="timed runs of each runtime")
+    b.add_argument("--warmup", type=int, default=3, help="untimed runs of each first")
+    b.add_argument("--vs", help=f"baselines, comma-separated: {','.join(KNOWN)}")
+    b.add_argument("--source", help="the source model's *-symbol.json (params beside it)")
+    b.add_argument("--json", help="write every number to this JSON file")
+    b.add_argument("--plot", help="write a latency chart to this .png (needs matplotlib)")
+    b.add_argument("--top", type=int, default=10, help="kernels listed in the profile")
+    b.set_defaults(func=cmd_bench)

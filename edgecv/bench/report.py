@@ -1,0 +1,72 @@
+"""Printing and plotting what ``edgecv bench`` measured."""
+
+from __future__ import annotations
+
+from ..errors import EdgecvError
+
+
+def print_report(report: dict, top: int = 10) -> None:
+    """The bench report as text: summary, runtimes table, not-run list, top kernels."""
+    shape = "x".join(map(str, report["input_shape"]))
+    print(
+        f"{report['model']} ({report['profile']} package) on {report['device']}, "
+        f"input {shape}, batch 1, FP32, {report['threads']} threads"
+    )
+    print(
+        f"load {report['load_s']:.2f} s; peak RSS {report['peak_rss_mib']:.0f} MiB "
+        f"(+{report['rss_growth_mib']:.0f} MiB loading and running the package)"
+    )
+    header = (
+        f"{'runtime':<22}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'inf/s':>8}{'load s':>8}"
+        f"{'edgecv x':>10}  agreement with edgecv"
+    )
+    print(header)
+    print("-" * len(header))
+    ours = report["runtimes"]["edgecv"]["p50_ms"]
+    for name, r in report["runtimes"].items():
+        agree = r.get("agreement")
+        if agree is None:
+            text = "(reference)"
+        elif "error" in agree:
+            text = agree["error"]
+        else:
+            text = f"max |diff|/scale {agree['max_rel_diff']:.1e}, same top-1: {agree['same_top1']}"
+        print(
+            f"{name + ' ' + r['version']:<22}{r['p50_ms']:>9.2f}{r['p90_ms']:>9.2f}"
+            f"{r['p99_ms']:>9.2f}{r['throughput_per_s']:>8.1f}{r['load_s']:>8.2f}"
+            f"{r['p50_ms'] / ours:>10.2f}  {text}"
+        )
+    for name, why in report["not_run"].items():
+        print(f"not run: {name}: {why}")
+    kernels = report["kernels"]
+    total = sum(k["seconds"] for k in kernels) or 1.0
+    print(f"top kernels ({len(kernels)} in all, {total * 1e3:.2f} ms per inference summed):")
+    for k in kernels[:top]:
+        ops = ", ".join(k["ops"]) if k["ops"] else "-"
+        print(
+            f"  {k['seconds'] * 1e3:8.3f} ms {100 * k['seconds'] / total:5.1f}%  {k['device']:<4} "
+            f"x{k['launches']:<3} {k['kernel'][:48]:<48} [{ops[:60]}] ({k['how']})"
+        )
+
+
+def plot(report: dict, path: str) -> None:
+    """A bar chart of p50 latency per runtime with p90/p99 marks, written to ``path``."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise EdgecvError("--plot needs matplotlib: pip install 'edgecv[bench]'") from None
+    names = list(report["runtimes"])
+    rows = [report["runtimes"][n] for n in names]
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.bar(names, [r["p50_ms"] for r in rows], color="#3a7dc9", label="p50")
+    ax.scatter(names, [r["p90_ms"] for r in rows], marker="_", s=400, color="k", label="p90")
+    ax.scatter(names, [r["p99_ms"] for r in rows], marker="_", s=400, color="r", label="p99")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title(f"{report['model']} ({report['profile']}), batch 1")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,131 @@
+"""The model source of a deploy: a zoo name exported by GluonCV, or a symbol file.
+
+Checked in the order a user needs the answers: a symbol file's operators first (all
+unsupported ones in one error), then its parameters, then its input shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ._mxnet import import_mxnet
+from .errors import ModelNotFoundError, ParamsError, foreign_message
+from .frontend import zoo
+from .frontend.importer import check_supported
+from .frontend.mxnet_graph import load_symbol
+
+
+def resolve_source(
+    model: str,
+    work_dir: Path,
+    params: str | None = None,
+    input_shape: tuple[int, ...] | None = None,
+    pretrained: bool = True,
+    seed: int = 0,
+    notify: Callable[[str], None] = lambda message: None,
+) -> zoo.ExportedModel:
+    """A zoo name/alias is exported to ``work_dir``; a ``*-symbol.json`` path is used as is.
+
+    A symbol file is checked in the order a user needs the answers: its operators (all
+    unsupported ones in one error), then its parameters (none needed when every variable
+    is the ``data`` input), then the input shape (the one assumed is said via
+    ``notify``). ``params_path`` is None for a graph without parameters.
+    """
+    if params is not None:
+        _check_params_file(Path(params))
+    if not model.endswith(".json"):
+        return zoo.export(
+            model,
+            work_dir,
+            params_file=params,
+            input_shape=input_shape,
+            pretrained=pretrained,
+            seed=seed,
+        )
+    symbol = Path(model)
+    if not symbol.is_file():
+        raise ModelNotFoundError(f"symbol file {symbol} does not exist")
+    graph = load_symbol(symbol)
+    check_supported(graph)
+    if params is None:
+        guess = Path(str(symbol).removesuffix("-symbol.json") + "-0000.params")
+        needed = [n for n in graph.variable_names() if n != "data"]
+        if guess.is_file():
+            _check_params_file(guess)
+            params = str(guess)
+        elif needed:
+            shown = ", ".join(needed[:5]) + (", ..." if len(needed) > 5 else "")
+            raise ModelNotFoundError(
+                f"{symbol} has {len(needed)} parameter(s) ({shown}) and no params file was "
+                f"given; {guess.name} is not beside it: pass --params FILE"
+            )
+    name = symbol.name.removesuffix(".json").removesuffix("-symbol")
+    if input_shape:
+        shape = tuple(input_shape)
+    else:
+        shape = _declared_data_shape(graph) or (1, 3, 224, 224)
+        notify(
+            f"no --input-shape given: assuming data {'x'.join(map(str, shape))} "
+            f"({'declared in the graph' if _declared_data_shape(graph) else 'the default'}); "
+            "pass --input-shape N,C,H,W if the model expects another size"
+        )
+    task = "detection" if _looks_like_detector(symbol) else "classification"
+    params_path = Path(params) if params is not None else None
+    weights = "params-file" if params_path else "none"
+    return zoo.ExportedModel(name, task, symbol, params_path, shape, [], weights)
+
+
+def _check_params_file(path: Path) -> None:
+    """A params file MXNet cannot read is reported with MXNet's reason, not its traceback."""
+    if not path.is_file():
+        raise ParamsError(f"params file {path} does not exist")
+    mx = import_mxnet()
+    try:
+        mx.nd.load(str(path))
+    except Exception as err:  # MXNetError on truncated or foreign files
+        raise ParamsError(
+            f"cannot read params file {path}: {foreign_message(err)} (truncated, or not an "
+            "MXNet .params file written by `net.export()` or `net.save_parameters()`)"
+        ) from None
+
+
+def _declared_data_shape(graph) -> tuple[int, ...] | None:
+    for node in graph.nodes:
+        if node.op == "null" and node.name == "data" and node.attrs.get("__shape__"):
+            try:
+                shape = tuple(int(v) for v in node.attrs["__shape__"].strip("()[] ").split(","))
+            except ValueError:
+                return None
+            return shape if len(shape) == 4 and min(shape) > 0 else None
+    return None
+
+
+def source_record(source: zoo.ExportedModel, model: str, params: str | None, seed: int) -> dict:
+    """Where the package's source model is, so `edgecv bench` can rebuild its baselines:
+    a symbol file by absolute path, a zoo model by name and weights (seeded random
+    weights re-export identically)."""
+
+    def absolute(path) -> str | None:
+        return str(Path(path).resolve()) if path is not None else None
+
+    if model.endswith(".json"):
+        return {
+            "kind": "symbol",
+            "symbol": absolute(source.symbol_path),
+            "params": absolute(source.params_path),
+            "input_shape": list(source.input_shape),
+        }
+    return {
+        "kind": "zoo",
+        "name": source.name,
+        "weights": source.weights,
+        "seed": seed,
+        "params": absolute(params),
+        "input_shape": list(source.input_shape),
+    }
+
+
+def _looks_like_detector(symbol: Path) -> bool:
+    text = symbol.read_text()
+    return "_contrib_box_nms" in text or "_contrib_MultiBoxDetection" in text

@@ -1,0 +1,86 @@
+"""``edgecv bench`` end to end on a small model, and the shared timing harness."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_bad_input import mx, small_net, small_params
+
+from edgecv.bench.harness import alternate
+from edgecv.testing import TOLERANCES, assert_one_error_line, run_cli
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    prefix = root / "tiny"
+    small_net().save(f"{prefix}-symbol.json")
+    mx.nd.save(f"{prefix}-0000.params", {k: mx.nd.array(v) for k, v in small_params().items()})
+    result = run_cli(
+        "deploy", f"{prefix}-symbol.json", "--input-shape", "1,2,5,5", "-o", root / "pkg"
+    )
+    assert result.returncode == 0, result.stderr
+    return root / "pkg"
+
+
+def test_alternate_interleaves_runs():
+    calls = []
+    timed = alternate({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3, 1)
+    assert calls == ["a", "b"] + ["a", "b"] * 3
+    assert [len(t.seconds) for t in timed.values()] == [3, 3]
+
+
+def test_bench_reports_percentiles_kernels_and_baselines(package, tmp_path):
+    out = tmp_path / "bench.json"
+    result = run_cli(
+        "bench", package, "--repeat", "20", "--warmup", "2",
+        "--vs", "mxnet,onnxruntime,openvino", "--json", out, "--plot", tmp_path / "bench.png",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    runtimes = report["runtimes"]
+    assert "edgecv" in runtimes and "mxnet" in runtimes  # MXNet is a dependency: always there
+    # Every requested baseline either ran or is listed with its reason.
+    assert {"mxnet", "onnxruntime", "openvino"} <= set(runtimes) | set(report["not_run"])
+    for name, r in runtimes.items():
+        assert 0 < r["min_ms"] <= r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"], name
+        assert r["runs"] == 20
+    rtol, atol = TOLERANCES["float32"]
+    for name, r in runtimes.items():
+        if name != "edgecv":  # independent runtimes agree with edgecv on a real photo
+            assert r["agreement"]["max_rel_diff"] <= 10 * (rtol + atol), (name, r["agreement"])
+    kernels = report["kernels"]
+    assert kernels and kernels[0]["seconds"] >= kernels[-1]["seconds"]
+    assert any("conv2d" in k["ops"] for k in kernels)
+    assert report["peak_rss_mib"] > 0 and report["load_s"] > 0
+    assert "p50 ms" in result.stdout and "top kernels" in result.stdout
+    assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_missing_source_is_listed_not_fatal(package, tmp_path):
+    manifest = json.loads((package / "manifest.json").read_text())
+    source = manifest["model"]["source"]["symbol"]
+    result = run_cli(
+        "bench", package, "--repeat", "3", "--vs", "mxnet", "--source", tmp_path / "x-symbol.json"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "not run: mxnet" in result.stdout and "does not exist" in result.stdout
+    assert source.endswith("tiny-symbol.json")
+
+
+def test_bench_bad_arguments(package, tmp_path):
+    assert_one_error_line(run_cli("bench", package, "--vs", "tensorrt"), "unknown baseline")
+    assert_one_error_line(
+        run_cli("bench", package, "--json", tmp_path / "no" / "b.json"), "does not exist"
+    )
+
+
+def test_agreement_measures_differences():
+    from edgecv.bench.command import agreement
+
+    a = [np.array([[0.0, 1.0, 3.0]], np.float32)]
+    assert agreement(a, [a[0].copy()]) == {"max_rel_diff": 0.0, "same_top1": True}
+    other = agreement(a, [np.array([[0.0, 4.0, 3.0]], np.float32)])
+    assert other["same_top1"] is False and other["max_rel_diff"] == pytest.approx(0.75)

@@ -1,0 +1,128 @@
+"""``edgecv demo --headless`` on a video and a folder of images the test makes from
+scikit-image's photos: the mp4 it writes opens, has every frame at the right size,
+and shows the detector's boxes where MXNet says they are."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+import skimage.data
+
+from edgecv._mxnet import import_mxnet
+from edgecv.testing import assert_one_error_line, run_cli
+
+mx = import_mxnet()
+S = mx.sym
+SIZE = 64  # the tiny detector's input
+PHOTOS = ["astronaut", "coffee", "chelsea", "rocket"]
+
+
+def tiny_detector():
+    """SSD's tail without parameters: one box per image whose corners follow the image's
+    mean colour, scored 0.9, through box_nms; outputs ids, scores, boxes like GluonCV's."""
+    d = S.var("data")
+    mean = S.reshape(S.Pooling(d, kernel=(1, 1), global_pool=True, pool_type="avg"), (1, 1, 3))
+    level = S.clip(S.slice_axis(mean, axis=2, begin=0, end=1), -2, 2)  # (1, 1, 1)
+    zero = level * 0
+    x1 = zero + 8 + level * 2
+    rows = S.concat(zero, zero + 0.9, x1, zero + 10, x1 + 30, zero + 50, dim=2)
+    nms = S.contrib.box_nms(rows, overlap_thresh=0.5, topk=1, id_index=0, score_index=1,
+                            coord_start=2)  # fmt: skip
+    ids = S.slice_axis(nms, axis=2, begin=0, end=1)
+    scores = S.slice_axis(nms, axis=2, begin=1, end=2)
+    boxes = S.slice_axis(nms, axis=2, begin=2, end=6)
+    return S.Group([ids, scores, boxes])
+
+
+@pytest.fixture(scope="module")
+def detector_package(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    symbol = root / "tiny_det-symbol.json"
+    tiny_detector().save(str(symbol))
+    result = run_cli("deploy", symbol, "--input-shape", f"1,3,{SIZE},{SIZE}", "-o", root / "pkg")
+    assert result.returncode == 0, result.stderr
+    return root / "pkg"
+
+
+def photos(size=(160, 120)):
+    return [cv2.resize(getattr(skimage.data, n)()[:, :, ::-1], size) for n in PHOTOS]
+
+
+def expected_box(frame):
+    """The box MXNet computes for ``frame``, in frame pixels (the reference)."""
+    from edgecv.frontend.zoo import MEAN_RGB, STD_RGB
+
+    rgb = cv2.resize(frame, (SIZE, SIZE))[:, :, ::-1].astype(np.float32) / 255
+    x = ((rgb - np.float32(MEAN_RGB)) / np.float32(STD_RGB)).transpose(2, 0, 1)[None]
+    exe = tiny_detector().bind(mx.cpu(), {"data": mx.nd.array(x)})
+    box = exe.forward()[2].asnumpy().reshape(4)
+    sy, sx = frame.shape[0] / SIZE, frame.shape[1] / SIZE
+    return box * np.array([sx, sy, sx, sy])
+
+
+def check_video(path, frames):
+    capture = cv2.VideoCapture(str(path))
+    assert capture.isOpened()
+    assert int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) == len(frames)
+    read = []
+    while True:
+        ok, frame = capture.read()
+        if not ok:
+            break
+        read.append(frame)
+    assert len(read) == len(frames)
+    for original, shown in zip(frames, read, strict=True):
+        assert shown.shape == original.shape
+        x1, y1, x2, y2 = (int(round(v)) for v in expected_box(original))
+        # The box's left edge is drawn in the box colour (0, 200, 255) BGR; the frame's
+        # centre, far from the box and the FPS text, is the photo (codec noise aside).
+        edge = shown[y1 + 2 : y2 - 2, x1].astype(int)
+        assert np.abs(edge - (0, 200, 255)).max(axis=1).mean() < 60, (x1, y1, x2, y2)
+        before = original[y1 + 2 : y2 - 2, x1].astype(int)
+        assert np.abs(before - (0, 200, 255)).max(axis=1).mean() > 60  # not there before
+
+
+def test_demo_on_a_video(detector_package, tmp_path):
+    frames = photos()
+    video = tmp_path / "clip.mp4"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 5, (160, 120))
+    for frame in frames:
+        writer.write(frame)
+    writer.release()
+    # Compare with the frames as the decoder returns them (the mp4 is lossy).
+    capture = cv2.VideoCapture(str(video))
+    decoded = [capture.read()[1] for _ in frames]
+    out = tmp_path / "annotated.mp4"
+    result = run_cli("demo", detector_package, "--video", video, "--headless", "-o", out)
+    assert result.returncode == 0, result.stderr
+    latencies = [line for line in result.stdout.splitlines() if line.startswith("frame ")]
+    assert len(latencies) == len(frames) and all(" ms " in line for line in latencies)
+    check_video(out, decoded)
+
+
+def test_demo_on_an_image_folder(detector_package, tmp_path):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    frames = photos()
+    for i, frame in enumerate(frames):
+        cv2.imwrite(str(folder / f"{i:02d}.png"), frame)
+    out = tmp_path / "annotated.mp4"
+    result = run_cli("demo", detector_package, "--images", folder, "--headless", "-o", out)
+    assert result.returncode == 0, result.stderr
+    check_video(out, frames)
+
+
+def test_demo_errors(detector_package, tmp_path):
+    assert_one_error_line(
+        run_cli(
+            "demo", detector_package, "--images", tmp_path, "--headless", "-o", tmp_path / "a.mp4"
+        ),
+        "no .jpg/.png/.bmp images",
+    )
+    assert_one_error_line(
+        run_cli("demo", detector_package, "--video", tmp_path / "none.mp4", "--headless", "-o",
+                tmp_path / "b.mp4"),
+        "does not exist",
+    )  # fmt: skip
+    assert_one_error_line(run_cli("demo", detector_package, "--headless"), "needs -o")
