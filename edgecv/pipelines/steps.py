@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import tvm
 
+from .. import progress as progress_bars
 from ..codegen.contained import DEFAULT_TIME_LIMIT_S, Compiled, CompileOne, compile_contained
 from ..codegen.op_versions import OpVersions
 from ..errors import EdgecvError
@@ -84,27 +85,33 @@ def compile_kernels(
     work = tempfile.TemporaryDirectory(prefix=f"edgecv-{device}-")
     functions = {gv.name_hint: f for gv, f in kernels.functions.items()}
     done = [0]
+    bar = progress_bars.bar(len(functions), f"scheduling + compiling ({device})", "kernel")
 
     def on_done(name: str, compiled: Compiled) -> None:
         done[0] += 1
+        bar.update(1)
         choice = compiled.choice
         if choice.passed_over:
             reasons = "; ".join(f"{rule}: {why}" for rule, why in choice.passed_over)
             ops = ", ".join(lowered.kernel_ops.get(name, [name]))
             outcome = f"scheduled by {choice.rule}" if choice.rule else "no rule compiled it"
             warnings.warn(f"{device} kernel {name} ({ops}): {outcome} ({reasons})", stacklevel=2)
-        if done[0] % 10 == 0 or done[0] == len(functions):
-            progress(f"{device}: {done[0]}/{len(functions)} kernels scheduled and compiled")
 
-    compiled = compile_contained(
-        functions,
-        order,
-        compile_one,
-        Path(work.name),
-        time_limit_s=options.kernel_time_limit_s,
-        workers=options.workers,
-        on_done=on_done,
-    )
+    with bar:
+        compiled = compile_contained(
+            functions,
+            order,
+            compile_one,
+            Path(work.name),
+            time_limit_s=options.kernel_time_limit_s,
+            workers=options.workers,
+            on_done=on_done,
+        )
+    rules: dict[str, int] = {}
+    for c in compiled.values():
+        rules[str(c.choice.rule)] = rules.get(str(c.choice.rule), 0) + 1
+    progress(f"{device}: {len(compiled)} kernels, " + ", ".join(
+        f"{n} by {rule}" for rule, n in sorted(rules.items(), key=lambda kv: -kv[1])))  # fmt: skip
     return compiled, work
 
 
