@@ -176,6 +176,11 @@ def lower_to_file(target: tvm.target.Target):
         with target:
             device, launches = lower_kernel(name, tirx.transform.BindTarget(target)(
                 tvm.IRModule({name: func}))[name])  # fmt: skip
+        # Generate the kernel's own code here, in the contained child: a device function
+        # the code generator rejects (a packed call left in device code) fails this
+        # candidate, not the whole program later.
+        codegen = "target.build.opencl" if target.kind.name == "opencl" else "target.build.cuda"
+        tvm.get_global_func(codegen)(_device_passes(device), target)
         path = work_dir / f"{name}.device.json"
         path.write_text(tvm.ir.save_json(device))
         subgroups = [

@@ -1,4 +1,5 @@
-"""The GPU versions of edgecv's own operators (box NMS, ROIAlign, MultiBoxDetection).
+"""The GPU versions of edgecv's own operators (box NMS, ROIAlign, MultiBoxDetection,
+the row argsort behind MXNet's argsort/sort/topk).
 
 The importer tags the kernels of these operators with an ``edgecv.op`` attribute (the
 operator and its attributes as JSON). A GPU build replaces each tagged kernel by the
@@ -46,6 +47,17 @@ def _multibox_detection(spec: dict, target: tvm.target.Target, threads: int, sub
     )
 
 
+def _row_argsort(spec: dict, target: tvm.target.Target, threads: int, subgroup=None):
+    from ..ops.argsort import row_topk_argsort_gpu
+
+    # MXNet's argsort/sort/topk as the importer tags them: a stable argsort of each row
+    # of (rows, n) keys, the first k columns (k = 0: all of them)
+    rows, n = spec.pop("shape")
+    k = spec.pop("k") or n
+    return row_topk_argsort_gpu(rows, n, k, spec.pop("dtype"), spec.pop("descending"),
+                                block=threads, subgroup=subgroup)  # fmt: skip
+
+
 def _box_nms_naive(spec: dict, target: tvm.target.Target, threads: int, subgroup=None):
     from ..ops.naive import naive_box_nms_gpu
 
@@ -58,6 +70,7 @@ VERSIONS: Mapping[tuple[str, str], MakeGpuVersion] = {
     ("box_nms", "default"): _box_nms,
     ("roi_align", "default"): _roi_align,
     ("multibox_detection", "default"): _multibox_detection,
+    ("row_argsort", "default"): _row_argsort,
     ("box_nms", "naive"): _box_nms_naive,  # one work-item per batch row (benchmarks)
 }
 

@@ -34,6 +34,15 @@ class OneReductionRule(dlight.ScheduleRule):
         main, producers, consumers = blocks[index], blocks[:index], blocks[index + 1 :]
         names = [sch.get(block).name_hint for block in producers]
         simd = Simd.of(target)
+        # A consumer that changes the shape (the next layer's explicit `pad`, fused after
+        # this one by FuseOps) is no epilogue of the tile: it stays a nest of its own.
+        shape = [int(d) for d in sch.get(main).writes[0].source.shape]
+        tail = []
+        while (
+            consumers and [int(d) for d in sch.get(consumers[-1]).writes[0].source.shape] != shape
+        ):
+            tail.insert(0, consumers.pop())
+        names += [sch.get(block).name_hint for block in tail]
         try:
             # One epilogue nest: every elementwise consumer inlined into the last one.
             for block in consumers[:-1]:

@@ -64,6 +64,10 @@ def is_spatial(sch: s_tir.Schedule, block) -> bool:
     return set(iter_kinds(sch, block)) <= {"S"}
 
 
+# work-items per group of the nests left after a main block (see inline_around)
+TAIL_THREADS = 64
+
+
 def inline_around(sch: s_tir.Schedule, main, found: list, keep_input: bool = False):
     """Inline every block before ``main`` into its consumers (padding, casts) and every
     block after it but the last into the last (bias, BatchNorm affine, activations,
@@ -74,6 +78,17 @@ def inline_around(sch: s_tir.Schedule, main, found: list, keep_input: bool = Fal
     will not inline."""
     index = [sch.get(b).same_as(sch.get(main)) for b in found].index(True)
     before, after = found[:index], found[index + 1 :]
+    # A consumer that changes the shape (the next layer's explicit `pad`, fused after
+    # this conv by FuseOps) is no epilogue: computed from the register tile it would
+    # leave its border unwritten. Such trailing blocks stay nests of their own.
+    shape = [int(d) for d in sch.get(main).writes[0].source.shape]
+    tail = []
+    while after and [int(d) for d in sch.get(after[-1]).writes[0].source.shape] != shape:
+        tail.insert(0, after.pop())
+    for block in tail[:-1]:
+        sch.compute_inline(block)
+    if tail:
+        bind_spatial(sch, tail[-1], TAIL_THREADS)
     data = sch.get(main).reads[0].source
     kept = None
     for block in reversed(before):

@@ -1,0 +1,77 @@
+"""Models outside the zoo, of the kinds users bring (tests/user_models.py), deployed for
+`cpu` (native target), `deeplens` (Intel's OpenCL runtime) and `aisage` (PoCL), each
+compared with MXNet's forward pass on the same weights; and which rules scheduled them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import mxnet_forward, needs_pocl
+from test_opencl import device_or_skip
+from user_models import efficient_lite, tiny_yolo
+
+import edgecv
+from edgecv.deploy import deploy
+from edgecv.testing import assert_close
+
+MODELS = {"tiny_yolo": tiny_yolo, "efficient_lite": efficient_lite}
+_EXPORTED: dict = {}
+
+
+def exported(name, tmp_path_factory):
+    if name not in _EXPORTED:
+        _EXPORTED[name] = MODELS[name](tmp_path_factory.mktemp(name) / name)
+    return _EXPORTED[name]
+
+
+def check(name, profile, on, tmp_path, tmp_path_factory):
+    symbol, params, shape = exported(name, tmp_path_factory)
+    host = "native" if profile == "aisage" else None  # its fallback kernels run here
+    path = deploy(str(symbol), tmp_path / "pkg", profile, params=str(params),
+                  input_shape=shape, host=host)  # fmt: skip
+    x = np.random.RandomState(4).normal(size=shape).astype(np.float32)
+    reference = mxnet_forward(symbol, params, x)
+    outputs = edgecv.load(path, on=on).run(x)
+    for got, want in zip(outputs, reference, strict=True):
+        assert_close(got, want, name=f"{name} on {profile}")
+    return json.loads((path / "manifest.json").read_text())["build"]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_user_model_on_the_cpu_profile_matches_mxnet(name, tmp_path, tmp_path_factory):
+    build = check(name, "cpu", None, tmp_path, tmp_path_factory)
+    rules = build["schedules"]["cpu"]["rules"]
+    assert rules.get("cpu.Conv2D", 0) >= 3 and "cpu.SafeParallel" not in rules, rules
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_user_model_on_intel_opencl_matches_mxnet(name, tmp_path, tmp_path_factory):
+    device_or_skip("intel(r) opencl")
+    build = check(name, "deeplens", "intel", tmp_path, tmp_path_factory)
+    kernels = build["schedules"]["gpu"]["kernels"]
+    # the explicit pad after a conv (EfficientNet) stays a nest of its own and the conv
+    # keeps its rule; darknet's edge pad + 2x2/1 pool is a pooling kernel; the topk
+    # behind the class ids runs edgecv's GPU sort
+    for kernel in kernels.values():
+        if "conv2d" in kernel["ops"]:
+            assert kernel["rule"] in ("gpu.Conv2d", "gpu.DepthwiseConv2d"), kernel
+        if "pool2d" in " ".join(kernel["ops"]):
+            assert kernel["rule"] == "gpu.Pool", kernel
+        if "row_argsort" in kernel["ops"]:
+            assert kernel["rule"] == "as-written", kernel
+    assert build["placement"]["launches"]["cpu"] == 0
+
+
+@needs_pocl()
+def test_efficient_lite_on_pocl_matches_mxnet(tmp_path, tmp_path_factory):
+    build = check("efficient_lite", "aisage", "pocl", tmp_path, tmp_path_factory)
+    assert build["placement"]["launches"]["cpu"] == 0
+
+
+@pytest.mark.heavy
+@needs_pocl()
+def test_tiny_yolo_on_pocl_matches_mxnet(tmp_path, tmp_path_factory):
+    check("tiny_yolo", "aisage", "pocl", tmp_path, tmp_path_factory)
