@@ -86,6 +86,9 @@ def compare_kernels(mod) -> int:
         ((2, 6, 10, 10), 10, 3, 1, 1),  # batch 2, channels not / 8
         ((1, 16, 15, 15), 16, 3, 1, 16),  # depthwise, odd width
         ((1, 8, 12, 12), 8, 3, 1, 2),  # grouped
+        ((1, 8, 17, 17), 16, 5, 1, 1),  # 5x5 onto a prime width
+        ((1, 3, 31, 31), 16, 7, 2, 1),  # 7x7 stride 2 onto 13 (prime) columns
+        ((1, 8, 13, 13), 8, 5, 1, 8),  # 5x5 depthwise, prime width
     ],
 )
 def test_convolution_schedules_match(shape, out_channels, kernel, stride, groups):
@@ -102,6 +105,17 @@ def test_dense_schedule_matches():
         lambda x: relax.op.nn.max_pool2d(x, (3, 3), (2, 2), (1, 1)),
         lambda x: relax.op.nn.avg_pool2d(x, (2, 2), (2, 2)),
         lambda x: relax.op.mean(x, axis=[2, 3], keepdims=True),
+        # darknet: an edge-mode pad, then a 2x2 stride-1 max pool (same size out)
+        lambda x: relax.op.nn.max_pool2d(
+            relax.op.nn.pad(x, (0, 0, 0, 0, 0, 1, 0, 1), pad_mode="replicate"), (2, 2), (1, 1)
+        ),
+        lambda x: relax.op.image.resize2d(x, (28, 28), method="nearest_neighbor"),
+        # an asymmetric zero pad before a conv (TensorFlow's "same" at stride 2)
+        lambda x: relax.op.nn.conv2d(
+            relax.op.nn.pad(x, (0, 0, 0, 0, 0, 1, 0, 1)),
+            relax.const(np.ones((8, 8, 3, 3), np.float32)),
+            (2, 2),
+        ),
     ],
 )
 def test_pooling_schedules_match(pool):
