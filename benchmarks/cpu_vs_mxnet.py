@@ -24,20 +24,13 @@ from edgecv.codegen.llvm import build_cpu
 from edgecv.frontend import zoo
 from edgecv.frontend.importer import from_mxnet
 from edgecv.frontend.mxnet_graph import load_params, load_symbol
+from edgecv.frontend.zoo import zoo_models
 from edgecv.lowering import lower
 from edgecv.profiles import load_profile
 from edgecv.runtime.cpu import CPUBackend
 from edgecv.runtime.executor import Executor
 
-MODELS = [
-    "mobilenet1.0",
-    "resnet50_v1",
-    "squeezenet1.0",
-    "ssd_512_mobilenet1.0_voc",
-    "ssd_512_resnet50_v1_voc",
-    "yolo3_mobilenet1.0_coco",
-    "yolo3_darknet53_voc",
-]
+MODELS = list(zoo_models())  # the seven models with aliases (edgecv/data/zoo.json)
 
 
 def bench(name: str, work: Path, repeat: int, schedule: bool) -> dict:

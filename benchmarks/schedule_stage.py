@@ -24,16 +24,9 @@ from fallback_overhead import alternating_medians
 
 import edgecv
 from edgecv.deploy import deploy
+from edgecv.frontend.zoo import zoo_models
 
-MODELS = [
-    "mobilenet1.0",
-    "resnet50_v1",
-    "squeezenet1.0",
-    "ssd_512_mobilenet1.0_voc",
-    "ssd_512_resnet50_v1_voc",
-    "yolo3_mobilenet1.0_coco",
-    "yolo3_darknet53_voc",
-]
+MODELS = list(zoo_models())  # the seven models with aliases (edgecv/data/zoo.json)
 DEVICE_OF = {"cpu": None, "deeplens": "intel", "aisage": "pocl"}
 
 

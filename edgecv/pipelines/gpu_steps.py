@@ -51,21 +51,22 @@ def kernels_on(lowered: Lowered, placement: Placement, device: str) -> set[str]:
 
 
 def schedule_gpu_kernels(
-    lowered: Lowered,
-    names: set[str],
-    profile: Profile,
-    options: BuildOptions,
-    progress: Progress,
-) -> tuple[dict[str, Compiled], object]:
-    """Schedule and lower the GPU kernels (edgecv's operators in their GPU versions),
-    each contained and time-limited."""
+    lowered: Lowered, profile: Profile, options: BuildOptions, progress: Progress
+) -> tuple[set[str], dict[str, Compiled], object]:
+    """Placement, pass 1 (from the profile's declared capabilities and ``--cpu-ops``),
+    then schedule and lower the kernels it puts on the GPU (edgecv's operators in their
+    GPU versions), each contained and time-limited. Returns the GPU kernels' names, what
+    each compiled to, and the work folder holding it."""
+    names = kernels_on(lowered, place_launches(lowered, profile, options), "gpu")
+    progress(f"scheduling and lowering {len(names)} kernels for {profile.name}")
     target = profile.tvm_target()
     subgroup = profile.intel_subgroup_size
     kernels = options.op_versions.replace(subset(lowered.kernels, names), target, subgroup)
     order = gpu_order(target, subgroup, tuning_database(options.tuning))
-    return compile_kernels(
+    compiled, work = compile_kernels(
         kernels, order, lower_to_file(target), lowered, options, progress, profile.runtime
     )
+    return names, compiled, work
 
 
 def no_gpu_kernel(compiled: dict[str, Compiled]) -> dict[str, str]:

@@ -32,10 +32,7 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     progress("lowering (Relax passes, fusion, memory plan)")
     lowered = lower(mod)  # 1
     started = time.perf_counter()
-    placement = g.place_launches(lowered, profile, options)  # 2
-    gpu_names = g.kernels_on(lowered, placement, "gpu")
-    progress(f"scheduling and lowering {len(gpu_names)} kernels for {profile.name}")
-    compiled, work = g.schedule_gpu_kernels(lowered, gpu_names, profile, options, progress)  # 3
+    gpu_names, compiled, work = g.schedule_gpu_kernels(lowered, profile, options, progress)  # 2, 3
     no_kernel = g.no_gpu_kernel(compiled)
     target, subgroup = profile.tvm_target(), profile.intel_subgroup_size
     failed: dict[str, str] = {}
