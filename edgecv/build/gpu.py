@@ -28,6 +28,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
 from ..errors import EdgecvError
+from ..ops.sort_gpu import row_argsort_gpu_version
 
 
 class UnsupportedHostCode(EdgecvError):
@@ -246,6 +247,7 @@ GPU_VERSIONS = {
     "box_nms": _gpu_box_nms,
     "roi_align": _gpu_roi_align,
     "multibox_detection": _gpu_multibox_detection,
+    "row_argsort": row_argsort_gpu_version,
 }
 
 
