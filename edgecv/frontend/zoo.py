@@ -129,7 +129,9 @@ def resolve(name: str) -> ZooModel:
             raise ModelNotFoundError(f"`{name}` is a {rule.family} model: {rule.skip}")
         inputs = tuple((n, tuple(s)) for n, s in rule.inputs.items())
         size = inputs[0][1][-1] if inputs else 224
-        labels = "imagenet" if rule.task == "classification" else "net"
+        # CIFAR classifiers have 10 classes, not ImageNet's 1000; detectors carry theirs
+        imagenet = rule.task == "classification" and not name.startswith("cifar_")
+        labels = "imagenet" if imagenet else "net"
         return ZooModel(name, rule.task, size, (), labels, rule.family, inputs)
     known = ", ".join(f"{m.name} ({'/'.join(m.aliases)})" for m in models.values())
     raise ModelNotFoundError(
