@@ -278,11 +278,11 @@ def export(
         input_shape=next(iter(shapes.values())),
         classes=_labels(model, net),
         weights=weights,
-        input_shapes=_graph_input_names(shapes),
+        input_shapes=graph_input_names(shapes),
     )
 
 
-def _graph_input_names(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+def graph_input_names(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     # HybridBlock.export names one input "data" and several "data0", "data1", ...
     if len(shapes) == 1:
         return {"data": next(iter(shapes.values()))}
