@@ -48,14 +48,9 @@ def _multibox_detection(spec: dict, target: tvm.target.Target, threads: int, sub
 
 
 def _row_argsort(spec: dict, target: tvm.target.Target, threads: int, subgroup=None):
-    from ..ops.argsort import row_topk_argsort_gpu
+    from ..ops.sort_gpu import row_argsort_gpu_version
 
-    # MXNet's argsort/sort/topk as the importer tags them: a stable argsort of each row
-    # of (rows, n) keys, the first k columns (k = 0: all of them)
-    rows, n = spec.pop("shape")
-    k = spec.pop("k") or n
-    return row_topk_argsort_gpu(rows, n, k, spec.pop("dtype"), spec.pop("descending"),
-                                block=threads, subgroup=subgroup)  # fmt: skip
+    return row_argsort_gpu_version(spec, target, threads, subgroup)
 
 
 def _box_nms_naive(spec: dict, target: tvm.target.Target, threads: int, subgroup=None):

@@ -129,7 +129,9 @@ def resolve(name: str) -> ZooModel:
             raise ModelNotFoundError(f"`{name}` is a {rule.family} model: {rule.skip}")
         inputs = tuple((n, tuple(s)) for n, s in rule.inputs.items())
         size = inputs[0][1][-1] if inputs else 224
-        labels = "imagenet" if rule.task == "classification" else "net"
+        # CIFAR classifiers have 10 classes, not ImageNet's 1000; detectors carry theirs
+        imagenet = rule.task == "classification" and not name.startswith("cifar_")
+        labels = "imagenet" if imagenet else "net"
         return ZooModel(name, rule.task, size, (), labels, rule.family, inputs)
     known = ", ".join(f"{m.name} ({'/'.join(m.aliases)})" for m in models.values())
     raise ModelNotFoundError(
@@ -276,11 +278,11 @@ def export(
         input_shape=next(iter(shapes.values())),
         classes=_labels(model, net),
         weights=weights,
-        input_shapes=_graph_input_names(shapes),
+        input_shapes=graph_input_names(shapes),
     )
 
 
-def _graph_input_names(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+def graph_input_names(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     # HybridBlock.export names one input "data" and several "data0", "data1", ...
     if len(shapes) == 1:
         return {"data": next(iter(shapes.values()))}
