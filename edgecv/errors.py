@@ -65,11 +65,13 @@ class QuantizedGraphError(UnsupportedOpsError):
         )
 
 
-def foreign_message(err: BaseException) -> str:
+def foreign_message(err: BaseException, limit: int | None = None) -> str:
     """The meaningful line of another library's error, without its traceback text.
 
     MXNet's errors start with ``Traceback (most recent call last):`` and C++ file lines;
-    the user needs the last line, without ``MXNetError: Check failed: <expr>:``.
+    the user needs the last line, without ``MXNetError: Check failed: <expr>:``. With
+    ``limit``, a longer line is cut after its last full sentence within ``limit``
+    characters (Gluon appends advice and links to its own).
     """
     lines = [line.strip() for line in str(err).strip().splitlines()]
     lines = [
@@ -84,4 +86,7 @@ def foreign_message(err: BaseException) -> str:
         last = last.removeprefix(prefix).strip()
     if last.startswith("Check failed:") and ": " in last[len("Check failed:") :]:
         last = last[len("Check failed:") :].split(": ", 1)[1]
+    if limit is not None and len(last) > limit:
+        end = last.rfind(". ", 0, limit)
+        last = last[: end + 1] if end > 0 else last[: limit - 3] + "..."
     return last or type(err).__name__

@@ -12,7 +12,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from .errors import EdgecvError
+from .errors import EdgecvError, foreign_message
 
 
 def check_output_folder(path: str | Path) -> None:
@@ -38,7 +38,7 @@ def save_image(path: str | Path, image: np.ndarray) -> None:
     try:
         ok = cv2.imwrite(str(path), image)
     except cv2.error as err:
-        raise EdgecvError(f"cannot write image {path}: {str(err).strip()[-200:]}") from None
+        raise EdgecvError(f"cannot write image {path}: {foreign_message(err)}") from None
     if not ok:
         raise EdgecvError(f"cannot write image {path}: OpenCV could not write it (permissions?)")
 

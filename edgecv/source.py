@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ._mxnet import import_mxnet
-from .errors import ModelNotFoundError, ParamsError, foreign_message
+from .errors import ModelNotFoundError
 from .frontend import zoo
 from .frontend.importer import check_supported
 from .frontend.mxnet_graph import load_symbol
@@ -32,8 +31,6 @@ def resolve_source(
     is the ``data`` input), then the input shape (the one assumed is said via
     ``notify``). ``params_path`` is None for a graph without parameters.
     """
-    if params is not None:
-        _check_params_file(Path(params))
     if not model.endswith(".json"):
         return zoo.export(
             model,
@@ -52,7 +49,6 @@ def resolve_source(
         guess = Path(str(symbol).removesuffix("-symbol.json") + "-0000.params")
         needed = [n for n in graph.variable_names() if n != "data"]
         if guess.is_file():
-            _check_params_file(guess)
             params = str(guess)
         elif needed:
             shown = ", ".join(needed[:5]) + (", ..." if len(needed) > 5 else "")
@@ -74,20 +70,6 @@ def resolve_source(
     params_path = Path(params) if params is not None else None
     weights = "params-file" if params_path else "none"
     return zoo.ExportedModel(name, task, symbol, params_path, shape, [], weights)
-
-
-def _check_params_file(path: Path) -> None:
-    """A params file MXNet cannot read is reported with MXNet's reason, not its traceback."""
-    if not path.is_file():
-        raise ParamsError(f"params file {path} does not exist")
-    mx = import_mxnet()
-    try:
-        mx.nd.load(str(path))
-    except Exception as err:  # MXNetError on truncated or foreign files
-        raise ParamsError(
-            f"cannot read params file {path}: {foreign_message(err)} (truncated, or not an "
-            "MXNet .params file written by `net.export()` or `net.save_parameters()`)"
-        ) from None
 
 
 def _declared_data_shape(graph) -> tuple[int, ...] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
@@ -42,15 +43,21 @@ def test_bench_reports_percentiles_kernels_and_baselines(package, tmp_path):
     report = json.loads(out.read_text())
     runtimes = report["runtimes"]
     assert "edgecv" in runtimes and "mxnet" in runtimes  # MXNet is a dependency: always there
-    # Every requested baseline either ran or is listed with its reason.
+    # Every requested baseline either ran or is listed with its reason; one that is
+    # installed runs (MXNet's ONNX export of this package's source included).
     assert {"mxnet", "onnxruntime", "openvino"} <= set(runtimes) | set(report["not_run"])
+    for name in ("onnxruntime", "openvino"):
+        if all(importlib.util.find_spec(m) for m in (name, "onnx")):
+            assert name in runtimes, report["not_run"]
     for name, r in runtimes.items():
         assert 0 < r["min_ms"] <= r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"], name
         assert r["runs"] == 20
+    # Independent runtimes agree with edgecv within the table: max |diff| / scale is at
+    # most atol + rtol when assert_close would pass (|diff| <= atol * scale + rtol * |b|).
     rtol, atol = TOLERANCES["float32"]
     for name, r in runtimes.items():
-        if name != "edgecv":  # independent runtimes agree with edgecv on a real photo
-            assert r["agreement"]["max_rel_diff"] <= 10 * (rtol + atol), (name, r["agreement"])
+        if name != "edgecv":
+            assert r["agreement"]["max_rel_diff"] <= rtol + atol, (name, r["agreement"])
     kernels = report["kernels"]
     assert kernels and kernels[0]["seconds"] >= kernels[-1]["seconds"]
     assert any("conv2d" in k["ops"] for k in kernels)

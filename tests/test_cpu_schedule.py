@@ -15,6 +15,7 @@ from tvm import relax
 
 from edgecv.lowering import lower
 from edgecv.schedules.cpu import schedule_cpu
+from edgecv.testing import assert_close
 
 TARGET = tvm.target.Target({"kind": "llvm"})
 
@@ -71,7 +72,7 @@ def compare_kernels(mod) -> int:
             args = [tvm.runtime.tensor(a) for a in args_np]
             lib[name](*args)
             outputs.append(args[-1].numpy())
-        np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-4, atol=1e-4, err_msg=name)
+        assert_close(outputs[1], outputs[0], name)
     return changed
 
 

@@ -73,11 +73,13 @@ def export_onnx(symbol: Path, params: Path, shape: tuple[int, ...], out: Path) -
     if path.is_file():
         return path
     try:
+        # Given file names, the exporter reads `<symbol prefix>-0000.params` and needs
+        # `arg:` names; given objects, it exports exactly the files the package came from.
+        graph = mx.sym.load(str(symbol))
+        arrays = {n.split(":", 1)[-1]: a for n, a in mx.nd.load(str(params)).items()}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            mx.onnx.export_model(
-                str(symbol), str(params), [shape], [np.float32], onnx_file_path=str(path)
-            )
+            mx.onnx.export_model(graph, arrays, [shape], [np.float32], onnx_file_path=str(path))
     except Exception as err:
         raise BaselineUnavailable(
             f"MXNet's ONNX export failed: {foreign_message(err)[:200]}"

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__, progress
-from ..errors import EdgecvError
+from ..errors import EdgecvError, foreign_message
 from ..outputs import check_output_folder
 from .baselines import KNOWN, build_baselines, threads
 from .harness import alternate
@@ -137,11 +137,17 @@ def cmd_bench(args) -> int:
                 built, failed = build_baselines(wanted, symbol, params, tuple(x.shape), Path(tmp))
                 report["not_run"] = failed
                 for b in built:
+                    try:  # one that loads but cannot run the input is listed, not fatal
+                        agree = agreement(ours, b.run(x))
+                    except Exception as err:
+                        why = f"{type(err).__name__}: {foreign_message(err, 200)}"
+                        report["not_run"][b.name] = f"failed on the input: {why}"
+                        continue
                     runners[b.name] = lambda b=b: b.run(x)
                     report["runtimes"][b.name] = {
                         "version": b.version,
                         "load_s": b.load_s,
-                        "agreement": agreement(ours, b.run(x)),
+                        "agreement": agree,
                     }
         progress.say(f"timing {', '.join(runners)}: {args.repeat} alternating runs each")
         timed = alternate(runners, args.repeat, args.warmup)

@@ -8,6 +8,8 @@ shape. Parameters become constants bound in the module, so later passes can fold
 from __future__ import annotations
 
 import ast
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +23,7 @@ from ..errors import (
     ParamsError,
     QuantizedGraphError,
     UnsupportedOpsError,
+    foreign_message,
 )
 from .attrs import Attrs
 from .context import Context
@@ -144,7 +147,7 @@ def from_mxnet(
     input_vars = [relax.Var(n, relax.TensorType(input_shapes[n], dtypes[n])) for n in input_names]
     by_name = dict(zip(input_names, input_vars, strict=True))
     values: list[list[relax.Expr]] = []
-    with bb.function("main", input_vars):
+    with _closed_on_error(bb), bb.function("main", input_vars):
         with bb.dataflow():
             for node in graph.nodes:
                 values.append(_convert_node(bb, graph, node, values, params, by_name))
@@ -173,6 +176,26 @@ def from_mxnet(
         output_shapes=[Context.shape(o) for o in outputs],
         output_dtypes=[Context.dtype(o) for o in outputs],
     )
+
+
+@contextlib.contextmanager
+def _closed_on_error(bb: relax.BlockBuilder) -> Iterator[None]:
+    """Close the block and variable scope ``bb.function`` leaves open when its body raises.
+
+    TVM's scopes restore only their Python state on an exception; the C++ builder keeps
+    a binding block and, when it is freed (after the CLI printed its one error line),
+    logs ``Warning: BlockBuilder destroyed with remaining blocks!``.
+    """
+    try:
+        yield
+    except BaseException:
+        while True:  # the block the function scope opened, and any inner one
+            try:
+                bb._end_block()
+            except tvm.error.InternalError:  # "no block is being built"
+                break
+        bb.end_scope()
+        raise
 
 
 def _as_var(bb: relax.BlockBuilder, expr: relax.Expr) -> relax.Expr:
@@ -207,8 +230,7 @@ def _convert_node(bb, graph, node, values, params, inputs_by_name) -> list[relax
     except EdgecvError:
         raise
     except Exception as err:  # TVM raises many kinds for ill-typed ops; name the node.
-        message = str(err).strip().splitlines()
-        detail = message[-1] if message else type(err).__name__
+        detail = foreign_message(err)
         shapes = [Context.shape(a) if hasattr(a, "ty") else "?" for a in args]
         raise ConversionError(
             f"node `{node.name}` (op `{node.op}`) with input shapes {shapes} failed to convert: "

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .._mxnet import import_mxnet
-from ..errors import GraphError, ParamsError
+from ..errors import GraphError, ParamsError, foreign_message
 
 
 @dataclass(frozen=True)
@@ -120,11 +120,10 @@ def load_params(path: str | Path) -> dict[str, np.ndarray]:
     mx = import_mxnet()
     try:
         loaded = mx.nd.load(str(path))
-    except Exception as err:  # MXNet raises MXNetError/ValueError on corrupt files.
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    except Exception as err:  # MXNetError (with MXNet's traceback text) on corrupt files
         raise ParamsError(
-            f"cannot read params file {path}: {first_line}. Is it an MXNet `.params` file "
-            "written by `net.export()` or `net.save_parameters()`?"
+            f"cannot read params file {path}: {foreign_message(err)} (truncated, or not an "
+            "MXNet .params file written by `net.export()` or `net.save_parameters()`)"
         ) from None
     if not isinstance(loaded, dict):
         raise ParamsError(f"params file {path} holds an unnamed list of arrays; expected names")

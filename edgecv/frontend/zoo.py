@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 
 from .._mxnet import import_gluoncv, import_mxnet
-from ..errors import ModelNotFoundError, ParamsError
+from ..errors import ModelNotFoundError, ParamsError, foreign_message
 from .random_weights import MEAN_RGB, STD_RGB, random_init
 
 log = logging.getLogger(__name__)
@@ -245,11 +245,15 @@ def export(
             raise ParamsError(f"params file {path} does not exist")
         try:
             net.load_parameters(str(path))
-        except Exception as err:
-            detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        except mx.base.MXNetError as err:  # MXNet could not read the file at all
             raise ParamsError(
-                f"{path} does not hold weights for {model.name}: {detail}. Expected a file "
-                f"written by `net.save_parameters()` for this model."
+                f"cannot read params file {path}: {foreign_message(err)} (truncated, or not an "
+                "MXNet .params file written by `net.save_parameters()`)"
+            ) from None
+        except Exception as err:  # Gluon: names or shapes of another network
+            raise ParamsError(
+                f"{path} does not hold weights for {model.name}: {foreign_message(err, 300)} "
+                "Expected a file written by `net.save_parameters()` for this model."
             ) from None
         weights = "params-file"
     elif pretrained and _try_pretrained(model, net, download_timeout_s):

@@ -22,6 +22,8 @@ from pathlib import Path
 import tvm
 from tvm import tirx
 
+from ..errors import foreign_message
+
 log = logging.getLogger(__name__)
 
 WORKLOADS = "database_workload.json"
@@ -63,7 +65,7 @@ class TuningDatabase:
                 )
             except Exception as err:  # corrupt or foreign files: build with the defaults
                 warnings.warn(
-                    f"tuning database {folder} cannot be read ({str(err).strip()[-160:]}); "
+                    f"tuning database {folder} cannot be read ({foreign_message(err, 160)}); "
                     "its records are ignored",
                     stacklevel=2,
                 )

@@ -9,6 +9,7 @@ from tvm import te
 
 from edgecv._mxnet import import_mxnet
 from edgecv.ops.box_decode import box_decode, box_decode_reference
+from edgecv.testing import assert_close
 
 mx = import_mxnet()
 
@@ -38,8 +39,8 @@ def test_matches_mxnet_and_reference(fmt, clip, batch):
     attrs = dict(std0=0.1, std1=0.1, std2=0.2, std3=0.2, clip=clip, format=fmt)
     ref = box_decode_reference(data, anchors, **attrs)
     theirs = mx.nd.contrib.box_decode(mx.nd.array(data), mx.nd.array(anchors), **attrs).asnumpy()
-    np.testing.assert_allclose(theirs, ref, rtol=1e-5, atol=1e-4)
-    np.testing.assert_allclose(run_tvm(data, anchors, **attrs), ref, rtol=1e-5, atol=1e-4)
+    assert_close(theirs, ref, "MXNet box_decode")
+    assert_close(run_tvm(data, anchors, **attrs), ref, "TIR box_decode")
 
 
 def test_bad_input():

@@ -13,6 +13,7 @@ from tvm import relax, te
 
 from edgecv._mxnet import import_mxnet
 from edgecv.ops.box_nms import box_nms, box_nms_reference
+from edgecv.testing import assert_close
 
 mx = import_mxnet()
 _CACHE: dict = {}
@@ -52,11 +53,11 @@ def boxes(rng, batch, n, score_levels=None, degenerate=False, classes=3):
 
 def check_all(data: np.ndarray, **attrs) -> np.ndarray:
     ref = box_nms_reference(data, **attrs)
-    np.testing.assert_allclose(run_mxnet(data, **attrs), ref, rtol=1e-5, atol=1e-5)
+    assert_close(run_mxnet(data, **attrs), ref, "MXNet box_nms")
     ours = run_tvm(data, **attrs)
     # Same rows in the same order: ids and scores exactly, coordinates within float32.
     np.testing.assert_array_equal(ours[..., :2], ref[..., :2])
-    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+    assert_close(ours, ref, "TIR box_nms")
     return ours
 
 
@@ -131,7 +132,7 @@ def test_ssd_sized_input_runs_and_matches():
     elapsed = time.perf_counter() - start
     ref = run_mxnet(data, **attrs)
     np.testing.assert_array_equal(ours[..., :2], ref[..., :2])
-    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+    assert_close(ours, ref, "TIR box_nms, SSD-sized")
     print(f"box_nms {data.shape}: TVM CPU {elapsed * 1e3:.1f} ms")
 
 

@@ -14,6 +14,7 @@ from edgecv.codegen.opencl import build_opencl
 from edgecv.ops.box_nms import box_nms_gpu, box_nms_reference
 from edgecv.profiles import load_profile
 from edgecv.runtime.opencl_devices import opencl_devices
+from edgecv.testing import assert_close
 
 pytestmark = pytest.mark.skipif(
     not any(d.matches("intel(r) opencl") for d in opencl_devices()),
@@ -47,7 +48,7 @@ def check(data: np.ndarray, threads: int = 64, subgroup=None, device="intel",
     ref = box_nms_reference(data, **attrs)
     ours = run_opencl(data, threads, device, subgroup, **attrs)
     np.testing.assert_array_equal(ours[..., :2], ref[..., :2])  # ids and scores: exact
-    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+    assert_close(ours, ref, "OpenCL box_nms")
     return ours
 
 
@@ -78,7 +79,7 @@ def test_equal_scores_and_degenerate_boxes(subgroup):
     rng = np.random.RandomState(7)
     data = boxes(rng, 2, 150, score_levels=[0.2, 0.5, 0.9], degenerate=True)
     ours = check(data, subgroup=subgroup, id_index=0, overlap_thresh=0.3)
-    np.testing.assert_allclose(ours, run_mxnet(data, id_index=0, overlap_thresh=0.3), atol=1e-5)
+    assert_close(ours, run_mxnet(data, id_index=0, overlap_thresh=0.3), "vs MXNet")
 
 
 @pytest.mark.parametrize("subgroup", [None, 16], ids=["work-group", "intel-subgroup"])

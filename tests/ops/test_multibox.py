@@ -19,7 +19,7 @@ from edgecv.ops.multibox import (
     multibox_prior_reference,
 )
 from edgecv.runtime.opencl_devices import opencl_devices
-from edgecv.testing import detector_inputs
+from edgecv.testing import assert_close, detector_inputs
 
 mx = import_mxnet()
 HAVE_INTEL = any(d.matches("intel(r) opencl") for d in opencl_devices())
@@ -53,7 +53,7 @@ def opencl(cls, loc, anchors, threads=64, subgroup=None, device="intel", **attrs
 def check(ours, ref):
     np.testing.assert_array_equal(ours[..., 0], ref[..., 0])  # classes (and suppression): exact
     np.testing.assert_array_equal(ours[..., 1], ref[..., 1])  # scores are copied: exact
-    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)
+    assert_close(ours, ref, "detections")
 
 
 SSD = dict(nms_threshold=0.45, threshold=0.01, nms_topk=400, force_suppress=False)
@@ -161,11 +161,11 @@ PRIORS = [
 @pytest.mark.parametrize("shape", [(1, 3, 5, 4), (2, 1, 1, 1), (1, 2, 16, 16)])
 def test_prior_matches_mxnet(shape, attrs):
     ref = mx.nd.contrib.MultiBoxPrior(mx.nd.zeros(shape), **attrs).asnumpy()
-    np.testing.assert_allclose(multibox_prior_reference(shape, **attrs), ref, atol=1e-6)
+    assert_close(multibox_prior_reference(shape, **attrs), ref, "NumPy priors vs MXNet")
     x = te.placeholder(shape, "float32", name="data")
     func = te.create_prim_func([x, multibox_prior(x, **attrs)])
     arrays = [np.zeros(shape, np.float32), np.zeros(ref.shape, np.float32)]
-    np.testing.assert_allclose(run_cpu(func, arrays)[1], ref, atol=1e-6)
+    assert_close(run_cpu(func, arrays)[1], ref, "TIR priors vs MXNet")
 
 
 def test_prior_rejects_bad_sizes():
@@ -207,7 +207,6 @@ def test_imported_ssd_head_matches_mxnet(tmp_path, profile):
 
     from edgecv.deploy import deploy
     from edgecv.model import load
-    from edgecv.testing import assert_close
 
     if profile != "cpu" and not HAVE_INTEL:
         pytest.skip("no Intel OpenCL runtime here")

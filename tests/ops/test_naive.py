@@ -12,6 +12,7 @@ from edgecv.ops.box_nms import box_nms_reference
 from edgecv.ops.naive import naive_box_nms_gpu, naive_scan_gpu, naive_segmented_argsort_gpu
 from edgecv.ops.scan import scan_reference
 from edgecv.runtime.opencl_devices import opencl_devices
+from edgecv.testing import assert_close
 
 pytestmark = pytest.mark.skipif(
     not any(d.matches("intel(r) opencl") for d in opencl_devices()),
@@ -46,4 +47,4 @@ def test_naive_argsort(lengths, descending):
 def test_naive_box_nms(batch, n, attrs):
     data = boxes(np.random.RandomState(n), batch, n)
     out = run_opencl(naive_box_nms_gpu(data.shape, **attrs), [data, np.zeros_like(data)])[1]
-    np.testing.assert_allclose(out, box_nms_reference(data, **attrs), rtol=1e-5, atol=1e-5)
+    assert_close(out, box_nms_reference(data, **attrs), "naive box_nms")

@@ -22,6 +22,7 @@ from edgecv.codegen.opencl import build_opencl
 from edgecv.ops.scan import scan_gpu, scan_reference
 from edgecv.profiles import load_profile
 from edgecv.runtime.opencl_devices import opencl_devices
+from edgecv.testing import assert_close
 
 pytestmark = pytest.mark.skipif(
     not any(d.matches("oclgrind") for d in opencl_devices()),
@@ -149,7 +150,7 @@ def test_box_nms_kernels_are_clean(shape, attrs):
         kernels.source, kernels.launches, "box_nms", [data, np.zeros_like(data)]
     )
     assert_clean(report)
-    np.testing.assert_allclose(out, box_nms_reference(data, **attrs), rtol=1e-5, atol=1e-5)
+    assert_close(out, box_nms_reference(data, **attrs), "box_nms")
 
 
 @pytest.mark.parametrize(
@@ -182,7 +183,7 @@ def test_roi_align_kernel_is_clean(attrs):
         kernels.source, kernels.launches, "roi_align", [data, rois, np.zeros_like(ref)]
     )
     assert_clean(report)
-    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    assert_close(out, ref, "roi_align")
 
 
 @pytest.mark.parametrize(
@@ -208,4 +209,4 @@ def test_multibox_detection_kernels_are_clean(shape, attrs):
     assert_clean(report)
     ref = multibox_detection_reference(cls, loc, anchors, **attrs)
     np.testing.assert_array_equal(results[3][..., 0], ref[..., 0])
-    np.testing.assert_allclose(results[3], ref, rtol=1e-5, atol=1e-6)
+    assert_close(results[3], ref, "multibox_detection")

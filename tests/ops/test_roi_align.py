@@ -13,10 +13,10 @@ from tvm import te
 from edgecv._mxnet import import_mxnet
 from edgecv.ops.roi_align import roi_align, roi_align_gpu, roi_align_reference
 from edgecv.runtime.opencl_devices import opencl_devices
+from edgecv.testing import assert_close
 
 mx = import_mxnet()
 HAVE_INTEL = any(d.matches("intel(r) opencl") for d in opencl_devices())
-TOL = dict(rtol=1e-5, atol=1e-5)  # float32
 
 
 def rois_for(rng, count, batch, height, width, scale):
@@ -64,9 +64,7 @@ def test_reference_matches_mxnet(attrs):
     data = rng.standard_normal((2, 8 if not attrs.get("position_sensitive") else 12, 9, 11))
     data = data.astype(np.float32)
     rois = rois_for(rng, 9, 2, 9, 11, attrs["spatial_scale"])
-    np.testing.assert_allclose(
-        roi_align_reference(data, rois, **attrs), mxnet(data, rois, **attrs), **TOL
-    )
+    assert_close(roi_align_reference(data, rois, **attrs), mxnet(data, rois, **attrs), "NumPy")
 
 
 @pytest.mark.parametrize("attrs", CASES)
@@ -74,8 +72,7 @@ def test_cpu_matches_reference(attrs):
     rng = np.random.RandomState(3)
     data = rng.standard_normal((2, 12, 9, 11)).astype(np.float32)
     rois = rois_for(rng, 7, 2, 9, 11, attrs["spatial_scale"])
-    np.testing.assert_allclose(cpu(data, rois, **attrs), roi_align_reference(data, rois, **attrs),
-                               **TOL)  # fmt: skip
+    assert_close(cpu(data, rois, **attrs), roi_align_reference(data, rois, **attrs), "CPU")
 
 
 @pytest.mark.skipif(not HAVE_INTEL, reason="no Intel OpenCL runtime here")
@@ -85,8 +82,8 @@ def test_opencl_matches_reference_and_mxnet(attrs):
     data = rng.standard_normal((2, 12, 9, 11)).astype(np.float32)
     rois = rois_for(rng, 7, 2, 9, 11, attrs["spatial_scale"])
     ours = opencl(data, rois, **attrs)
-    np.testing.assert_allclose(ours, roi_align_reference(data, rois, **attrs), **TOL)
-    np.testing.assert_allclose(ours, mxnet(data, rois, **attrs), **TOL)
+    assert_close(ours, roi_align_reference(data, rois, **attrs), "OpenCL vs NumPy")
+    assert_close(ours, mxnet(data, rois, **attrs), "OpenCL vs MXNet")
 
 
 @needs_pocl()
@@ -98,7 +95,7 @@ def test_pocl_matches_reference(attrs):
     data = rng.standard_normal((2, 12, 9, 11)).astype(np.float32)
     rois = rois_for(rng, 7, 2, 9, 11, attrs["spatial_scale"])
     ours = opencl(data, rois, 64, "pocl", **attrs)
-    np.testing.assert_allclose(ours, roi_align_reference(data, rois, **attrs), **TOL)
+    assert_close(ours, roi_align_reference(data, rois, **attrs))
 
 
 @pytest.mark.skipif(not HAVE_INTEL, reason="no Intel OpenCL runtime here")
@@ -119,10 +116,10 @@ def test_edge_cases():
     ref = roi_align_reference(data, rois, **attrs)
     assert not ref[3].any() and not ref[1].any()
     for ours in (cpu(data, rois, **attrs), opencl(data, rois, threads=16, **attrs)):
-        np.testing.assert_allclose(ours, ref, **TOL)
+        assert_close(ours, ref)
     # MXNet agrees on every ROI with a valid batch index (given one with a negative
     # index, its CPU operator writes zeros over another ROI's output: not compared)
-    np.testing.assert_allclose(ref[[0, 1, 2, 4]], mxnet(data, rois[[0, 1, 2, 4]], **attrs), **TOL)
+    assert_close(ref[[0, 1, 2, 4]], mxnet(data, rois[[0, 1, 2, 4]], **attrs))
 
 
 @pytest.mark.skipif(not HAVE_INTEL, reason="no Intel OpenCL runtime here")
@@ -131,12 +128,11 @@ def test_one_roi_one_element_and_more_than_a_work_group():
     data = rng.standard_normal((1, 1, 4, 4)).astype(np.float32)
     one = np.array([[0, 0.5, 0.5, 3.0, 2.0]], np.float32)
     attrs = dict(pooled_size=(1, 1), spatial_scale=1.0)
-    np.testing.assert_allclose(opencl(data, one, **attrs), mxnet(data, one, **attrs), **TOL)
+    assert_close(opencl(data, one, **attrs), mxnet(data, one, **attrs))
     data = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
     rois = rois_for(rng, 300, 1, 20, 20, 0.25)  # 300 * 16 * 4 elements, many groups
     attrs = dict(pooled_size=(2, 2), spatial_scale=0.25)
-    np.testing.assert_allclose(opencl(data, rois, threads=256, **attrs), mxnet(data, rois, **attrs),
-                               **TOL)  # fmt: skip
+    assert_close(opencl(data, rois, threads=256, **attrs), mxnet(data, rois, **attrs), "OpenCL")
 
 
 @settings(max_examples=15, deadline=None)
@@ -154,9 +150,9 @@ def test_random_vs_mxnet(seed, pooled, ratio, aligned, scale):
     rois[:, 3:] = np.maximum(rois[:, 3:], rois[:, 1:3] + 0.5)  # MXNet aborts on empty aligned
     attrs = dict(pooled_size=pooled, spatial_scale=scale, sample_ratio=ratio, aligned=aligned)
     ref = mxnet(data, rois, **attrs)
-    np.testing.assert_allclose(cpu(data, rois, **attrs), ref, **TOL)
+    assert_close(cpu(data, rois, **attrs), ref)
     if HAVE_INTEL:
-        np.testing.assert_allclose(opencl(data, rois, **attrs), ref, **TOL)
+        assert_close(opencl(data, rois, **attrs), ref)
 
 
 def test_bad_attributes():

@@ -2,7 +2,9 @@
 
 The last rule of the CPU order. It changes nothing but a ``parallel`` annotation on
 the outermost loop of each top-level nest whose first iterator is spatial, so anything
-LegalizeOps produced compiles with it; a nest it cannot annotate stays serial.
+LegalizeOps produced compiles with it; a nest it cannot annotate stays serial, and a
+kernel written as plain loops without blocks (a TE extern such as ROIAlign's CPU
+version, already parallel) is left as written.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ class SafeParallel(dlight.ScheduleRule):
         self, func: tirx.PrimFunc, target: tvm.target.Target, tunable: bool
     ) -> s_tir.Schedule:
         sch = s_tir.Schedule(func)
-        for block in sch.get_child_blocks(sch.get_sblock("root")):
+        try:
+            root = sch.get_sblock("root")
+        except s_tir.ScheduleError:  # plain loops, no blocks (a TE extern): as written
+            return sch
+        for block in sch.get_child_blocks(root):
             loops = sch.get_loops(block)
             kinds = iter_kinds(sch, block)
             if not loops or not kinds.startswith("S") or len(loops) != len(kinds):
