@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 
 from .errors import EdgecvError
-from .imaging import draw
+from .imaging import Detection, draw, draw_label
 from .outputs import check_output_folder
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp"}
@@ -50,31 +50,62 @@ def frames(camera: int | None, video: str | None, images: str | None) -> Iterato
         capture.release()
 
 
-def annotate(model, frame: np.ndarray, threshold: float, fps: float | None) -> tuple:
-    """(the frame with the result drawn, a summary): boxes or the top class."""
-    result = model.predict(frame, threshold=threshold)
+def annotate(model, frame: np.ndarray, result, fps: float | None) -> tuple:
+    """(the frame with ``model.predict``'s result drawn, a summary): boxes or the top
+    class, under the frame rate."""
     if model.task != "classification":
         return draw(frame, result, fps), len(result)
     label, prob = result[0]
     shown = draw(frame, [], fps)
-    cv2.putText(shown, f"{label} {prob:.2f}", (8, 44), cv2.FONT_HERSHEY_SIMPLEX, 0.6,
-                (0, 200, 255), 2, cv2.LINE_AA)  # fmt: skip
+    draw_label(shown, f"{label} {prob:.2f}", (4, 34), scale=0.6)  # below the frame rate
     return shown, label
 
 
+def fit(frame: np.ndarray, result, size: tuple[int, int]) -> tuple[np.ndarray, list]:
+    """``frame`` scaled to fit ``size`` (width, height) with its aspect kept, on black,
+    and ``result``'s boxes moved with it (a classifier's classes are kept)."""
+    h, w = frame.shape[:2]
+    width, height = size
+    if (w, h) == (width, height):
+        return frame, result
+    scale = min(width / w, height / h)
+    new_w, new_h = max(1, round(w * scale)), max(1, round(h * scale))
+    canvas = np.zeros((height, width, 3), frame.dtype)
+    top, left = (height - new_h) // 2, (width - new_w) // 2
+    canvas[top : top + new_h, left : left + new_w] = cv2.resize(
+        frame, (new_w, new_h), interpolation=cv2.INTER_AREA
+    )
+    offset = (left, top, left, top)
+    moved = [
+        Detection(
+            d.label, d.score, tuple(v * scale + o for v, o in zip(d.box, offset, strict=True))
+        )
+        if isinstance(d, Detection)
+        else d
+        for d in result
+    ]
+    return canvas, moved
+
+
 class VideoOut:
-    """An mp4 writer opened on the first frame (its size is the video's)."""
+    """An mp4 writer opened on the first frame, whose size is the video's. Frames of
+    another size (a folder of photos) must be fitted to :attr:`size` before they are
+    annotated: OpenCV's writer drops them without a word, and text drawn first would
+    shrink with a large photo."""
 
     def __init__(self, path: str, fps: float):
         self.path, self.fps, self.writer = path, fps, None
+        self.size: tuple[int, int] | None = None
 
     def write(self, frame: np.ndarray) -> None:
+        height, width = frame.shape[:2]
         if self.writer is None:
-            height, width = frame.shape[:2]
+            self.size = (width, height)
             fourcc = cv2.VideoWriter_fourcc(*"mp4v")
-            self.writer = cv2.VideoWriter(self.path, fourcc, self.fps, (width, height))
+            self.writer = cv2.VideoWriter(self.path, fourcc, self.fps, self.size)
             if not self.writer.isOpened():
                 raise EdgecvError(f"cannot write video {self.path}: OpenCV has no mp4 writer")
+        assert (width, height) == self.size, "fit() frames to the video's size first"
         self.writer.write(frame)
 
     def close(self) -> None:
@@ -97,9 +128,12 @@ def cmd_demo(args) -> int:
     try:
         for count, frame in enumerate(frames(args.camera, args.video, args.images), start=1):
             start = time.perf_counter()
-            shown, result = annotate(model, frame, args.threshold, fps)
+            result = model.predict(frame, threshold=args.threshold)
             elapsed = time.perf_counter() - start
             fps = 1.0 / elapsed if fps is None else 0.9 * fps + 0.1 / elapsed  # smoothed
+            if out is not None and out.size is not None:
+                frame, result = fit(frame, result, out.size)
+            shown, result = annotate(model, frame, result, fps)  # the first frame has it too
             what = f"{result} detections" if model.task != "classification" else result
             print(f"frame {count}: {elapsed * 1e3:.1f} ms  {what}", flush=True)
             if out is not None:

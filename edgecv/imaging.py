@@ -72,31 +72,44 @@ def detections(
     return found
 
 
+BOX_BGR = (0, 200, 255)  # boxes and their labels' backgrounds
+FONT = cv2.FONT_HERSHEY_SIMPLEX
+
+
+def draw_label(
+    image: np.ndarray,
+    text: str,
+    corner: tuple[int, int],
+    color: tuple[int, int, int] = (0, 0, 0),
+    background: tuple[int, int, int] = BOX_BGR,
+    scale: float = 0.5,
+) -> tuple[int, int]:
+    """Draw ``text`` on a filled rectangle whose top-left is ``corner`` (moved inside the
+    image), in place: readable on any photo. Returns the rectangle's size."""
+    (width, height), baseline = cv2.getTextSize(text, FONT, scale, 1)
+    width, height = width + 6, height + baseline + 4
+    x = min(max(corner[0], 0), max(image.shape[1] - width, 0))
+    y = min(max(corner[1], 0), max(image.shape[0] - height, 0))
+    cv2.rectangle(image, (x, y), (x + width - 1, y + height - 1), background, cv2.FILLED)
+    cv2.putText(image, text, (x + 3, y + height - baseline - 2), FONT, scale, color, 1,
+                cv2.LINE_AA)  # fmt: skip
+    return width, height
+
+
 def draw(image_bgr: np.ndarray, found: list[Detection], fps: float | None = None) -> np.ndarray:
-    """A copy of the image with boxes, labels and (optionally) the frame rate drawn on it."""
+    """A copy of the image with boxes, labels and (optionally) the frame rate drawn on it.
+
+    Each label sits on a box-coloured tab above its box (inside it at the image's top
+    edge); the frame rate is green on black in the top-left corner, drawn last.
+    """
     out = image_bgr.copy()
     for det in found:
         x1, y1, x2, y2 = (int(round(v)) for v in det.box)
-        cv2.rectangle(out, (x1, y1), (x2, y2), (0, 200, 255), 2)
-        cv2.putText(
-            out,
-            f"{det.label} {det.score:.2f}",
-            (x1, max(12, y1 - 4)),
-            cv2.FONT_HERSHEY_SIMPLEX,
-            0.5,
-            (0, 200, 255),
-            1,
-            cv2.LINE_AA,
-        )
+        cv2.rectangle(out, (x1, y1), (x2, y2), BOX_BGR, 2)
+        text = f"{det.label} {det.score:.2f}"
+        (_, height), baseline = cv2.getTextSize(text, FONT, 0.5, 1)
+        above = y1 - 1 - (height + baseline + 4)
+        draw_label(out, text, (x1 - 1, above if above >= 0 else y1 + 1))
     if fps is not None:
-        cv2.putText(
-            out,
-            f"{fps:.1f} FPS",
-            (8, 20),
-            cv2.FONT_HERSHEY_SIMPLEX,
-            0.6,
-            (0, 255, 0),
-            2,
-            cv2.LINE_AA,
-        )
+        draw_label(out, f"{fps:.1f} FPS", (4, 4), (0, 255, 0), (0, 0, 0), scale=0.6)
     return out

@@ -91,3 +91,23 @@ def test_agreement_measures_differences():
     assert agreement(a, [a[0].copy()]) == {"max_rel_diff": 0.0, "same_top1": True}
     other = agreement(a, [np.array([[0.0, 4.0, 3.0]], np.float32)])
     assert other["same_top1"] is False and other["max_rel_diff"] == pytest.approx(0.75)
+
+
+def test_detector_agreement_ignores_the_order_of_tied_scores():
+    from edgecv.bench.command import agreement
+
+    ids = np.array([[[3], [1], [2], [-1]]], np.float32)
+    scores = np.array([[[0.9], [0.5], [0.5], [-1]]], np.float32)
+    boxes = np.array([[[0, 0, 9, 9], [10, 10, 50, 50], [60, 0, 90, 40], [-1, -1, -1, -1]]],
+                     np.float32)  # fmt: skip
+    ref = [ids, scores, boxes]
+    swapped = [a[:, [0, 2, 1, 3]] for a in ref]  # the tie at 0.5 in the other order
+    swapped[1][0, 1, 0] += 2e-7  # and rounded differently
+    assert agreement(swapped, ref, detection=True)["max_rel_diff"] < 1e-6
+    assert agreement(swapped, ref)["max_rel_diff"] > 0.5  # as plain tensors: far apart
+    moved = [a.copy() for a in swapped]
+    moved[2][0, 1] += 5  # one box really differs: 5 / 90 of the boxes' scale
+    assert agreement(moved, ref, detection=True)["max_rel_diff"] == pytest.approx(5 / 90)
+    other_top = [a.copy() for a in ref]
+    other_top[0][0, 0, 0] = 4
+    assert agreement(other_top, ref, detection=True)["same_top1"] is False

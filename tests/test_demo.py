@@ -61,26 +61,40 @@ def expected_box(frame):
     return box * np.array([sx, sy, sx, sy])
 
 
-def check_video(path, frames):
+def read_video(path) -> list[np.ndarray]:
     capture = cv2.VideoCapture(str(path))
     assert capture.isOpened()
-    assert int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) == len(frames)
+    count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
     read = []
     while True:
         ok, frame = capture.read()
         if not ok:
             break
         read.append(frame)
+    assert len(read) == count
+    return read
+
+
+def check_box_and_fps(shown, box, before):
+    """The box's left edge is drawn in the box colour (0, 200, 255) BGR where ``before``
+    (the photo, as fitted into the frame) was not; the frame rate is green text on black
+    in the top-left corner (codec noise aside)."""
+    x1, y1, x2, y2 = (int(round(v)) for v in box)
+    edge = shown[y1 + 2 : y2 - 2, x1].astype(int)
+    assert np.abs(edge - (0, 200, 255)).max(axis=1).mean() < 60, (x1, y1, x2, y2)
+    was = before[y1 + 2 : y2 - 2, x1].astype(int)
+    assert np.abs(was - (0, 200, 255)).max(axis=1).mean() > 60  # not there before
+    corner = shown[4:22, 4:60].astype(int)
+    green = (corner[..., 1] > 150) & (corner[..., 0] < 100) & (corner[..., 2] < 100)
+    assert green.sum() > 20 and np.median(corner) < 60, "no FPS overlay"
+
+
+def check_video(path, frames):
+    read = read_video(path)
     assert len(read) == len(frames)
     for original, shown in zip(frames, read, strict=True):
         assert shown.shape == original.shape
-        x1, y1, x2, y2 = (int(round(v)) for v in expected_box(original))
-        # The box's left edge is drawn in the box colour (0, 200, 255) BGR; the frame's
-        # centre, far from the box and the FPS text, is the photo (codec noise aside).
-        edge = shown[y1 + 2 : y2 - 2, x1].astype(int)
-        assert np.abs(edge - (0, 200, 255)).max(axis=1).mean() < 60, (x1, y1, x2, y2)
-        before = original[y1 + 2 : y2 - 2, x1].astype(int)
-        assert np.abs(before - (0, 200, 255)).max(axis=1).mean() > 60  # not there before
+        check_box_and_fps(shown, expected_box(original), original)
 
 
 def test_demo_on_a_video(detector_package, tmp_path):
@@ -111,6 +125,32 @@ def test_demo_on_an_image_folder(detector_package, tmp_path):
     result = run_cli("demo", detector_package, "--images", folder, "--headless", "-o", out)
     assert result.returncode == 0, result.stderr
     check_video(out, frames)
+
+
+def test_demo_fits_photos_of_other_sizes_into_the_video(detector_package, tmp_path):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    sizes = [(160, 120), (120, 160), (400, 300)]  # the first photo sets the video's size
+    frames = [cv2.resize(getattr(skimage.data, n)()[:, :, ::-1], s)
+              for n, s in zip(PHOTOS, sizes, strict=False)]  # fmt: skip
+    for i, frame in enumerate(frames):
+        cv2.imwrite(str(folder / f"{i:02d}.png"), frame)
+    out = tmp_path / "mixed.mp4"
+    result = run_cli("demo", detector_package, "--images", folder, "--headless", "-o", out)
+    assert result.returncode == 0, result.stderr
+    read = read_video(out)
+    assert [f.shape for f in read] == [(120, 160, 3)] * 3  # none dropped
+    for original, shown in zip(frames, read, strict=True):
+        h, w = original.shape[:2]
+        scale = min(160 / w, 120 / h)
+        left, top = (160 - round(w * scale)) // 2, (120 - round(h * scale)) // 2
+        fitted = np.zeros_like(shown)
+        fitted[top : top + round(h * scale), left : left + round(w * scale)] = cv2.resize(
+            original, (round(w * scale), round(h * scale)), interpolation=cv2.INTER_AREA
+        )
+        box = expected_box(original) * scale + np.array([left, top, left, top])
+        check_box_and_fps(shown, box, fitted)  # boxes and text drawn after fitting
+    assert read[1][60:, 130:].max() < 40  # the portrait photo: black bars (under its label)
 
 
 def test_demo_errors(detector_package, tmp_path):

@@ -10,11 +10,12 @@ with AVX-512 BF16 it would pick bf16 by default, which is not the comparison we 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ class Baseline:
     version: str
     run: Callable[[np.ndarray], list[np.ndarray]]
     load_s: float
+    notes: list[str] = field(default_factory=list)  # what its model lacks (export warnings)
 
 
 def threads() -> int:
@@ -65,13 +67,28 @@ def mxnet_baseline(symbol: Path, params: Path, shape: tuple[int, ...]) -> Baseli
     return Baseline("mxnet", mx.__version__, run, time.perf_counter() - start)
 
 
-def export_onnx(symbol: Path, params: Path, shape: tuple[int, ...], out: Path) -> Path:
-    """The model as ONNX, written by MXNet's exporter (once per bench run)."""
+class _Warnings(logging.Handler):
+    """Collects the warnings a library logs (MXNet's exporter logs to the root logger)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(" ".join(record.getMessage().split()))
+
+
+def export_onnx(
+    symbol: Path, params: Path, shape: tuple[int, ...], out: Path
+) -> tuple[Path, list[str]]:
+    """The model as ONNX, written by MXNet's exporter, and the exporter's warnings (where
+    the ONNX model does not do what MXNet does, e.g. box_nms across classes)."""
     _module("onnx", "pip install 'edgecv[bench]' (onnx<1.15, for MXNet's exporter)")
     mx = import_mxnet()
     path = out / "model.onnx"
-    if path.is_file():
-        return path
+    root = logging.getLogger()
+    handlers, collected = root.handlers, _Warnings()
+    root.handlers = [collected]  # into the report, not onto stderr as edgecv's own lines
     try:
         # Given file names, the exporter reads `<symbol prefix>-0000.params` and needs
         # `arg:` names; given objects, it exports exactly the files the package came from.
@@ -84,7 +101,10 @@ def export_onnx(symbol: Path, params: Path, shape: tuple[int, ...], out: Path) -
         raise BaselineUnavailable(
             f"MXNet's ONNX export failed: {foreign_message(err)[:200]}"
         ) from None
-    return path
+    finally:
+        root.handlers = handlers
+    notes = [f"MXNet's ONNX export warned: {m[:240]}" for m in dict.fromkeys(collected.messages)]
+    return path, notes
 
 
 def onnxruntime_baseline(onnx_path: Path) -> Baseline:
@@ -131,14 +151,18 @@ def build_baselines(
 ) -> tuple[list[Baseline], dict[str, str]]:
     """The baselines ``names`` that load, and the reason for each that does not."""
     built, failed = [], {}
+    exported: list = []  # the ONNX export, made once for both runtimes that need it
     for name in names:
         try:
+            if name in ("onnxruntime", "openvino") and not exported:
+                exported.append(export_onnx(symbol, params, shape, work))
             if name == "mxnet":
                 built.append(mxnet_baseline(symbol, params, shape))
-            elif name == "onnxruntime":
-                built.append(onnxruntime_baseline(export_onnx(symbol, params, shape, work)))
-            elif name == "openvino":
-                built.append(openvino_baseline(export_onnx(symbol, params, shape, work)))
+            elif name in ("onnxruntime", "openvino"):
+                path, notes = exported[0]
+                loader = onnxruntime_baseline if name == "onnxruntime" else openvino_baseline
+                built.append(loader(path))
+                built[-1].notes = notes
             else:
                 failed[name] = f"unknown baseline; known: {', '.join(KNOWN)}"
         except BaselineUnavailable as err:

@@ -36,6 +36,12 @@ def print_report(report: dict, top: int = 10) -> None:
             f"{r['p99_ms']:>9.2f}{r['throughput_per_s']:>8.1f}{r['load_s']:>8.2f}"
             f"{r['p50_ms'] / ours:>10.2f}  {text}"
         )
+    notes: dict[str, list[str]] = {}  # one line per note, naming the runtimes it concerns
+    for name, r in report["runtimes"].items():
+        for note in r.get("notes", []):
+            notes.setdefault(note, []).append(name)
+    for note, names in notes.items():
+        print(f"note: {', '.join(names)}: {note}")
     for name, why in report["not_run"].items():
         print(f"not run: {name}: {why}")
     kernels = report["kernels"]
