@@ -340,6 +340,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    text = " ".join(str(message).split())
+    return f"edgecv: warning: {text}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``edgecv`` command: every failure ends in one ``edgecv: error:`` line and a
     non-zero exit (2: bad input or environment; 1: a bug in edgecv); ``-v`` adds the
@@ -349,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="[edgecv] %(message)s"
     )
     warnings.filterwarnings("ignore", module="mxnet")
+    if not args.verbose:  # a user reads the warning, not the line of edgecv that raised it
+        warnings.formatwarning = _format_warning
     try:
         return args.func(args)
     except EdgecvError as err:
