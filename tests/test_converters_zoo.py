@@ -48,6 +48,22 @@ CASES = {
         (2, 3, 4, 4),
     ),
     "shape_array": (S.broadcast_add(S.cast(S.shape_array(d), "float32"), S.sum(d)), (2, 3)),
+    # CenterNet's decoder: int64 top-k indices divided by products of shape_array parts
+    "int64_index_math": (
+        S.Group(
+            [
+                S.broadcast_div(
+                    S.cast(S.topk(d, k=3, ret_typ="indices"), "int64"),
+                    S.split(S.shape_array(d), num_outputs=2, axis=0)[1],
+                ),
+                S.broadcast_mod(
+                    S.cast(S.topk(d, k=3), "int64"),
+                    S.slice_axis(S.shape_array(d), axis=0, begin=0, end=1) + 2,
+                ),
+            ]
+        ),
+        (2, 6),
+    ),
     "broadcast_axis": (
         S.broadcast_axis(S.sum(d, axis=1, keepdims=True), axis=1, size=4),
         (2, 3, 5),

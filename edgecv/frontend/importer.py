@@ -209,7 +209,9 @@ def _convert_node(bb, graph, node, values, params, inputs_by_name) -> list[relax
     if node.op == "null":
         if node.name in inputs_by_name:
             return [inputs_by_name[node.name]]
-        return [relax.const(np.ascontiguousarray(params[node.name]))]
+        value = np.ascontiguousarray(params[node.name])
+        # relax.const narrows int64 arrays to int32 unless told the dtype
+        return [relax.const(value, str(value.dtype))]
     args = []
     for src, out in node.inputs:
         produced = values[src]

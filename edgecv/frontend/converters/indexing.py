@@ -15,7 +15,8 @@ R = relax.op
 @converts("shape_array")
 def shape_array(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
     # Shapes are static at import, so the shape is a constant (int64, as MXNet gives).
-    return relax.const(np.array(ctx.shape(inputs[0]), dtype="int64"))
+    # (relax.const narrows int64 arrays to int32 unless given the dtype)
+    return relax.const(np.array(ctx.shape(inputs[0]), dtype="int64"), "int64")
 
 
 @converts("broadcast_axis", "broadcast_axes")

@@ -223,17 +223,18 @@ def where(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
 
 @converts("zeros_like")
 def zeros_like(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
-    return relax.const(np.zeros(ctx.shape(inputs[0]), ctx.dtype(inputs[0])))
+    return relax.const(np.zeros(ctx.shape(inputs[0]), ctx.dtype(inputs[0])), ctx.dtype(inputs[0]))
 
 
 @converts("ones_like")
 def ones_like(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
-    return relax.const(np.ones(ctx.shape(inputs[0]), ctx.dtype(inputs[0])))
+    return relax.const(np.ones(ctx.shape(inputs[0]), ctx.dtype(inputs[0])), ctx.dtype(inputs[0]))
 
 
 def _fill(attrs: Attrs, value: float) -> relax.Expr:
     shape = attrs.ints("shape")
-    return relax.const(np.full(shape, value, attrs.str("dtype", "float32")))
+    dtype = attrs.str("dtype", "float32")
+    return relax.const(np.full(shape, value, dtype), dtype)  # int64 stays int64
 
 
 @converts("_zeros")
@@ -261,7 +262,8 @@ def arange(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
         start, stop = 0.0, start
     step = attrs.float("step", 1.0)
     values = np.arange(start, stop, step).repeat(attrs.int("repeat", 1))
-    return relax.const(values.astype(attrs.str("dtype", "float32")))
+    dtype = attrs.str("dtype", "float32")
+    return relax.const(values.astype(dtype), dtype)
 
 
 @converts("SliceChannel", "split")

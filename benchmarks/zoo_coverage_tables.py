@@ -1,0 +1,67 @@
+"""Tables of ``zoo_coverage.py``: one CSV row per model, a Markdown summary per family."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+STAGES = ("build", "import", "compile", "parity")
+
+
+def summarize(rows: list[dict], columns: list[str]) -> list[str]:
+    families = sorted({r["family"] for r in rows if r.get("build") != "skipped"})
+    lines = [
+        "| family | models | " + " | ".join(columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
+    totals = [0] * (len(columns) + 1)
+    for fam in families + ["all"]:
+        sub = rows if fam == "all" else [r for r in rows if r["family"] == fam]
+        sub = [r for r in sub if r.get("build") != "skipped"]
+        counts = [len(sub)] + [sum(r.get(c) == "ok" for r in sub) for c in columns]
+        if fam == "all":
+            counts = totals
+            fam = "**all**"
+        else:
+            totals = [a + b for a, b in zip(totals, counts, strict=True)]
+        lines.append(f"| {fam} | {counts[0]} | " + " | ".join(map(str, counts[1:])) + " |")
+    return lines
+
+
+def write_tables(rows: list[dict], out: Path, import_only: bool) -> None:
+    before = ["import_before"] if any("import_before" in r for r in rows) else []
+    columns = ["build", *before, "import"] + ([] if import_only else ["compile", "parity"])
+    fields = [
+        "model",
+        "family",
+        *columns,
+        "build_s",
+        "import_s",
+        "compile_s",
+        "latency_ms",
+        "error",
+        "error_before",
+    ]
+    with open(out.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    skipped = [r for r in rows if r.get("build") == "skipped"]
+    lines = ["# GluonCV zoo coverage", "", *summarize(rows, columns), ""]
+    if skipped:
+        lines += [f"Skipped {len(skipped)} models: {skipped[0]['error']}.", ""]
+    lines += [
+        "| model | family | " + " | ".join(columns) + " | latency ms | failure |",
+        "|---|---|" + "---|" * (len(columns) + 2),
+    ]
+    for r in rows:
+        if r.get("build") == "skipped":
+            continue
+        cells = [r.get(c, "-") for c in columns]
+        error = str(r.get("error", "")).replace("|", "\\|")
+        lines.append(
+            f"| {r['model']} | {r['family']} | "
+            + " | ".join(cells)
+            + f" | {r.get('latency_ms', '')} | {error} |"
+        )
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
