@@ -103,8 +103,10 @@ def _recorded_version(folder: Path) -> str | None:
         return None
 
 
-def write_meta(folder: Path, device_key: dict) -> None:
-    """Record which TVM wrote a database and the device class it holds records for."""
-    (folder / META).write_text(
-        json.dumps({"tvm": tvm.__version__, "device": device_key}, indent=1) + "\n"
-    )
+def write_meta(folder: Path, device_key: dict, workloads: dict | None = None) -> None:
+    """Record which TVM wrote a database, the device class it holds records for and,
+    per workload (structural hash), what tuning found (kernels, default vs best time)."""
+    meta = {"tvm": tvm.__version__, "device": device_key}
+    if workloads:
+        meta["workloads"] = workloads
+    (folder / META).write_text(json.dumps(meta, indent=1) + "\n")

@@ -1,0 +1,5 @@
+"""Placeholder, replaced below."""
+
+
+def add_server_parser(sub, common) -> None:
+    pass
