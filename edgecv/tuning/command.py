@@ -52,7 +52,7 @@ def _runner_setup(profile: Profile, on: str | None, rpc: str | None, key: str | 
         if rpc:
             from .fleet import FleetRunner
 
-            runner = FleetRunner(rpc, key, "opencl", on or "")
+            runner = FleetRunner(rpc, key, "opencl", on or "", target)
         cls = opencl_class(target, subgroup, device)
         return cls, gpu_order(target, subgroup), OpenCLCompiler(target), runner
     from .runners.cuda import refuse_without_gpu
