@@ -88,7 +88,7 @@ def postprocs(target: tvm.target.Target) -> list:
             if type(p).__name__ != "RewriteLayout"]  # fmt: skip
 
 
-def contexts(tasks: list[Task], target: tvm.target.Target, cores: int) -> list:
+def contexts(tasks: list[Task], target: tvm.target.Target, cores: int, per_iteration: int) -> list:
     kind = "llvm" if str(target.kind.name) == "llvm" else "cuda"
     if kind == "llvm":  # MetaSchedule's parallel rules size the work by the core count
         spec = dict(target.export())
@@ -103,7 +103,7 @@ def contexts(tasks: list[Task], target: tvm.target.Target, cores: int) -> list:
                 postprocs=postprocs(target),
                 mutator_probs=ms.mutator.Mutator.create(kind),
             ),
-            search_strategy=evolutionary(),
+            search_strategy=evolutionary(per_iteration),
             task_name=t.name,
             num_threads=cores,
         )
@@ -111,12 +111,14 @@ def contexts(tasks: list[Task], target: tvm.target.Target, cores: int) -> list:
     ]
 
 
-def evolutionary():
+def evolutionary(per_iteration: int):
     """MetaSchedule's evolutionary search, smaller than its defaults (population 512,
     4 generations): on 2 cores the default spent 26 s per batch in mutation alone, more
-    than building and timing the batch; a quarter of it keeps the search's share small."""
+    than building and timing the batch. Four candidates bred per one measured (at most
+    128) keeps the search's share small."""
+    population = max(16, min(128, 4 * per_iteration))
     return ms.search_strategy.EvolutionarySearch(
-        population_size=128, init_min_unmeasured=32, genetic_num_iters=3
+        population_size=population, init_min_unmeasured=population // 4, genetic_num_iters=3
     )
 
 
@@ -134,16 +136,17 @@ def search(tasks: list[Task], target: tvm.target.Target, builder, runner, db,
     if not todo:
         return True
     per_task = max(remaining[t.key] for t in todo)
+    per_iteration = min(budget.per_iteration, per_task)
     progress = _Progress(todo, sum(remaining[t.key] for t in todo), budget.seconds)
     try:
         with progress.bar:
             ms.tune_tasks(
-                tasks=contexts(todo, target, cores),
+                tasks=contexts(todo, target, cores, per_iteration),
                 task_weights=[max(t.weight, 1e-9) for t in todo],
                 work_dir=work_dir,
                 max_trials_global=sum(remaining[t.key] for t in todo),
                 max_trials_per_task=per_task,
-                num_trials_per_iter=min(budget.per_iteration, per_task),
+                num_trials_per_iter=per_iteration,
                 builder=builder,
                 runner=runner,
                 database=db,
