@@ -150,7 +150,6 @@ class FleetRunner(PyRunner):
         each job's answer or the exception that ended it on every server."""
         from tvm import rpc
 
-        tracker = rpc.connect_tracker(*self.tracker)
         servers = max(1, self.free_servers())
         todo: queue.Queue = queue.Queue()
         for index, job in enumerate(jobs):
@@ -160,7 +159,8 @@ class FleetRunner(PyRunner):
         lock = threading.Lock()
 
         def worker() -> None:
-            try:
+            try:  # a tracker connection of its own: the client is not thread-safe
+                tracker = rpc.connect_tracker(*self.tracker)
                 session = tracker.request(self.key, priority=1, session_timeout=0,
                                           max_retry=int(SESSION_WAIT_S))  # fmt: skip
             except Exception:  # no server after all: the others take the work

@@ -162,6 +162,8 @@ def search(tasks: list[Task], target: tvm.target.Target, builder, runner, db,
     except Exception as err:  # TVM re-raises a callback's exception wrapped or as is
         if "TimeBudgetSpent" in str(err):
             return False
+        if "KeyboardInterrupt" in str(err):  # Ctrl-C inside a builder or runner call
+            raise KeyboardInterrupt from None
         raise
     return True
 
