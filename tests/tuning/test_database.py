@@ -106,13 +106,14 @@ def test_a_stale_record_warns_and_the_default_rule_builds_it(tuned, tmp_path):
     conv = next(t for t in tiny_tasks(symbol) if "conv2d" in t.name)
     stale = open_database(tmp_path / "stale")
     # a record of another kernel's schedule filed under the conv: its trace cannot replay
+    # (TVM checks every trace as it loads a database: the whole database is passed over)
     commit_schedule(stale, conv.mod, serial(matmul_task(), gpu=False), [1e-9], target)
-    with pytest.warns(UserWarning, match=conv.name):
+    with pytest.warns(UserWarning, match="stale cannot be read"):
         path = deploy(str(symbol), tmp_path / "pkg", "cpu", input_shape=SHAPE,
                       options=BuildOptions(tuning=[tmp_path / "stale"]))  # fmt: skip
     kernels = json.loads((path / "manifest.json").read_text())["build"]["schedules"]["cpu"]
     entry = kernels["kernels"][conv.name]
-    assert entry["rule"] == "cpu.Conv2D" and entry["passed_over"][0][0] == "tuned"
+    assert entry["rule"] == "cpu.Conv2D"
     x = tiny_input()
     reference = mxnet_forward(symbol, symbol.with_name("tiny-0000.params"), x)[0]
     assert_close(load(path).run(x)[0], reference)
