@@ -22,6 +22,7 @@ from pathlib import Path
 from .. import progress
 from ..errors import EdgecvError
 from ..profiles import Profile, load_profile
+from ..schedules.database import write_meta
 from .device_class import DeviceClass, cpu_class, opencl_class
 from .records import best_seconds, open_database, ship
 from .search import Budget, measure_defaults, search
@@ -94,18 +95,17 @@ def tune(args: argparse.Namespace) -> int:
         # a time budget alone: as many trials as fit in it
         trials = args.trials if not args.time_budget else 100_000
         budget = Budget(trials, args.time_budget * 60 if args.time_budget else None)
-        interrupted = False
         try:
-            search(chosen, order.target, builder, runner, db, work, budget,
-                   cores=os.cpu_count() or 1)  # fmt: skip
-        except KeyboardInterrupt:
-            interrupted = True
-            say("interrupted: the records measured so far are kept (--resume continues)")
+            ended = search(chosen, order.target, builder, runner, db, work, budget,
+                           cores=os.cpu_count() or 1)  # fmt: skip
+        except KeyboardInterrupt:  # the second Ctrl-C: the records so far still count
+            ended = "interrupted"
         finally:
             summary.update(_summary(tasks, db, name))
-            from ..schedules.database import write_meta
-
             write_meta(db_dir, cls.key, summary)
+        interrupted = ended == "interrupted"
+        if interrupted:
+            say("interrupted: the records measured so far are kept (--resume continues)")
         spent = time.perf_counter() - started
     _report(tasks, db, spent)
     if args.ship:

@@ -16,6 +16,7 @@ the wrong layout.
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,8 +33,9 @@ from .records import commit_schedule, records_of
 from .tasks import Task, default_schedules
 
 
-class TimeBudgetSpent(Exception):
-    """Raised from the measure callback to end the search when the budget is spent."""
+class StopSearch(Exception):
+    """Raised from the measure callback, between batches, to end the search (the time
+    budget is spent, or Ctrl-C asked for it)."""
 
 
 @dataclass
@@ -128,16 +130,28 @@ def trials_done(task: Task, db) -> int:
 
 
 def search(tasks: list[Task], target: tvm.target.Target, builder, runner, db,
-           work_dir: str, budget: Budget, cores: int = 2) -> bool:  # fmt: skip
-    """Tune ``tasks`` (see the module docstring); True when the budget of trials was
-    used up, False when the time budget ended it first."""
+           work_dir: str, budget: Budget, cores: int = 2) -> str:  # fmt: skip
+    """Tune ``tasks`` (see the module docstring). Returns why it ended: ``trials`` (all
+    done), ``time`` (the time budget) or ``interrupted`` (Ctrl-C).
+
+    Ctrl-C asks the search to stop after the batch being measured (a Python exception
+    raised while MetaSchedule's C++ code runs can abort the process); a second Ctrl-C
+    stops at once."""
     remaining = {t.key: max(0, budget.trials - trials_done(t, db)) for t in tasks}
     todo = [t for t in tasks if remaining[t.key] > 0]
     if not todo:
-        return True
+        return "trials"
     per_task = max(remaining[t.key] for t in todo)
     per_iteration = min(budget.per_iteration, per_task)
     progress = _Progress(todo, sum(remaining[t.key] for t in todo), budget.seconds)
+
+    def on_ctrl_c(signum, frame) -> None:
+        if progress.stop_asked:
+            raise KeyboardInterrupt
+        progress.stop_asked = True
+        bars.say("stopping after this batch (Ctrl-C again to stop now)")
+
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
     try:
         with progress.bar:
             ms.tune_tasks(
@@ -157,21 +171,24 @@ def search(tasks: list[Task], target: tvm.target.Target, builder, runner, db,
                 ],  # fmt: skip
                 task_scheduler="gradient",
             )
-    except TimeBudgetSpent:
-        return False
+    except StopSearch:
+        return "interrupted" if progress.stop_asked else "time"
     except Exception as err:  # TVM re-raises a callback's exception wrapped or as is
-        if "TimeBudgetSpent" in str(err):
-            return False
-        if "KeyboardInterrupt" in str(err):  # Ctrl-C inside a builder or runner call
+        if "StopSearch" in str(err):
+            return "interrupted" if progress.stop_asked else "time"
+        if "KeyboardInterrupt" in str(err):  # the second Ctrl-C
             raise KeyboardInterrupt from None
         raise
-    return True
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return "trials"
 
 
 @derived_object
 class _Progress(ms.measure_callback.PyMeasureCallback):
     """The bar: trials done and time left; the current task's best vs its default.
-    Ends the search (raises :class:`TimeBudgetSpent`) when the time budget is spent."""
+    Ends the search (raises :class:`StopSearch`) when the time budget is spent or
+    Ctrl-C asked for it."""
 
     def __init__(self, tasks: list[Task], total: int, seconds: float | None):
         super().__init__()
@@ -180,7 +197,10 @@ class _Progress(ms.measure_callback.PyMeasureCallback):
         self.trials: dict[int, int] = {}
         self.started = time.perf_counter()
         self.seconds = seconds
-        self.bar = bars.bar(total, "tuning", "trial")
+        self.stop_asked = False
+        # with a time budget the trials have no end: the bar counts them, the postfix
+        # says the time left; with trials alone tqdm's ETA is the time left
+        self.bar = bars.bar(None if seconds else total, "tuning", "trial")
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
               runner_results) -> None:  # fmt: skip
@@ -194,9 +214,15 @@ class _Progress(ms.measure_callback.PyMeasureCallback):
         best = self.best.get(task_id)
         default = f" default {task.default_s * 1e3:.3f} ms" if task.default_s else ""
         shown = f"{best * 1e3:.3f} ms" if best else "-"
+        left = ""
+        if self.seconds is not None:
+            spent = time.perf_counter() - self.started
+            left = f", {max(0.0, self.seconds - spent) / 60:.0f} min left"
         self.bar.set_postfix_str(f"{task.name[:28]}: best {shown}{default}, "
-                                 f"{self.trials[task_id]} trials")  # fmt: skip
+                                 f"{self.trials[task_id]} trials{left}")  # fmt: skip
         if not bars.bars_enabled():
             bars.say(f"{task.name}: {self.trials[task_id]} trials, best {shown}{default}")
+        if self.stop_asked:
+            raise StopSearch("stopped by Ctrl-C")
         if self.seconds is not None and time.perf_counter() - self.started > self.seconds:
-            raise TimeBudgetSpent(f"time budget of {self.seconds / 60:.1f} min spent")
+            raise StopSearch(f"time budget of {self.seconds / 60:.1f} min spent")
