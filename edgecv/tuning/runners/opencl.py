@@ -157,12 +157,12 @@ def _buffers(backend, arguments: list, rng) -> list:
 
 def _time(backend, run, cfg: TimingConfig) -> float:
     """Fastest device seconds of one run (its launches summed), over ``cfg.repeat`` runs
-    or as many as fit in 20x ``min_repeat_ms`` (a very slow candidate stops early)."""
+    or as many as fit in half a second (a very slow candidate stops early)."""
     for _ in range(cfg.warmup):
         run()
     backend.synchronize()
     spent: list[float] = []
-    while len(spent) < cfg.repeat and (len(spent) < 2 or sum(spent) < cfg.min_repeat_ms / 50):
+    while len(spent) < cfg.repeat and (len(spent) < 2 or sum(spent) < 0.5):
         backend.start_profiling()
         run()
         spent.append(sum(seconds for _, _, seconds in backend.stop_profiling()))
@@ -199,7 +199,7 @@ class LocalOpenCLRunner(PyRunner):
         super().__init__()
         self.query = device_query(device)
         self.compiler = OpenCLCompiler(target)
-        self.config = config or TimingConfig(repeat=5, min_repeat_ms=25)
+        self.config = config or TimingConfig()
 
     def run(self, runner_inputs: list[RunnerInput]):
         return run_batches(runner_inputs, self.compiler, lambda source, cands: time_opencl(
