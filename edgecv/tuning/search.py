@@ -35,7 +35,11 @@ from .tasks import Task, default_schedules
 
 class StopSearch(Exception):
     """Raised from the measure callback, between batches, to end the search (the time
-    budget is spent, or Ctrl-C asked for it)."""
+    budget is spent, or Ctrl-C asked for it). TVM hands it back as a RuntimeError with
+    the message only: the message carries :data:`STOP`."""
+
+
+STOP = "[edgecv: search stopped]"
 
 
 @dataclass
@@ -174,7 +178,7 @@ def search(tasks: list[Task], target: tvm.target.Target, builder, runner, db,
     except StopSearch:
         return "interrupted" if progress.stop_asked else "time"
     except Exception as err:  # TVM re-raises a callback's exception wrapped or as is
-        if "StopSearch" in str(err):
+        if STOP in str(err):
             return "interrupted" if progress.stop_asked else "time"
         if "KeyboardInterrupt" in str(err):  # the second Ctrl-C
             raise KeyboardInterrupt from None
@@ -223,6 +227,6 @@ class _Progress(ms.measure_callback.PyMeasureCallback):
         if not bars.bars_enabled():
             bars.say(f"{task.name}: {self.trials[task_id]} trials, best {shown}{default}")
         if self.stop_asked:
-            raise StopSearch("stopped by Ctrl-C")
+            raise StopSearch(f"{STOP} by Ctrl-C")
         if self.seconds is not None and time.perf_counter() - self.started > self.seconds:
-            raise StopSearch(f"time budget of {self.seconds / 60:.1f} min spent")
+            raise StopSearch(f"{STOP} time budget of {self.seconds / 60:.1f} min spent")
