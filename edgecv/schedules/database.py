@@ -77,10 +77,14 @@ class TuningDatabase:
     def query(self, func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc | None:
         """``func`` scheduled by its best tuned record, or None when no database has one."""
         mod = tvm.IRModule({"main": _workload(func)})
+        symbol = func.attrs.get("global_symbol") if func.attrs else None
         for database in self._databases:
             sch = database.query_schedule(mod, target, workload_name="main")
             if sch is not None:
-                return sch.mod["main"]
+                # the kernel's own name back: GPU lowering splits host and device code
+                # only for an entry function
+                scheduled = sch.mod["main"]
+                return scheduled.with_attr("global_symbol", symbol) if symbol else scheduled
         return None
 
 

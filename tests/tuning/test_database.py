@@ -157,3 +157,29 @@ def test_tuning_for_cuda_without_a_gpu_is_refused_with_what_to_do(capsys):
     assert main(["tune", "mobilenet1.0", "--device", "jetson_nano", "--random-weights"]) == 2
     err = capsys.readouterr().err
     assert "cannot tune for `jetson_nano` (CUDA)" in err and "no CUDA driver or GPU" in err
+
+
+def test_a_record_for_an_opencl_profile_applies_at_deploy_and_matches_mxnet(tuned, tmp_path):
+    """GPU records replay at deploy through deploy's own lowering (the replayed kernel
+    keeps its name: host/device splitting needs an entry function)."""
+    from conftest import mxnet_forward
+
+    from edgecv.pipelines.orders import gpu_order
+    from edgecv.tuning.tasks import default_schedules
+
+    symbol, _ = tuned
+    profile = load_profile("deeplens")
+    target = profile.tvm_target()
+    mod, _ = import_model(str(symbol), None, SHAPE, False, 0, lambda m: None)
+    database = open_database(tmp_path / "gpu")
+    order = gpu_order(target, profile.intel_subgroup_size)
+    for task in extract_tasks(mod, profile):
+        _, sch = next(default_schedules(task, order))
+        commit_schedule(database, task.mod, sch, [1e-4], target)
+    path = deploy(str(symbol), tmp_path / "pkg", "deeplens", input_shape=SHAPE, host="native",
+                  options=BuildOptions(tuning=[tmp_path / "gpu"]))  # fmt: skip
+    rules = json.loads((path / "manifest.json").read_text())["build"]["schedules"]["gpu"]["rules"]
+    assert rules == {"tuned": 3}
+    x = tiny_input()
+    reference = mxnet_forward(symbol, symbol.with_name("tiny-0000.params"), x)[0]
+    assert_close(load(path, on="intel").run(x)[0], reference)
