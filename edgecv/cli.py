@@ -69,14 +69,18 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def tuning_folders(device: str, user_db: str | None) -> list[str]:
-    """Tuning databases for a deploy, highest priority first: the user's own (``--db``),
-    then the one shipped for the profile's device class (when it exists)."""
-    from .profiles import load_profile, profiles_dir
+    """Tuning databases for a deploy, highest priority first: the user's own (``--db``,
+    by default their cache folder of the device class), then the one shipped for the
+    profile's device class (``device_profiles/tuning/<class>/``, when it exists)."""
+    from .profiles import load_profile
+    from .tuning.device_class import profile_class
 
+    device_class = profile_class(load_profile(device))
     folders = [user_db] if user_db else []
-    shipped = load_profile(device).raw.get("tuning_database")
-    if shipped:
-        folders.append(str(profiles_dir() / shipped))
+    if device_class is not None:
+        if not user_db:
+            folders.append(str(device_class.user_folder()))
+        folders.append(str(device_class.shipped_folder()))
     return folders
 
 
@@ -331,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .demo import add_parser as add_demo
 
     add_demo(sub, common)
+    from .tuning.command import add_parser as add_tune
+
+    add_tune(sub, common)
 
     v = sub.add_parser("devices", parents=[common], help="list OpenCL and CUDA devices here")
     v.set_defaults(func=cmd_devices)

@@ -14,6 +14,8 @@ from edgecv._mxnet import import_mxnet
 # Compiled-program cache of this test session only: tests see cold and warm starts
 # they caused themselves, never entries left by earlier runs or by the user.
 os.environ["EDGECV_CACHE_DIR"] = tempfile.mkdtemp(prefix="edgecv-test-cache-")
+# Nor the user's own tuning records: deploys in tests read the shipped databases only.
+os.environ["EDGECV_TUNING_DIR"] = tempfile.mkdtemp(prefix="edgecv-test-tuning-")
 
 
 @pytest.fixture(scope="session")

@@ -79,10 +79,14 @@ class TuningDatabase:
     def query(self, func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc | None:
         """``func`` scheduled by its best tuned record, or None when no database has one."""
         mod = tvm.IRModule({"main": _workload(func)})
+        symbol = func.attrs.get("global_symbol") if func.attrs else None
         for database in self._databases:
             sch = database.query_schedule(mod, target, workload_name="main")
             if sch is not None:
-                return sch.mod["main"]
+                # the kernel's own name back: GPU lowering splits host and device code
+                # only for an entry function
+                scheduled = sch.mod["main"]
+                return scheduled.with_attr("global_symbol", symbol) if symbol else scheduled
         return None
 
 
@@ -105,8 +109,10 @@ def _recorded_version(folder: Path) -> str | None:
         return None
 
 
-def write_meta(folder: Path, device_key: dict) -> None:
-    """Record which TVM wrote a database and the device class it holds records for."""
-    (folder / META).write_text(
-        json.dumps({"tvm": tvm.__version__, "device": device_key}, indent=1) + "\n"
-    )
+def write_meta(folder: Path, device_key: dict, workloads: dict | None = None) -> None:
+    """Record which TVM wrote a database, the device class it holds records for and,
+    per workload (structural hash), what tuning found (kernels, default vs best time)."""
+    meta = {"tvm": tvm.__version__, "device": device_key}
+    if workloads:
+        meta["workloads"] = workloads
+    (folder / META).write_text(json.dumps(meta, indent=1) + "\n")

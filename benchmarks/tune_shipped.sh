@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# How the shipped tuning databases (device_profiles/tuning/<class>/) are made: each
+# model tuned for a while on this machine kind, the best records merged in (--ship).
+# Runs niced in the background on a shared machine; each run's log says how long it took.
+#   benchmarks/tune_shipped.sh cpu      # mobilenet1.0, squeezenet1.0, resnet50_v1 for `cpu`
+#   benchmarks/tune_shipped.sh deeplens # mobilenet1.0 on Intel's OpenCL runtime
+#   benchmarks/tune_shipped.sh aisage   # mobilenet1.0 on PoCL
+set -u
+here="$(cd "$(dirname "$0")/.." && pwd)"
+python="${PYTHON:-$here/.venv/bin/python}"
+logs="${LOGS:-/tmp/edgecv-tune-logs}"
+mkdir -p "$logs"
+# Trials per workload and workloads (the heaviest) per model: sized for a 2-core machine
+# shared with other work (a niced search there gets a small share of the CPU).
+trials="${TRIALS:-16}"
+tasks="${TASKS:-6}"
+tune() {  # model device [--on DEVICE]
+  local model=$1 device=$2; shift 2
+  echo "$(date -u +%FT%TZ) start $model $device ${trials} trials x ${tasks}" >> "$logs/times.txt"
+  local start=$SECONDS
+  EDGECV_PROGRESS=0 PYTHONPATH="$here" nice -n 10 "$python" -m edgecv.cli tune "$model" \
+    --device "$device" --random-weights --trials "$trials" --tasks "$tasks" --resume --ship \
+    "$@" >> "$logs/$model-$device.log" 2>&1
+  echo "$(date -u +%FT%TZ) done $model $device exit $? $((SECONDS - start)) s" >> "$logs/times.txt"
+}
+case "${1:-cpu}" in
+  cpu)
+    tune mobilenet1.0 cpu
+    tune squeezenet1.0 cpu
+    tune resnet50_v1 cpu ;;
+  deeplens) tune mobilenet1.0 deeplens --on intel ;;
+  aisage) tune mobilenet1.0 aisage --on pocl ;;
+esac

@@ -1,0 +1,212 @@
+"""``edgecv tune``: tune a model's kernels for a device class and store the records.
+
+    edgecv tune MODEL --device PROFILE [--on DEVICE] [--trials N | --time-budget MIN]
+                [--db DIR] [--tasks K] [--resume] [--ship] [--rpc HOST:PORT --key KEY]
+
+The model is imported exactly as deploy imports it; its kernels become tasks
+(:mod:`.tasks`), each task's default schedule is measured, then MetaSchedule searches
+(:mod:`.search`) with the runner of the profile's device (:mod:`.runners`) or a fleet of
+RPC servers (:mod:`.fleet`). Records go to ``--db`` (default: the user's folder of
+the device class, which deploy reads); ``--ship`` also merges the best record per
+workload into ``device_profiles/tuning/<class>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from .. import progress
+from ..errors import EdgecvError
+from ..profiles import Profile, load_profile
+from ..schedules.database import write_meta
+from .device_class import DeviceClass, cpu_class, opencl_class
+from .records import best_seconds, open_database, ship
+from .search import Budget, measure_defaults, search
+from .tasks import Task, extract_tasks, import_model
+
+
+def _runner_setup(profile: Profile, on: str | None, rpc: str | None, key: str | None):
+    """(device class, schedule order, compiler, runner) for the profile's device."""
+    from ..pipelines.orders import cpu_order, gpu_order
+
+    target = profile.tvm_target()
+    if profile.runtime == "cpu":
+        from .runners.llvm import LLVMCompiler, LocalLLVMRunner
+
+        if rpc:
+            from .fleet import FleetRunner
+
+            runner = FleetRunner(rpc, key, "llvm")
+        else:
+            runner = LocalLLVMRunner()
+        return cpu_class(target), cpu_order(target), LLVMCompiler(target), runner
+    if profile.runtime == "opencl":
+        from .runners.opencl import LocalOpenCLRunner, OpenCLCompiler, find_device
+
+        subgroup = profile.intel_subgroup_size
+        device = find_device(profile, on)
+        runner = LocalOpenCLRunner(device, target)
+        if rpc:
+            from .fleet import FleetRunner
+
+            runner = FleetRunner(rpc, key, "opencl", on or "", target)
+        cls = opencl_class(target, subgroup, device)
+        return cls, gpu_order(target, subgroup), OpenCLCompiler(target), runner
+    from .runners.cuda import refuse_without_gpu
+
+    refuse_without_gpu(profile)
+    raise AssertionError("unreachable")
+
+
+def tune(args: argparse.Namespace) -> int:
+    """Run ``edgecv tune`` (see the module docstring); returns the exit status."""
+    say = progress.say
+    profile = load_profile(args.device)
+    if args.rpc and not args.key:
+        raise EdgecvError("--rpc needs --key KEY: the device key the servers registered with")
+    cls, order, compiler, runner = _runner_setup(profile, args.on, args.rpc, args.key)
+    db_dir = Path(args.db) if args.db else cls.user_folder()
+    say(f"device class {cls.name}; records go to {db_dir}")
+    mod, name = import_model(args.model, args.params, args.input_shape,
+                             not args.random_weights, args.seed, say)  # fmt: skip
+    tasks = extract_tasks(mod, profile)
+    say(f"{name}: {len(tasks)} workloads to tune for {profile.name}")
+    db = open_database(db_dir)
+    summary = _read_summary(db_dir) if args.resume else {}
+    from .builder import ForkedBuilder
+
+    with tempfile.TemporaryDirectory(prefix="edgecv-tune-") as work:
+        builder = ForkedBuilder(compiler, Path(work) / "artifacts")
+        started = time.perf_counter()
+        fresh = [t for t in tasks if not _restore_default(t, summary)]
+        say(f"measuring the default schedule of {len(fresh)} workloads")
+        measure_defaults(fresh, order, builder, runner, db, say)
+        chosen = sorted(tasks, key=lambda t: -t.weight)[: args.tasks or len(tasks)]
+        total = sum(t.weight for t in tasks) or 1.0
+        say(f"tuning {len(chosen)} of {len(tasks)} workloads ("
+            f"{100 * sum(t.weight for t in chosen) / total:.0f}% of the default latency, "
+            f"{total * 1e3:.2f} ms), "
+            + (f"{args.time_budget:g} min" if args.time_budget else f"{args.trials} trials each")
+        )  # fmt: skip
+        # a time budget alone: as many trials as fit in it
+        trials = args.trials if not args.time_budget else 100_000
+        budget = Budget(trials, args.time_budget * 60 if args.time_budget else None)
+        try:
+            ended = search(chosen, order.target, builder, runner, db, work, budget,
+                           cores=os.cpu_count() or 1)  # fmt: skip
+            if ended != "interrupted":
+                _measure_defaults_again(chosen, order, builder, runner, db, say)
+        except KeyboardInterrupt:  # the second Ctrl-C: the records so far still count
+            ended = "interrupted"
+        finally:
+            summary.update(_summary(tasks, db, name))
+            write_meta(db_dir, cls.key, summary)
+        interrupted = ended == "interrupted"
+        if interrupted:
+            say("interrupted: the records measured so far are kept (--resume continues)")
+        spent = time.perf_counter() - started
+    _report(tasks, db, spent)
+    if args.ship:
+        count = ship(db_dir, cls.shipped_folder(), cls, summary)
+        say(f"shipped {count} workloads to {cls.shipped_folder()}")
+    _warn_if_profile_elsewhere(profile, cls, db_dir)
+    return 130 if interrupted else 0
+
+
+def _measure_defaults_again(tasks: list[Task], order, builder, runner, db, say) -> None:
+    """The searched workloads' defaults timed once more, as a second record: one
+    measurement disturbed by other work on the machine must not let a slower tuned
+    record pass for the better one (the best record of each workload counts)."""
+    say(f"timing the default schedule of the {len(tasks)} searched workloads again")
+    first = {t.key: t.default_s for t in tasks}
+    measure_defaults(tasks, order, builder, runner, db, say)
+    for t in tasks:
+        if first[t.key] is not None and (t.default_s is None or first[t.key] < t.default_s):
+            t.default_s = first[t.key]
+
+
+def _restore_default(task: Task, summary: dict) -> bool:
+    entry = summary.get(str(task.key))
+    if not entry or entry.get("default_s") is None:
+        return False
+    task.default_rule, task.default_s = entry.get("default_rule"), entry["default_s"]
+    return True
+
+
+def _summary(tasks: list[Task], db, model: str) -> dict:
+    return {
+        str(t.key): {
+            "kernels": t.kernels,
+            "model": model,
+            "launches": t.launches,
+            "default_rule": t.default_rule,
+            "default_s": t.default_s,
+            "best_s": best_seconds(db, t.mod),
+        }
+        for t in tasks
+    }
+
+
+def _read_summary(folder: Path) -> dict:
+    import json
+
+    try:
+        return json.loads((folder / "edgecv_database.json").read_text()).get("workloads", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _report(tasks: list[Task], db, spent: float) -> None:
+    default = sum(t.weight for t in tasks)
+    tuned = sum((min(best_seconds(db, t.mod) or t.default_s or 0, t.default_s or 1e9)
+                 * t.launches) for t in tasks)  # fmt: skip
+    progress.say(f"tuned in {spent / 60:.1f} min: kernels sum {default * 1e3:.2f} ms default "
+                 f"-> {tuned * 1e3:.2f} ms best ({default / max(tuned, 1e-12):.2f}x)")  # fmt: skip
+    for t in sorted(tasks, key=lambda t: -t.weight)[:10]:
+        best = best_seconds(db, t.mod)
+        if t.default_s and best:
+            progress.say(f"  {t.name[:44]:<44} x{t.launches}: {t.default_s * 1e3:8.3f} ms "
+                         f"-> {best * 1e3:8.3f} ms ({t.default_rule})")  # fmt: skip
+
+
+def _warn_if_profile_elsewhere(profile: Profile, cls: DeviceClass, db_dir: Path) -> None:
+    named = profile.raw.get("tuning_class")
+    if isinstance(named, str) and named not in ("this-machine", cls.name):
+        progress.say(f"note: profile {profile.name} reads the class {named}, not {cls.name} "
+                     f"tuned here: deploy with --db {db_dir} to use these records")  # fmt: skip
+
+
+def add_parser(sub, common) -> None:
+    """The ``tune`` and ``rpc-server`` subcommands."""
+    t = sub.add_parser("tune", parents=[common], help="auto-tune a model's kernels for a device")
+    t.add_argument("model", help="zoo name/alias or *-symbol.json, as for deploy")
+    t.add_argument("--params", help="weights file (.params)")
+    t.add_argument("--device", default="cpu", help="device profile (see `edgecv profiles`)")
+    from ..cli import _shape
+
+    t.add_argument("--input-shape", type=_shape, help="N,C,H,W (default: the model's usual size)")
+    t.add_argument("--random-weights", action="store_true", help="seeded random weights")
+    t.add_argument("--seed", type=int, default=0, help="seed of random weights")
+    t.add_argument("--on", help="OpenCL device to time on: part of its name (intel, pocl)")
+    amount = t.add_mutually_exclusive_group()
+    amount.add_argument("--trials", type=int, default=64, help="trials per workload (64)")
+    amount.add_argument("--time-budget", type=float, metavar="MINUTES",
+                        help="stop the search after this many minutes")  # fmt: skip
+    t.add_argument("--db", metavar="DIR", help="database folder (default: your cache folder "
+                   "of this device class, which deploy reads)")  # fmt: skip
+    t.add_argument("--tasks", type=int, metavar="K", help="tune only the K heaviest workloads")
+    t.add_argument("--resume", action="store_true",
+                   help="continue: trials and defaults already in --db count")  # fmt: skip
+    t.add_argument("--ship", action="store_true",
+                   help="merge the best records into device_profiles/tuning/<class>/")  # fmt: skip
+    t.add_argument("--rpc", metavar="HOST:PORT", help="time on the RPC tracker's servers")
+    t.add_argument("--key", help="device key of the RPC servers (with --rpc)")
+    t.set_defaults(func=tune)
+
+    from .fleet import add_server_parser
+
+    add_server_parser(sub, common)

@@ -1,0 +1,202 @@
+"""A device fleet on TVM's RPC tracker: ``edgecv rpc-server`` on each device,
+``edgecv tune --rpc HOST:PORT --key KEY`` fanning candidates out to them.
+
+A server is a plain TVM RPC server (``tvm.rpc``) registered with the tracker under a
+device key, with edgecv's timing functions registered as global functions in it, so a
+board whose TVM has no OpenCL runtime still times candidates through pyopencl:
+
+- ``edgecv.tuning.time_llvm(library bytes, arguments JSON, config JSON) -> JSON``
+- ``edgecv.tuning.time_opencl(device query, source, candidates JSON, config JSON) -> JSON``
+
+The tuning side (:class:`FleetRunner`) builds as usual and, for each batch, opens a
+session on every free server of the key and hands out work from one queue: one
+candidate (LLVM) or one share of the batch's program (OpenCL) at a time. A server
+that fails mid-call (killed, disconnected) has its piece handed to another server;
+nothing measured is lost, and the batch's records are stored as usual when it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerInput
+
+from ..errors import EdgecvError
+from .runners.llvm import TimingConfig, args_json, time_llvm
+from .runners.results import done, failed
+
+SESSION_WAIT_S = 30.0  # longest wait for a server the tracker lists as free
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise EdgecvError(f"expected HOST:PORT for the RPC tracker, got {text!r}")
+    return host, int(port)
+
+
+def register_functions() -> None:
+    """Register edgecv's timing functions in this process (the server's)."""
+    import tvm
+
+    def llvm(library: bytes, arguments: str, config: str) -> str:
+        with tempfile.TemporaryDirectory(prefix="edgecv-rpc-") as tmp:
+            path = Path(tmp) / "kernel.so"
+            path.write_bytes(bytes(library))
+            seconds = time_llvm(str(path), arguments, config)
+        print(f"[edgecv] rpc-server: timed 1 candidate: {seconds[0] * 1e3:.3f} ms", flush=True)
+        return json.dumps(seconds)
+
+    def opencl(device_query: str, source: str, candidates: str, config: str) -> str:
+        from .runners.opencl import time_opencl
+
+        answer = time_opencl(device_query, source, candidates, config)
+        count = len(json.loads(candidates))
+        print(f"[edgecv] rpc-server: timed {count} OpenCL candidates", flush=True)
+        return answer
+
+    tvm.register_global_func("edgecv.tuning.time_llvm", llvm, override=True)
+    tvm.register_global_func("edgecv.tuning.time_opencl", opencl, override=True)
+
+
+def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9190) -> None:
+    """Run an RPC server registered with ``tracker`` under ``key`` until interrupted."""
+    from tvm.rpc.server import PopenRPCServerState
+
+    register_functions()
+    # The server state runs its listening loop in a thread of this process; each session
+    # is served in a child forked from it, which holds the functions registered above.
+    state = PopenRPCServerState(host, port, port + 100, tracker_addr=_address(tracker),
+                                key=key, silent=True)  # fmt: skip
+    print(f"[edgecv] rpc-server: serving key {key} on {host}:{state.port}, tracker {tracker}",
+          flush=True)  # fmt: skip
+    state.thread.join()
+
+
+@derived_object
+class FleetRunner(PyRunner):
+    """Times candidates on every free RPC server of ``key`` (see the module docstring).
+
+    Parameters
+    ----------
+    tracker : str
+        ``HOST:PORT`` of the RPC tracker.
+    key : str
+        The device key the servers registered with.
+    kind : str
+        ``llvm`` or ``opencl``.
+    device_query : str
+        The OpenCL device on the servers (part of its name; empty: the first).
+    """
+
+    def __init__(self, tracker: str, key: str, kind: str, device_query: str = "",
+                 target=None, config: TimingConfig | None = None):  # fmt: skip
+        super().__init__()
+        self.tracker, self.key, self.kind = _address(tracker), key, kind
+        self.device_query = device_query
+        self.target = target
+        self.config = config or TimingConfig()
+
+    def run(self, runner_inputs: list[RunnerInput]):
+        if self.kind == "llvm":
+            jobs = [("edgecv.tuning.time_llvm",
+                     (Path(i.artifact_path).read_bytes(), args_json(i.args_info),
+                      self.config.to_json())) for i in runner_inputs]  # fmt: skip
+            answers = self.dispatch(jobs)
+            return [done(json.loads(a)) if not isinstance(a, Exception) else failed(a)
+                    for a in answers]  # fmt: skip
+        from .runners.opencl import OpenCLCompiler, run_batches
+
+        return run_batches(runner_inputs, OpenCLCompiler(self.target), self._opencl_batch)
+
+    def _opencl_batch(self, source: str, candidates: str) -> str:
+        items = json.loads(candidates)
+        shares = max(1, min(len(items), self.free_servers()))
+        pieces = [items[i::shares] for i in range(shares)]
+        answers = self.dispatch([("edgecv.tuning.time_opencl",
+                                  (self.device_query, source, json.dumps(p),
+                                   self.config.to_json())) for p in pieces])  # fmt: skip
+        times: list = [None] * len(items)
+        rejected: list[str] = []
+        for index, (piece, answer) in enumerate(zip(pieces, answers, strict=True)):
+            if isinstance(answer, Exception):
+                answer = json.dumps({"times": [str(answer)] * len(piece)})
+            parsed = json.loads(answer)
+            if "failed_kernels" in parsed:
+                rejected += parsed["failed_kernels"] or []
+                if not parsed["failed_kernels"]:
+                    return answer
+                continue
+            for j, t in enumerate(parsed["times"]):
+                times[index + j * shares] = t
+        if rejected:
+            return json.dumps({"failed_kernels": sorted(set(rejected))})
+        return json.dumps({"times": times})
+
+    def free_servers(self) -> int:
+        from tvm import rpc
+
+        summary = rpc.connect_tracker(*self.tracker).summary()
+        return int(summary.get("queue_info", {}).get(self.key, {}).get("free", 0))
+
+    def dispatch(self, jobs: list[tuple[str, tuple]]) -> list:
+        """Run ``jobs`` (global function name, arguments) on the free servers; returns
+        each job's answer or the exception that ended it on every server."""
+        from tvm import rpc
+
+        servers = max(1, self.free_servers())
+        todo: queue.Queue = queue.Queue()
+        for index, job in enumerate(jobs):
+            todo.put((index, job))
+        answers: list = [None] * len(jobs)
+        left = [len(jobs)]
+        lock = threading.Lock()
+
+        def worker() -> None:
+            try:  # a tracker connection of its own: the client is not thread-safe
+                tracker = rpc.connect_tracker(*self.tracker)
+                session = tracker.request(self.key, priority=1, session_timeout=0,
+                                          max_retry=int(SESSION_WAIT_S))  # fmt: skip
+            except Exception:  # no server after all: the others take the work
+                return
+            while True:
+                try:
+                    index, (name, args) = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    answers[index] = session.get_function(name)(*args)
+                except Exception as err:  # this server is gone: the job goes back
+                    todo.put((index, (name, args)))
+                    print(f"[edgecv] an RPC server of {self.key} failed ({str(err)[:120]}); "
+                          "its work goes to the others", file=sys.stderr)  # fmt: skip
+                    return
+                with lock:
+                    left[0] -= 1
+
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(servers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        while not todo.empty():  # every server failed: the rest are failed trials
+            index, _ = todo.get_nowait()
+            answers[index] = EdgecvError(f"no RPC server of key {self.key} could run it")
+        return [str(a) if isinstance(a, str) else a for a in answers]
+
+
+def add_server_parser(sub, common) -> None:
+    s = sub.add_parser(
+        "rpc-server", parents=[common], help="serve this device to `edgecv tune --rpc`"
+    )
+    s.add_argument("--tracker", required=True, metavar="HOST:PORT", help="the RPC tracker")
+    s.add_argument("--key", required=True, help="device key (the same for one device class)")
+    s.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    s.add_argument("--port", type=int, default=9190, help="first port to try")
+    s.set_defaults(func=lambda args: serve(args.tracker, args.key, args.host, args.port) or 0)

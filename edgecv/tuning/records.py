@@ -1,0 +1,102 @@
+"""The tuning database on disk: MetaSchedule's JSON database, one folder per device class.
+
+Layout of a folder (``<cache>/tuning/<class>/`` while tuning, pruned copies under
+``device_profiles/tuning/<class>/`` for shipping)::
+
+    database_workload.json       MetaSchedule: one line per workload (structural hash + IR)
+    database_tuning_record.json  MetaSchedule: one line per measured schedule (trace, seconds)
+    edgecv_database.json         edgecv: TVM version, device class key, per-workload summary
+
+Both JSON-lines files are append-only: a tuning run stopped at any point (Ctrl-C, a
+crash) leaves every record finished so far. Each workload also holds its *default*
+schedule (edgecv's rule, the one deploy uses without a database) as an ordinary trace
+record with its measured time, so the best record of a workload is never slower than
+the default: deploy never gets slower from tuning.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+from ..schedules.database import META, RECORDS, WORKLOADS, write_meta
+from .device_class import DeviceClass
+
+FAILED_S = 1e9  # MetaSchedule stores a failed measurement as 1e10 s
+
+
+def open_database(folder: Path) -> ms.database.JSONDatabase:
+    """The JSON database in ``folder`` (created when missing)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return ms.database.JSONDatabase(
+        path_workload=str(folder / WORKLOADS),
+        path_tuning_record=str(folder / RECORDS),
+        module_equality="structural",
+    )
+
+
+def commit_schedule(db, mod: tvm.IRModule, sch, seconds: list[float], target) -> None:
+    """Store ``sch`` (a schedule of the workload ``mod``) as a record measured at
+    ``seconds``."""
+    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    record = ms.database.TuningRecord(sch.trace, db.commit_workload(mod), seconds, target, args)
+    db.commit_tuning_record(record)
+
+
+def records_of(db, mod: tvm.IRModule) -> list:
+    """Every record of the workload ``mod`` (failed ones included)."""
+    if not db.has_workload(mod):
+        return []
+    return list(db.get_top_k(db.commit_workload(mod), 1 << 30))
+
+
+def best_seconds(db, mod: tvm.IRModule) -> float | None:
+    """Mean seconds of the workload's best record, None when it has none that ran."""
+    best = None
+    for record in records_of(db, mod):
+        if record.run_secs:
+            mean = sum(float(s) for s in record.run_secs) / len(record.run_secs)
+            if mean < FAILED_S and (best is None or mean < best):
+                best = mean
+    return best
+
+
+def ship(work: Path, destination: Path, device: DeviceClass, summary: dict) -> int:
+    """Merge the records of ``work`` into ``destination`` (the shipped folder), keeping
+    only the best record per workload (``Database.dump_pruned``); returns the number of
+    workloads shipped. The folder is written aside and renamed in, whole."""
+    merged = ms.database.MemoryDatabase(module_equality="structural")
+    for folder in (destination, work):
+        if (folder / WORKLOADS).is_file() and (folder / RECORDS).is_file():
+            for record in open_database(folder).get_all_tuning_records():
+                if record.run_secs and min(float(s) for s in record.run_secs) < FAILED_S:
+                    merged.commit_workload(record.workload.mod)
+                    merged.commit_tuning_record(record)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}-", dir=destination.parent))
+    try:
+        pruned = open_database(staging)
+        merged.dump_pruned(pruned)
+        shipped = _summary_of(destination) | summary
+        write_meta(staging, device.key, shipped)
+        count = len(pruned)
+        old = destination.with_name(destination.name + ".old")
+        if destination.exists():
+            destination.rename(old)
+        staging.rename(destination)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return count
+
+
+def _summary_of(folder: Path) -> dict:
+    try:
+        return json.loads((folder / META).read_text()).get("workloads", {})
+    except (OSError, ValueError, AttributeError):
+        return {}

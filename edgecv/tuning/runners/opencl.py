@@ -1,0 +1,237 @@
+"""The OpenCL runner: candidates lowered and launched exactly as deploy does, timed by
+OpenCL event profiling through pyopencl (TVM's wheel has no OpenCL runtime).
+
+Building: each candidate is lowered in a forked child by deploy's
+:func:`~edgecv.codegen.gpu_lowering.lower_kernel` (device functions + recorded
+launches); then the whole batch's device functions become ONE program
+(:func:`~edgecv.codegen.opencl.generate_opencl`), because a program build costs 2-4 s
+on Intel's runtime whatever its size: one build per batch instead of one per candidate.
+
+Running: the program is built on the device by edgecv's OpenCL backend
+(:class:`~edgecv.runtime.opencl.OpenCLBackend`), each candidate's launches are bound
+and replayed as a package's are, and the device time of its launches is summed from
+profiling events. Kernels the device's compiler rejects are named by its log; their
+candidates fail and the rest of the batch is built again without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import tirx
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerInput
+
+from ...codegen.gpu_lowering import device_module, lower_kernel
+from ...codegen.opencl import generate_opencl
+from ...errors import EdgecvError
+from ...package_format import launches_from_json, launches_to_json
+from ...profiles import Profile
+from ..builder import Compiler
+from .llvm import TimingConfig, args_json
+from .results import done, failed
+
+
+def find_device(profile: Profile, on: str | None):
+    """The pyopencl device ``--on`` names (part of its name), else the profile's default:
+    Intel's runtime for a profile with Intel subgroups, else the first real device."""
+    from ...pipelines.gpu_steps import default_opencl_device
+    from ...runtime.opencl import is_simulator
+    from ...runtime.opencl_devices import register_pip_runtimes
+
+    register_pip_runtimes()
+    import pyopencl as cl
+
+    try:
+        every = [(p, d) for p in cl.get_platforms() for d in p.get_devices()]
+    except cl.Error:
+        every = []
+    query = (on if on is not None else default_opencl_device(profile.raw)).lower()
+    found = [(p, d) for p, d in every if query in f"{p.name} / {d.name} / {p.vendor}".lower()
+             and (on is not None or not is_simulator(p.name))]  # fmt: skip
+    if not found:
+        names = "; ".join(f"{p.name.strip()} / {d.name.strip()}" for p, d in every) or "none"
+        raise EdgecvError(
+            f"no OpenCL device matches `{query or 'any'}` to tune {profile.name} on "
+            f"(devices here: {names}); pick one with --on"
+        )
+    return found[0][1]
+
+
+class OpenCLCompiler(Compiler):
+    """Lowers a candidate as deploy does; one OpenCL program per batch (module docstring)."""
+
+    def __init__(self, target: tvm.target.Target):
+        self.target = target
+
+    def compile_one(self, name: str, func: tirx.PrimFunc, folder: Path) -> dict:
+        func = func.with_attr("global_symbol", name)  # an entry function, as in deploy
+        with self.target:
+            bound = tirx.transform.BindTarget(self.target)(tvm.IRModule({name: func}))[name]
+            device, launches = lower_kernel(name, bound)
+        (folder / "device.json").write_text(tvm.ir.save_json(device))
+        (folder / "launches.json").write_text(launches_to_json({name: launches}))
+        return {"artifact": str(folder / "candidate.json")}
+
+    def finish(self, built: list[tuple[Path, dict]]) -> dict[Path, str]:
+        errors: dict[Path, str] = {}
+        program = built[0][0].parent / "program.cl"
+        while True:
+            folders = [f for f, _ in built if f not in errors]
+            if not folders:
+                return errors
+            try:
+                source = self.source_of(folders)
+                break
+            except Exception:  # one candidate's codegen fails: find it alone
+                for folder in folders:
+                    try:
+                        self.source_of([folder])
+                    except Exception as err:
+                        errors[folder] = f"OpenCL codegen: {str(err).strip()[-200:]}"
+        program.write_text(source)
+        for folder in folders:
+            (folder / "candidate.json").write_text(json.dumps({"program": str(program)}))
+        return errors
+
+    def source_of(self, folders: list[Path]) -> str:
+        device = device_module([str(f / "device.json") for f in folders])
+        return generate_opencl(device, self.target, [], None)[0]
+
+
+def _candidate(item: RunnerInput) -> dict:
+    folder = Path(item.artifact_path).parent
+    return {
+        "folder": str(folder),
+        "launches": (folder / "launches.json").read_text(),
+        "args": args_json(item.args_info),
+    }
+
+
+def time_opencl(device_query: str, source: str, candidates: str, config: str) -> str:
+    """Build ``source`` once on the device matching ``device_query`` and time each
+    candidate (``candidates``: JSON list of {"launches", "args"}); returns JSON
+    ``{"times": [[seconds] or error, ...]}`` or ``{"failed_kernels": [...]}`` when the
+    compiler rejects kernels. Runs here or on an RPC server (:mod:`..fleet`)."""
+    from ...runtime.opencl import OpenCLBackend, ProgramBuildError
+
+    cfg = TimingConfig(**json.loads(config))
+    items = json.loads(candidates)
+    launches = {}
+    for item in items:
+        launches.update(launches_from_json(item["launches"]))
+    try:
+        with _private_program_cache():
+            backend = OpenCLBackend(device_query, source, launches)
+    except ProgramBuildError as err:
+        return json.dumps({"failed_kernels": err.kernels, "error": str(err)[:300]})
+    rng = np.random.default_rng(0)
+    tensors: dict[str, list] = {}
+    times: list = []
+    for item in items:
+        try:
+            if item["args"] not in tensors:  # one set of buffers per workload
+                tensors[item["args"]] = _buffers(backend, json.loads(item["args"]), rng)
+            (name,) = launches_from_json(item["launches"])
+            run = backend.bind(name, tensors[item["args"]])
+            times.append([_time(backend, run, cfg)])
+        except Exception as err:  # a candidate that fails at run time
+            times.append(f"{type(err).__name__}: {str(err).strip()[-200:]}")
+    return json.dumps({"times": times})
+
+
+def _buffers(backend, arguments: list, rng) -> list:
+    out = []
+    for dtype, shape in arguments:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        tensor = backend.view(backend.alloc(nbytes), tuple(shape), dtype)
+        backend.upload(tensor, rng.uniform(-1, 1, size=shape).astype(dtype))
+        out.append(tensor)
+    return out
+
+
+def _time(backend, run, cfg: TimingConfig) -> float:
+    """Fastest device seconds of one run (its launches summed), over ``cfg.repeat`` runs
+    or as many as fit in half a second (a very slow candidate stops early)."""
+    for _ in range(cfg.warmup):
+        run()
+    backend.synchronize()
+    spent: list[float] = []
+    while len(spent) < cfg.repeat and (len(spent) < 2 or sum(spent) < 0.5):
+        backend.start_profiling()
+        run()
+        spent.append(sum(seconds for _, _, seconds in backend.stop_profiling()))
+    return float(min(spent))
+
+
+class _private_program_cache:
+    """Batch programs are built once and never again: keep them out of the user's
+    program cache (``EDGECV_CACHE_DIR``)."""
+
+    def __enter__(self):
+        self.old = os.environ.get("EDGECV_CACHE_DIR")
+        self.tmp = tempfile.TemporaryDirectory(prefix="edgecv-tune-cl-")
+        os.environ["EDGECV_CACHE_DIR"] = self.tmp.name
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop("EDGECV_CACHE_DIR", None)
+        else:
+            os.environ["EDGECV_CACHE_DIR"] = self.old
+        self.tmp.cleanup()
+
+
+def device_query(device) -> str:
+    """A query that names ``device`` for :class:`~edgecv.runtime.opencl.OpenCLBackend`."""
+    return f"{device.platform.name.strip()} / {device.name.strip()}"
+
+
+@derived_object
+class LocalOpenCLRunner(PyRunner):
+    """Times a batch's candidates on a local OpenCL device, one program per batch."""
+
+    def __init__(self, device, target: tvm.target.Target, config: TimingConfig | None = None):
+        super().__init__()
+        self.query = device_query(device)
+        self.compiler = OpenCLCompiler(target)
+        self.config = config or TimingConfig()
+
+    def run(self, runner_inputs: list[RunnerInput]):
+        return run_batches(runner_inputs, self.compiler, lambda source, cands: time_opencl(
+            self.query, source, cands, self.config.to_json()))  # fmt: skip
+
+
+def run_batches(runner_inputs: list[RunnerInput], compiler: OpenCLCompiler, time_batch):
+    """Group candidates by their program, time each group with ``time_batch(source,
+    candidates JSON) -> JSON`` (local or remote), rebuilding a program without the
+    kernels its compiler rejected. Returns finished futures in input order."""
+    results: list = [None] * len(runner_inputs)
+    groups: dict[str, list[int]] = {}
+    for i, item in enumerate(runner_inputs):
+        program = json.loads(Path(item.artifact_path).read_text())["program"]
+        groups.setdefault(program, []).append(i)
+    for program, members in groups.items():
+        source = Path(program).read_text()
+        while members:
+            cands = [_candidate(runner_inputs[i]) for i in members]
+            answer = json.loads(time_batch(source, json.dumps(cands)))
+            if "times" in answer:
+                for i, t in zip(members, answer["times"], strict=True):
+                    results[i] = done(t) if isinstance(t, list) else failed(t)
+                break
+            bad = set(answer.get("failed_kernels") or [])
+            rejected = [i for i, c in zip(members, cands, strict=True)
+                        if not bad or any(k.startswith(Path(c["folder"]).name + "_")
+                                          for k in bad)]  # fmt: skip
+            for i in rejected:
+                results[i] = failed(f"OpenCL compiler: {answer.get('error', '')[:200]}")
+            members = [i for i in members if i not in rejected]
+            if members:
+                source = compiler.source_of([Path(_candidate(runner_inputs[i])["folder"])
+                                             for i in members])  # fmt: skip
+    return results

@@ -1,0 +1,232 @@
+"""The search: each task's default schedule measured, then MetaSchedule over the tasks.
+
+1. Defaults: every task's default schedule (deploy's first rule that applies and
+   compiles) is built and timed by the same builder and runner as the search, and
+   stored as a record. Its time x the task's launches is the task's weight.
+2. MetaSchedule (``tune_tasks``: evolutionary search, xgboost cost model, gradient task
+   scheduler weighted by 1.) over the heaviest tasks. Records are appended to the JSON
+   database as each batch is measured; a progress bar shows trials done, time left and
+   the current task's best against its default.
+
+The CPU search space leaves out MetaSchedule's ``RewriteLayout`` post-processor: it
+moves a weight re-layout out of the kernel for Relax to hoist into the graph, but
+edgecv passes weights to kernels as they are, so a replayed record would read them in
+the wrong layout.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.builder import BuilderInput
+from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+from .. import progress as bars
+from ..schedules.stage import ScheduleOrder
+from .records import commit_schedule, records_of
+from .tasks import Task, default_schedules
+
+
+class StopSearch(Exception):
+    """Raised from the measure callback, between batches, to end the search (the time
+    budget is spent, or Ctrl-C asked for it). TVM hands it back as a RuntimeError with
+    the message only: the message carries :data:`STOP`."""
+
+
+STOP = "[edgecv: search stopped]"
+
+
+@dataclass
+class Budget:
+    """``trials`` per task; ``seconds`` for the whole search (None: no limit)."""
+
+    trials: int = 64
+    seconds: float | None = None
+    per_iteration: int = 32
+
+
+def measure_defaults(tasks: list[Task], order: ScheduleOrder, builder, runner, db,
+                     say: Callable[[str], None]) -> None:  # fmt: skip
+    """Build and time every task's default schedule (the next rule when one fails to
+    build or run, as deploy does); store each as a record; set ``default_s``."""
+    pending = {t.key: (t, default_schedules(t, order)) for t in tasks}
+    while pending:
+        batch = []
+        for key, (task, candidates) in list(pending.items()):
+            found = next(candidates, None)
+            if found is None:
+                say(f"{task.name}: no default schedule builds; it is tuned without one")
+                del pending[key]
+            else:
+                batch.append((task, *found))
+        if not batch:
+            break
+        inputs = [BuilderInput(tvm.IRModule({"main": sch.mod["main"]}), order.target)
+                  for _, _, sch in batch]  # fmt: skip
+        built = builder.build(inputs)
+        runnable = [(b, r) for b, r in zip(batch, built, strict=True) if r.error_msg is None]
+        args = [ms.arg_info.ArgInfo.from_prim_func(t.mod["main"]) for (t, _, _), _ in runnable]
+        kind = str(order.target.kind.name)
+        futures = runner.run([RunnerInput(r.artifact_path, kind, a)
+                              for ((_, r), a) in zip(runnable, args, strict=True)])  # fmt: skip
+        results = {id(b): f.result() for (b, _), f in zip(runnable, futures, strict=True)}
+        for item in batch:
+            task, rule, sch = item
+            result = results.get(id(item))
+            if result is None or result.error_msg or not result.run_secs:
+                continue  # its next rule in the next round
+            seconds = [float(s) for s in result.run_secs]
+            commit_schedule(db, task.mod, sch, seconds, order.target)
+            task.default_rule, task.default_s = rule, sum(seconds) / len(seconds)
+            del pending[task.key]
+
+
+def postprocs(target: tvm.target.Target) -> list:
+    """MetaSchedule's post-processors for ``target``, less ``RewriteLayout`` (above)."""
+    kind = "llvm" if str(target.kind.name) == "llvm" else "cuda"
+    return [p for p in ms.postproc.Postproc.create(kind)
+            if type(p).__name__ != "RewriteLayout"]  # fmt: skip
+
+
+def contexts(tasks: list[Task], target: tvm.target.Target, cores: int, per_iteration: int) -> list:
+    kind = "llvm" if str(target.kind.name) == "llvm" else "cuda"
+    if kind == "llvm":  # MetaSchedule's parallel rules size the work by the core count
+        spec = dict(target.export())
+        host = spec.pop("host", None)
+        target = tvm.target.Target({**spec, "num-cores": cores}, host=host)
+    return [
+        ms.TuneContext(
+            mod=t.mod,
+            target=target,
+            space_generator=ms.space_generator.PostOrderApply(
+                sch_rules=ms.schedule_rule.ScheduleRule.create(kind),
+                postprocs=postprocs(target),
+                mutator_probs=ms.mutator.Mutator.create(kind),
+            ),
+            search_strategy=evolutionary(per_iteration),
+            task_name=t.name,
+            num_threads=cores,
+        )
+        for t in tasks
+    ]
+
+
+def evolutionary(per_iteration: int):
+    """MetaSchedule's evolutionary search, smaller than its defaults (population 512,
+    4 generations): on 2 cores the default spent 26 s per batch in mutation alone, more
+    than building and timing the batch. Four candidates bred per one measured (at most
+    128) keeps the search's share small."""
+    population = max(16, min(128, 4 * per_iteration))
+    return ms.search_strategy.EvolutionarySearch(
+        population_size=population, init_min_unmeasured=population // 4, genetic_num_iters=3
+    )
+
+
+def trials_done(task: Task, db) -> int:
+    """Records of the task's workload beyond its default one."""
+    return max(0, len(records_of(db, task.mod)) - 1)
+
+
+def search(tasks: list[Task], target: tvm.target.Target, builder, runner, db,
+           work_dir: str, budget: Budget, cores: int = 2) -> str:  # fmt: skip
+    """Tune ``tasks`` (see the module docstring). Returns why it ended: ``trials`` (all
+    done), ``time`` (the time budget) or ``interrupted`` (Ctrl-C).
+
+    Ctrl-C asks the search to stop after the batch being measured (a Python exception
+    raised while MetaSchedule's C++ code runs can abort the process); a second Ctrl-C
+    stops at once."""
+    remaining = {t.key: max(0, budget.trials - trials_done(t, db)) for t in tasks}
+    todo = [t for t in tasks if remaining[t.key] > 0]
+    if not todo:
+        return "trials"
+    per_task = max(remaining[t.key] for t in todo)
+    per_iteration = min(budget.per_iteration, per_task)
+    progress = _Progress(todo, sum(remaining[t.key] for t in todo), budget.seconds)
+
+    def on_ctrl_c(signum, frame) -> None:
+        if progress.stop_asked:
+            raise KeyboardInterrupt
+        progress.stop_asked = True
+        bars.say("stopping after this batch (Ctrl-C again to stop now)")
+
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        with progress.bar:
+            ms.tune_tasks(
+                tasks=contexts(todo, target, cores, per_iteration),
+                task_weights=[max(t.weight, 1e-9) for t in todo],
+                work_dir=work_dir,
+                max_trials_global=sum(remaining[t.key] for t in todo),
+                max_trials_per_task=per_task,
+                num_trials_per_iter=per_iteration,
+                builder=builder,
+                runner=runner,
+                database=db,
+                cost_model=ms.cost_model.CostModel.create("xgb", num_tuning_cores=cores),
+                measure_callbacks=[
+                    *ms.measure_callback.MeasureCallback.create("default"),
+                    progress,
+                ],  # fmt: skip
+                task_scheduler="gradient",
+            )
+    except StopSearch:
+        return "interrupted" if progress.stop_asked else "time"
+    except Exception as err:  # TVM re-raises a callback's exception wrapped or as is
+        if STOP in str(err):
+            return "interrupted" if progress.stop_asked else "time"
+        if "KeyboardInterrupt" in str(err):  # the second Ctrl-C
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return "trials"
+
+
+@derived_object
+class _Progress(ms.measure_callback.PyMeasureCallback):
+    """The bar: trials done and time left; the current task's best vs its default.
+    Ends the search (raises :class:`StopSearch`) when the time budget is spent or
+    Ctrl-C asked for it."""
+
+    def __init__(self, tasks: list[Task], total: int, seconds: float | None):
+        super().__init__()
+        self.tasks = tasks
+        self.best: dict[int, float] = {}
+        self.trials: dict[int, int] = {}
+        self.started = time.perf_counter()
+        self.seconds = seconds
+        self.stop_asked = False
+        # with a time budget the trials have no end: the bar counts them, the postfix
+        # says the time left; with trials alone tqdm's ETA is the time left
+        self.bar = bars.bar(None if seconds else total, "tuning", "trial")
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
+              runner_results) -> None:  # fmt: skip
+        task = self.tasks[task_id]
+        for result in runner_results:
+            if result.run_secs and not result.error_msg:
+                mean = sum(float(s) for s in result.run_secs) / len(result.run_secs)
+                self.best[task_id] = min(self.best.get(task_id, mean), mean)
+        self.trials[task_id] = self.trials.get(task_id, 0) + len(runner_results)
+        self.bar.update(len(runner_results))
+        best = self.best.get(task_id)
+        default = f" default {task.default_s * 1e3:.3f} ms" if task.default_s else ""
+        shown = f"{best * 1e3:.3f} ms" if best else "-"
+        left = ""
+        if self.seconds is not None:
+            spent = time.perf_counter() - self.started
+            left = f", {max(0.0, self.seconds - spent) / 60:.0f} min left"
+        self.bar.set_postfix_str(f"{task.name[:28]}: best {shown}{default}, "
+                                 f"{self.trials[task_id]} trials{left}")  # fmt: skip
+        if not bars.bars_enabled():
+            bars.say(f"{task.name}: {self.trials[task_id]} trials, best {shown}{default}")
+        if self.stop_asked:
+            raise StopSearch(f"{STOP} by Ctrl-C")
+        if self.seconds is not None and time.perf_counter() - self.started > self.seconds:
+            raise StopSearch(f"{STOP} time budget of {self.seconds / 60:.1f} min spent")

@@ -1,0 +1,133 @@
+"""Tuning tasks: a model's fused kernels exactly as deploy schedules them.
+
+The model is imported and lowered by the deploy pipeline's own stages
+(:func:`edgecv.lowering.lower`); for GPU profiles edgecv's operators are swapped for
+their GPU versions (:meth:`~edgecv.codegen.op_versions.OpVersions.replace`): those are
+written scheduled and are not tuned. Kernels that compute the same thing (one
+structure, different names) are one task, whose launch count is the sum of theirs. A
+task's weight is its share of the latency: the measured time of its default schedule
+times its launches.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from ..profiles import Profile
+from ..schedules.database import workload
+from ..schedules.stage import SCHEDULED, ScheduleOrder, rule_name
+
+
+@dataclass
+class Task:
+    """One workload to tune.
+
+    Parameters
+    ----------
+    name : str
+        The first kernel's name (``fused_conv2d3_add2_relu2``).
+    mod : tvm.IRModule
+        The workload (:func:`edgecv.schedules.database.workload`): what the database keys.
+    launches : int
+        Launches of this workload per inference, over every kernel that shares it.
+    kernels : list of str
+        The kernels of the model that are this workload.
+    """
+
+    name: str
+    mod: tvm.IRModule
+    launches: int
+    kernels: list[str] = field(default_factory=list)
+    default_rule: str | None = None
+    default_s: float | None = None  # the default schedule's measured seconds
+
+    @property
+    def weight(self) -> float:
+        """Seconds per inference spent in this task with the default schedule."""
+        return (self.default_s or 0.0) * self.launches
+
+    @property
+    def key(self) -> int:
+        return workload_hash(self.mod)
+
+
+def workload_hash(mod: tvm.IRModule) -> int:
+    """The structural hash MetaSchedule keys a workload by."""
+    return int(tvm_ffi.structural_hash(mod))
+
+
+def import_model(model: str, params: str | None, input_shape, pretrained: bool, seed: int,
+                 progress: Callable[[str], None]) -> tuple[tvm.IRModule, str]:  # fmt: skip
+    """The Relax module of ``model`` as deploy imports it, and the model's name."""
+    from ..frontend.importer import from_mxnet
+    from ..frontend.mxnet_graph import load_params, load_symbol
+    from ..source import resolve_source
+
+    with tempfile.TemporaryDirectory(prefix="edgecv-tune-") as tmp:
+        source = resolve_source(model, Path(tmp), params, input_shape, pretrained, seed, progress)
+        graph = load_symbol(source.symbol_path)
+        weights = load_params(source.params_path) if source.params_path else {}
+        imported = from_mxnet(graph, weights, {"data": source.input_shape})
+    return imported.mod, source.name
+
+
+def extract_tasks(mod: tvm.IRModule, profile: Profile) -> list[Task]:
+    """The tasks of the Relax module ``mod`` for ``profile``, in order of first launch."""
+    from ..codegen.op_versions import OpVersions
+    from ..lowering import lower
+
+    lowered = lower(mod)
+    kernels = lowered.kernels
+    if profile.runtime != "cpu":
+        target = profile.tvm_target()
+        kernels = OpVersions().replace(kernels, target, profile.intel_subgroup_size)
+    functions = {gv.name_hint: f for gv, f in kernels.functions.items()}
+    counts: dict[str, int] = {}
+    for step in lowered.plan.steps:
+        counts[step.kernel] = counts.get(step.kernel, 0) + 1
+    tasks: dict[int, Task] = {}
+    for step in lowered.plan.steps:
+        func = functions.get(step.kernel)
+        if func is None or not isinstance(func, tirx.PrimFunc) or _written_scheduled(func):
+            continue
+        mod_ = workload(func)
+        key = workload_hash(mod_)
+        task = tasks.get(key)
+        if task is None:
+            tasks[key] = Task(step.kernel, mod_, counts[step.kernel], [step.kernel])
+        elif step.kernel not in task.kernels:
+            task.kernels.append(step.kernel)
+            task.launches += counts[step.kernel]
+    return list(tasks.values())
+
+
+def _written_scheduled(func: tirx.PrimFunc) -> bool:
+    attrs = func.attrs or {}
+    return bool(attrs.get(SCHEDULED, False)) or bool(attrs.get("edgecv.no_schedule", False))
+
+
+def default_schedules(task: Task, order: ScheduleOrder):
+    """The default candidates of ``task`` in deploy's order (the rules after the
+    database, then the safe rule): ``(rule name, s_tir.Schedule)`` pairs whose traces
+    replay on the workload (stored as the default's record)."""
+    func = task.mod["main"]
+    for rule in [*order.rules, order.safe]:
+        copy = tvm.ir.load_json(tvm.ir.save_json(func))  # a rule may rewrite its input
+        try:
+            with order.target:
+                sch = rule.apply(copy, order.target, False)
+        except Exception:  # a rule that breaks: the next one, as deploy does
+            continue
+        if sch is None:
+            continue
+        if isinstance(sch, list):
+            sch = sch[0]
+        if isinstance(sch, s_tir.Schedule):
+            yield rule_name(rule), sch

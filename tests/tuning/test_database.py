@@ -1,0 +1,185 @@
+"""Tuning databases end to end on a tiny model: `edgecv tune` with a handful of trials,
+the records found again by structure, pruned for shipping, applied at deploy with the
+same numbers as the default build and MXNet; a stale or corrupt database gives a
+warning and the default build (the lookup itself: tests/schedules/test_stage.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+from tuning_kernels import export_tiny, matmul_task, serial
+
+from edgecv.cli import main
+from edgecv.deploy import deploy
+from edgecv.model import load
+from edgecv.pipelines import BuildOptions
+from edgecv.profiles import load_profile
+from edgecv.schedules.database import TuningDatabase
+from edgecv.testing import assert_close
+from edgecv.tuning.device_class import cpu_class
+from edgecv.tuning.records import commit_schedule, open_database, records_of, ship
+from edgecv.tuning.tasks import extract_tasks, import_model
+
+SHAPE = (1, 8, 16, 16)
+
+
+def tiny_input():
+    return np.random.RandomState(0).normal(size=SHAPE).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """The tiny model and its database after `edgecv tune --trials 4`."""
+    root = tmp_path_factory.mktemp("tuned")
+    symbol = export_tiny(root / "model")
+    db = root / "db"
+    # the heaviest workload searched (4 trials); every workload gets its default record
+    status = main(["tune", str(symbol), "--input-shape", "1,8,16,16", "--trials", "4",
+                   "--tasks", "1", "--db", str(db)])  # fmt: skip
+    assert status == 0
+    return symbol, db
+
+
+def tiny_tasks(symbol):
+    mod, _ = import_model(str(symbol), None, SHAPE, False, 0, lambda m: None)
+    return extract_tasks(mod, load_profile("cpu"))
+
+
+def test_records_are_found_by_structure_whatever_the_kernel_is_named(tuned):
+    symbol, db = tuned
+    target = load_profile("cpu").tvm_target()
+    database = TuningDatabase([db])
+    for task in tiny_tasks(symbol):
+        renamed = task.mod["main"].with_attr("global_symbol", "another_name")
+        assert database.query(renamed, target) is not None, task.name
+        assert len(records_of(open_database(db), task.mod)) >= 1
+    searched = max(len(records_of(open_database(db), t.mod)) for t in tiny_tasks(symbol))
+    assert searched >= 5  # its default and 4 trials
+    assert database.query(matmul_task().mod["main"], target) is None
+    meta = json.loads((db / "edgecv_database.json").read_text())
+    assert meta["tvm"] == tvm.__version__ and meta["device"] == cpu_class(target).key
+    for entry in meta["workloads"].values():
+        assert entry["default_rule"].startswith("cpu.")
+        assert entry["best_s"] <= entry["default_s"]  # the default is a record too
+
+
+def test_shipping_keeps_the_best_record_of_each_workload(tuned, tmp_path):
+    symbol, db = tuned
+    target = load_profile("cpu").tvm_target()
+    count = ship(db, tmp_path / "shipped", cpu_class(target), {})
+    tasks = tiny_tasks(symbol)
+    assert count == len(tasks)
+    lines = (tmp_path / "shipped" / "database_tuning_record.json").read_text().splitlines()
+    assert len(lines) == len(tasks)
+    shipped = open_database(tmp_path / "shipped")
+    full = open_database(db)
+    for task in tasks:
+        (best,) = records_of(shipped, task.mod)
+        times = [float(np.mean([float(s) for s in r.run_secs])) for r in records_of(full, task.mod)]
+        assert float(np.mean([float(s) for s in best.run_secs])) == pytest.approx(min(times))
+
+
+def test_a_tuned_deploy_gives_the_numbers_of_the_default_build_and_mxnet(tuned, tmp_path):
+    from conftest import mxnet_forward
+
+    symbol, db = tuned
+    with_db = deploy(str(symbol), tmp_path / "tuned", "cpu", input_shape=SHAPE,
+                     options=BuildOptions(tuning=[db]))  # fmt: skip
+    without = deploy(str(symbol), tmp_path / "default", "cpu", input_shape=SHAPE,
+                     options=BuildOptions(tuning=None))  # fmt: skip
+    manifest = json.loads((with_db / "manifest.json").read_text())
+    assert set(manifest["build"]["schedules"]["cpu"]["rules"]) == {"tuned"}
+    x = tiny_input()
+    reference = mxnet_forward(symbol, symbol.with_name("tiny-0000.params"), x)[0]
+    assert_close(load(with_db).run(x)[0], reference)
+    assert_close(load(without).run(x)[0], reference)
+
+
+def test_a_stale_record_warns_and_the_default_rule_builds_it(tuned, tmp_path):
+    from conftest import mxnet_forward
+
+    symbol, _ = tuned
+    target = load_profile("cpu").tvm_target()
+    conv = next(t for t in tiny_tasks(symbol) if "conv2d" in t.name)
+    stale = open_database(tmp_path / "stale")
+    # a record of another kernel's schedule filed under the conv: its trace cannot replay
+    # (TVM checks every trace as it loads a database: the whole database is passed over)
+    commit_schedule(stale, conv.mod, serial(matmul_task(), gpu=False), [1e-9], target)
+    with pytest.warns(UserWarning, match="stale cannot be read"):
+        path = deploy(str(symbol), tmp_path / "pkg", "cpu", input_shape=SHAPE,
+                      options=BuildOptions(tuning=[tmp_path / "stale"]))  # fmt: skip
+    kernels = json.loads((path / "manifest.json").read_text())["build"]["schedules"]["cpu"]
+    entry = kernels["kernels"][conv.name]
+    assert entry["rule"] == "cpu.Conv2D"
+    x = tiny_input()
+    reference = mxnet_forward(symbol, symbol.with_name("tiny-0000.params"), x)[0]
+    assert_close(load(path).run(x)[0], reference)
+
+
+def test_a_corrupt_database_warns_and_deploy_builds_the_defaults(tuned, tmp_path):
+    symbol, _ = tuned
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "database_workload.json").write_text('["truncated\n')
+    (corrupt / "database_tuning_record.json").write_text("")
+    with pytest.warns(UserWarning, match="cannot be read"):
+        path = deploy(str(symbol), tmp_path / "pkg", "cpu", input_shape=SHAPE,
+                      options=BuildOptions(tuning=[corrupt]))  # fmt: skip
+    rules = json.loads((path / "manifest.json").read_text())["build"]["schedules"]["cpu"]["rules"]
+    assert "tuned" not in rules
+
+
+def test_the_cpu_search_space_leaves_weights_in_their_layout():
+    from edgecv.tuning.search import postprocs
+
+    names = [type(p).__name__ for p in postprocs(load_profile("cpu").tvm_target())]
+    assert "RewriteLayout" not in names and "RewriteParallelVectorizeUnroll" in names
+
+
+def test_deploy_reads_the_users_and_the_shipped_database_of_this_device_class():
+    from edgecv.cli import tuning_folders
+
+    device_class = cpu_class(load_profile("cpu").tvm_target())
+    user, shipped = tuning_folders("cpu", None)
+    assert user == str(device_class.user_folder())
+    assert shipped.endswith(f"device_profiles/tuning/{device_class.name}")
+    assert tuning_folders("cpu", "/my/db") == ["/my/db", shipped]
+
+
+def test_tuning_for_cuda_without_a_gpu_is_refused_with_what_to_do(capsys):
+    from edgecv.runtime.cuda import cuda_devices
+
+    if cuda_devices():
+        pytest.skip("this machine has a CUDA GPU")
+    assert main(["tune", "mobilenet1.0", "--device", "jetson_nano", "--random-weights"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot tune for `jetson_nano` (CUDA)" in err and "no CUDA driver or GPU" in err
+
+
+def test_a_record_for_an_opencl_profile_applies_at_deploy_and_matches_mxnet(tuned, tmp_path):
+    """GPU records replay at deploy through deploy's own lowering (the replayed kernel
+    keeps its name: host/device splitting needs an entry function)."""
+    from conftest import mxnet_forward
+
+    from edgecv.pipelines.orders import gpu_order
+    from edgecv.tuning.tasks import default_schedules
+
+    symbol, _ = tuned
+    profile = load_profile("deeplens")
+    target = profile.tvm_target()
+    mod, _ = import_model(str(symbol), None, SHAPE, False, 0, lambda m: None)
+    database = open_database(tmp_path / "gpu")
+    order = gpu_order(target, profile.intel_subgroup_size)
+    for task in extract_tasks(mod, profile):
+        _, sch = next(default_schedules(task, order))
+        commit_schedule(database, task.mod, sch, [1e-4], target)
+    path = deploy(str(symbol), tmp_path / "pkg", "deeplens", input_shape=SHAPE, host="native",
+                  options=BuildOptions(tuning=[tmp_path / "gpu"]))  # fmt: skip
+    rules = json.loads((path / "manifest.json").read_text())["build"]["schedules"]["gpu"]["rules"]
+    assert rules == {"tuned": 3}
+    x = tiny_input()
+    reference = mxnet_forward(symbol, symbol.with_name("tiny-0000.params"), x)[0]
+    assert_close(load(path, on="intel").run(x)[0], reference)

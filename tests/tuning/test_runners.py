@@ -1,0 +1,65 @@
+"""The runners time candidates on the real device: a slow and a fast schedule of the
+same kernel come out in the right order (LLVM on this CPU; OpenCL on Intel's runtime
+and PoCL, both candidates built into one program)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import tvm
+from tuning_kernels import matmul_task, rows_and_columns, serial, target_of
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.builder import BuilderInput
+from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+from edgecv.pipelines.orders import cpu_order
+from edgecv.tuning.builder import ForkedBuilder
+from edgecv.tuning.tasks import default_schedules
+
+
+def build_and_time(builder, runner, target, task, schedules) -> list[float]:
+    built = builder.build([BuilderInput(tvm.IRModule({"main": s.mod["main"]}), target)
+                           for s in schedules])  # fmt: skip
+    assert all(b.error_msg is None for b in built), [b.error_msg for b in built]
+    args = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
+    kind = str(target.kind.name)
+    futures = runner.run([RunnerInput(b.artifact_path, kind, args) for b in built])
+    results = [f.result() for f in futures]
+    assert all(r.error_msg is None for r in results), [r.error_msg for r in results]
+    return [float(r.run_secs[0]) for r in results], built
+
+
+def test_llvm_runner_orders_a_serial_and_a_scheduled_matmul(tmp_path):
+    from edgecv.tuning.runners.llvm import LLVMCompiler, LocalLLVMRunner
+
+    target = target_of("llvm")
+    task = matmul_task()
+    _, fast = next(default_schedules(task, cpu_order(target)))
+    builder = ForkedBuilder(LLVMCompiler(target), tmp_path, workers=2)
+    (slow_s, fast_s), _ = build_and_time(builder, LocalLLVMRunner(), target, task,
+                                         [serial(task, gpu=False), fast])  # fmt: skip
+    assert fast_s * 1.5 < slow_s, (fast_s, slow_s)
+
+
+@pytest.mark.parametrize("device", ["intel", "pocl"])
+def test_opencl_runner_orders_one_work_item_and_a_scheduled_matmul(tmp_path, device):
+    from conftest import pocl_unusable
+
+    from edgecv.profiles import load_profile
+    from edgecv.tuning.runners.opencl import LocalOpenCLRunner, OpenCLCompiler, find_device
+
+    if device == "pocl" and pocl_unusable():
+        pytest.skip(pocl_unusable())
+    profile = load_profile("deeplens" if device == "intel" else "aisage")
+    target = target_of(device)
+    task = matmul_task(256)  # the work, not a launch's fixed cost, decides
+    fast = rows_and_columns(task)
+    builder = ForkedBuilder(OpenCLCompiler(target), tmp_path, workers=2)
+    runner = LocalOpenCLRunner(find_device(profile, device), target)
+    (slow_s, fast_s), built = build_and_time(builder, runner, target, task,
+                                             [serial(task, gpu=True), fast])  # fmt: skip
+    assert fast_s * 1.5 < slow_s, (fast_s, slow_s)
+    programs = {json.loads(Path(b.artifact_path).read_text())["program"] for b in built}
+    assert len(programs) == 1  # one OpenCL program for the batch
