@@ -24,6 +24,7 @@ from edgecv.schedules.gpu import (
     DepthwiseConv2d,
     Injective,
     Pool,
+    RowReduction,
     SafeFallback,
     default_rules,
     safe_rule,
@@ -79,6 +80,24 @@ def dense(bb, x):  # the importer's FullyConnected: matmul by the transposed wei
     return bb.emit(relax.op.add(relax.op.matmul(flat, relax.op.permute_dims(weight)), bias))
 
 
+def op(name, *args, **kwargs):
+    """A graph of one Relax op applied to the input (``relax.op.<name>``)."""
+    fn = relax.op
+    for part in name.split("."):
+        fn = getattr(fn, part)
+    return lambda bb, x: bb.emit(fn(x, *args, **kwargs))
+
+
+def concat_scaled(bb, x):  # SSD's and YOLOv3's concats: two inputs, one computed
+    return bb.emit(relax.op.concat([x, relax.op.multiply(x, relax.const(2.0))], axis=1))
+
+
+def bias_sigmoid(bb, x):  # a broadcast input (per channel) beside an elementwise one
+    rng = np.random.default_rng(0)
+    bias = relax.const(rng.standard_normal((1, int(x.ty.shape[1]), 1, 1)).astype("float32"))
+    return bb.emit(relax.op.sigmoid(relax.op.add(x, bias)))
+
+
 # (case, graph, input shape, kernel name, the rule that must schedule it)
 CASES = [
     ("conv1x1", conv(24, 1), (1, 16, 14, 14), "fused_conv2d_add_relu", Conv2d),
@@ -104,6 +123,15 @@ CASES = [
      (1, 16, 7, 7), "adaptive_avg_pool2d", Pool),
     ("upsample_nearest", upsample, (1, 8, 13, 13), "fused_repeat_repeat1", Injective),
     ("dense", dense, (1, 8, 5, 5), "fused_matmul_add", DenseColumns),
+    ("max_pool3x3_s2_odd", op("nn.max_pool2d", (3, 3), strides=2, padding=1), (1, 8, 17, 19),
+     "max_pool2d", Pool),
+    ("leaky_relu_prime", op("nn.leakyrelu", 0.1), (1, 5, 13, 13), "leaky_relu", Injective),
+    ("bias_sigmoid_odd", bias_sigmoid, (1, 255, 13, 13), "fused_add_tir_sigmoid", Injective),
+    ("concat", concat_scaled, (1, 6, 7, 9), "fused_multiply_concatenate", Injective),
+    ("transpose_nhwc", op("permute_dims", [0, 2, 3, 1]), (1, 126, 5, 7), "transpose", Injective),
+    ("softmax_last_axis", op("nn.softmax", axis=-1), (1, 300, 21), "softmax", RowReduction),
+    ("softmax_axis1", op("nn.softmax", axis=1), (1, 21, 19, 17), "softmax", RowReduction),
+    ("sum_rows", op("sum", axis=[2, 3]), (1, 300, 3, 5), "sum", RowReduction),
 ]  # fmt: skip
 IDS = [case[0] for case in CASES]
 _KERNELS: dict[str, tvm.tirx.PrimFunc] = {}
@@ -160,13 +188,27 @@ def test_rules_return_none_on_other_kinds():
         DepthwiseConv2d: ["conv3x3", "max_pool_2x2_s1", "dense"],
         Pool: ["conv3x3", "depthwise3x3", "dense", "upsample_nearest"],
         DenseColumns: ["conv1x1", "global_avg_pool", "upsample_nearest"],
-        Injective: ["conv1x1", "max_pool_2x2_s1", "dense"],
+        Injective: ["conv1x1", "max_pool_2x2_s1", "dense", "softmax_last_axis"],
+        RowReduction: ["upsample_nearest", "dense", "concat"],
     }
     for rule, names in others.items():
         for name in names:
             assert rule().apply(by_name[name], TARGET, False) is None, (rule.__name__, name)
     cpu = load_profile("cpu").tvm_target()
     assert Conv2d().apply(by_name["conv3x3"], cpu, False) is None  # GPU targets only
+
+
+@pytest.mark.parametrize("name", ["leaky_relu_prime", "bias_sigmoid_odd", "concat"])
+def test_elementwise_kernels_address_by_64_bit_work_item_ids(name):
+    """Outputs (and inputs read elementwise) at ``group * size + item`` in 64-bit
+    arithmetic: no div/mod left in the addresses, no id truncated to 32 bits (Intel's
+    CPU runtime gathers every such access; see edgecv.schedules.gpu.base.flatten_block)."""
+    case = next(c for c in CASES if c[0] == name)
+    source = build_opencl(tvm.IRModule({"main": scheduled(case_kernel(case))}), TARGET).source
+    assert "convert_int(get_" not in source and "convert_long(get_" not in source
+    stores = [line.split("] = ")[0].strip() for line in source.splitlines() if "] = " in line]
+    output = [lhs for lhs in stores if not lhs.split("[")[0].endswith("local_ptr")]
+    assert output and all("/" not in lhs and "%" not in lhs for lhs in output), output
 
 
 def test_safe_rule_on_every_kernel_of_a_model(exported):
