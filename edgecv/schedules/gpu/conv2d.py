@@ -50,8 +50,8 @@ def _largest_divisor(value: int, choices: tuple[int, ...]) -> int:
 def channel_tile(channels: int, preferred: int = 8) -> int:
     """Output channels per work-item: ``preferred`` when it divides ``channels``, else
     the divisor nearest to it between 5 and 16 (a detector head's 126 = 6 x 21 outputs:
-    9; YOLOv3's 255: 15), else the largest divisor up to 16. A tile that divides the
-    channels needs no bounds test on its weights and outputs."""
+    9 near 8, 14 near 16; YOLOv3's 255: 15), else the largest divisor up to 16. A tile
+    that divides the channels needs no bounds test on its weights and outputs."""
     if channels % preferred == 0:
         return preferred
     near = [d for d in range(5, 17) if channels % d == 0]
@@ -73,16 +73,18 @@ def conv_tile(shape: dict[str, int], target: Target, depthwise: bool = False) ->
       convs keep work-items along the output width with rows added to small groups
       (their loads are strided either way; fused positions were 1.16x slower on the 7x7
       stem).
-    - 8 output channels per work-item, each input load feeding 8 FMAs: 1.2-1.3x faster
-      than 16 on 3x3 convs (16 accumulators spill), even on 1x1 ones.
+    - 8 output channels per work-item on convs with a window, each input load feeding 8
+      FMAs: 1.2-1.3x faster than 16 on 3x3 convs (16 accumulators spill). 1x1 convs take
+      16: they stream their whole input once per channel tile, and at 256x256 the
+      bandwidth decides (16: 1.3x faster than 8).
     - Depthwise: 1 channel by 4 rows per work-item along the width, the rows sharing
       the kernel's overlapping input rows (fused positions: 3-6x slower at 56x56 and
       112x112, even at 14x14).
     """
     limit = max_threads(target)
     f, h, w = shape["f"], shape["h"], shape["w"]
-    channels = 1 if depthwise else channel_tile(f)
     pointwise = shape["kh"] == shape["kw"] == 1 and shape["in_h"] == h and shape["in_w"] == w
+    channels = 1 if depthwise else channel_tile(f, 16 if pointwise else 8)
     stride_one = shape["in_h"] == h + shape["kh"] - 1 and shape["in_w"] == w + shape["kw"] - 1
     flat = pointwise or (stride_one and not depthwise)
     if flat:
