@@ -254,6 +254,7 @@ def test_rules_cuda_source_compiles_with_nvcc():
     kernels = build_cuda(module, target, order=gpu_order(target, None))
     assert not kernels.unsupported, kernels.unsupported
     assert {c.rule for c in kernels.choices.values()} <= {
-        f"gpu.{rule.__name__}" for rule in (Conv2d, DepthwiseConv2d, Pool, DenseColumns, Injective)
+        f"gpu.{rule.__name__}"
+        for rule in (Conv2d, DepthwiseConv2d, Pool, DenseColumns, Injective, RowReduction)
     }
     assert kernels.cubin[:4] == b"\x7fELF"
