@@ -71,6 +71,9 @@ def generate_opencl(
     if not device_mod.functions:
         return "", []
     source = tvm.get_global_func("target.build.opencl")(device_mod, target).inspect_source()
+    # TVM widens work-item ids with convert_long(), a call Intel's vectorizer does not
+    # look through (every access becomes a gather); a C cast means the same to it
+    source = source.replace("convert_long(get_", "((long)get_")
     source = require_subgroup_size(source, subgroup_kernels, subgroup)
     return source, required_extensions(source)
 

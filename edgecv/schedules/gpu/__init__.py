@@ -19,6 +19,7 @@ from .dense import DenseColumns
 from .depthwise import DepthwiseConv2d
 from .injective import Injective
 from .pool import Pool
+from .rows import RowReduction
 from .safe import SafeFallback
 
 
@@ -37,9 +38,9 @@ def default_rules(target: Target, subgroup: int | None = None) -> list[ScheduleR
     -------
     list of ScheduleRule
         edgecv's rules (conv2d, depthwise/grouped conv, pooling, dense, injective),
-        then dlight's that still pay for what ours leave: GEMV for dense layers
-        with ``[N, K]`` weights, cross-thread reductions for softmax, sums and large
-        means.
+        dlight's GEMV for dense layers with ``[N, K]`` weights, edgecv's rule for
+        many short reductions (softmax over classes), then dlight's cross-thread
+        reductions for few long ones.
     """
     del target, subgroup  # the rules read the target when they apply
     return [
@@ -49,6 +50,7 @@ def default_rules(target: Target, subgroup: int | None = None) -> list[ScheduleR
         DenseColumns(),
         Injective(),
         dlight.gpu.GEMV(),
+        RowReduction(),
         dlight.gpu.Reduction(),
         dlight.gpu.GeneralReduction(),
     ]
@@ -65,6 +67,7 @@ __all__ = [
     "DepthwiseConv2d",
     "Injective",
     "Pool",
+    "RowReduction",
     "SafeFallback",
     "default_rules",
     "safe_rule",

@@ -6,10 +6,10 @@ work-items (``threadIdx.x``) compute consecutive output columns, so their input 
 are contiguous vectors (coalesced on a GPU) and their weight loads are uniform
 (broadcast). Each work-item keeps a register tile of several output channels (and
 rows) in ``local`` scope, so every input value it loads feeds several FMAs. Output
-channels are split across work-groups, the feature map along its height; a 1x1
-stride-1 conv, whose input is read at the output's positions, has its rows and columns
-fused so even a 7x7 map fills a work-group. Tiles divide the extents where they can;
-extents they do not (prime widths) get predicated splits.
+channels are split across work-groups; a stride-1 conv, whose input is read at the
+output's positions plus a constant offset, has its rows and columns fused so even a 7x7
+or 13x13 map fills a work-group; a strided one splits its map along the height. Tiles
+divide the extents where they can; extents they do not get predicated splits.
 """
 
 from __future__ import annotations
@@ -47,32 +47,54 @@ def _largest_divisor(value: int, choices: tuple[int, ...]) -> int:
     return next((c for c in choices if value % c == 0), 1)
 
 
+def channel_tile(channels: int, preferred: int = 8) -> int:
+    """Output channels per work-item: ``preferred`` when it divides ``channels``, else
+    the divisor nearest to it between 5 and 16 (a detector head's 126 = 6 x 21 outputs:
+    9 near 8, 14 near 16; YOLOv3's 255: 15), else the largest divisor up to 16. A tile
+    that divides the channels needs no bounds test on its weights and outputs."""
+    if channels % preferred == 0:
+        return preferred
+    near = [d for d in range(5, 17) if channels % d == 0]
+    if near:
+        return min(near, key=lambda d: (abs(d - preferred), -d))
+    return divisor_at_most(channels, 16)
+
+
 def conv_tile(shape: dict[str, int], target: Target, depthwise: bool = False) -> ConvTile:
     """The default tile of a conv with output ``f, h, w`` and reduction ``c, kh, kw``.
 
-    Measured on Intel's CPU OpenCL runtime (MobileNet and ResNet-50 layers): a 1x1
-    stride-1 conv reads its input at consecutive addresses along the fused H*W
-    positions, so its work-items run along those (up to 256 per group: 196 beat 98
-    and 49 by 1.4x at 14x14); any other conv keeps work-items along the output width
-    (fused positions turn its padded, strided loads into gathers: 2.3x slower on a
-    3x3 at 56x56), with rows added to the group when the width is small. The register
-    tile is 16 output channels for plain convs (16 FMAs per input load; 1.8x faster
-    than 8) and 1 channel by 4 rows for depthwise ones, whose channels share no input.
+    Measured on Intel's CPU OpenCL runtime (8-wide vectors, 16 vector registers), each
+    variant against the others in one process:
+
+    - A stride-1 conv has its work-items along the fused H*W positions, up to 256 per
+      work-group: its input rows are read at ``position + offset``, contiguous across
+      work-items, and small or odd maps still fill the group (3x3 at 13x13: 3.2x faster
+      than 13 work-items along the width; 26x26 1.3x, 52x52 1.5x, 104x104 even). Strided
+      convs keep work-items along the output width with rows added to small groups
+      (their loads are strided either way; fused positions were 1.16x slower on the 7x7
+      stem).
+    - 8 output channels per work-item on convs with a window, each input load feeding 8
+      FMAs: 1.2-1.3x faster than 16 on 3x3 convs (16 accumulators spill). 1x1 convs take
+      16: they stream their whole input once per channel tile, and at 256x256 the
+      bandwidth decides (16: 1.3x faster than 8).
+    - Depthwise: 1 channel by 4 rows per work-item along the width, the rows sharing
+      the kernel's overlapping input rows (fused positions: 3-6x slower at 56x56 and
+      112x112, even at 14x14).
     """
     limit = max_threads(target)
     f, h, w = shape["f"], shape["h"], shape["w"]
-    channels = 1 if depthwise else _largest_divisor(f, (16, 8, 4, 2))
-    # depthwise: 4 rows per work-item share the kernel's overlapping input rows (2.9x
-    # faster than 1 row on MobileNet's first depthwise layer)
     pointwise = shape["kh"] == shape["kw"] == 1 and shape["in_h"] == h and shape["in_w"] == w
-    if pointwise:
+    channels = 1 if depthwise else channel_tile(f, 16 if pointwise else 8)
+    stride_one = shape["in_h"] == h + shape["kh"] - 1 and shape["in_w"] == w + shape["kw"] - 1
+    flat = pointwise or (stride_one and not depthwise)
+    if flat:
         threads_x, threads_y = work_items(h * w, min(limit, 256)), 1
     else:
         threads_x = work_items(w, min(limit, 128))
         threads_y = divisor_at_most(h, max(1, 64 // threads_x)) if threads_x < 32 else 1
-    rows = _largest_divisor(h // threads_y, (4, 2)) if depthwise and not pointwise else 1
+    rows = _largest_divisor(h // threads_y, (4, 2)) if depthwise and not flat else 1
     reduce_unroll = _largest_divisor(shape["c"], (4, 2)) if pointwise else 1
-    return ConvTile(channels, rows, threads_x, threads_y, pointwise, reduce_unroll)
+    return ConvTile(channels, rows, threads_x, threads_y, flat, reduce_unroll)
 
 
 def find_conv(sch: s_tir.Schedule, name: str):

@@ -10,7 +10,17 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .base import GPURule, bind_spatial, blocks, extent, inline_around, iter_kinds, max_threads
+from .base import (
+    GPURule,
+    bind_spatial,
+    blocks,
+    extent,
+    flatten_block,
+    inline_around,
+    iter_kinds,
+    max_threads,
+    work_items,
+)
 
 THREADS = 256
 # windows up to this many elements are unrolled (a 7x7 global pool: 49)
@@ -46,7 +56,15 @@ class Pool(GPURule):
         if window > SERIAL_LIMIT and outputs < THREADS:
             return None
         _, out = inline_around(sch, pool, found)
-        _, item, reduce = bind_spatial(sch, pool, min(THREADS, max_threads(target)))
+        limit = min(THREADS, max_threads(target))
+        if out is None and flatten_block(sch, pool) is not None:
+            # one loop over the outputs: their stores contiguous across work-items
+            flat, *reduce = sch.get_loops(pool)
+            _, item = sch.split(flat, [None, work_items(extent(sch, flat), limit)])
+            sch.bind(sch.get_loops(pool)[0], "blockIdx.x")
+            sch.bind(item, "threadIdx.x")
+        else:
+            _, item, reduce = bind_spatial(sch, pool, limit)
         if out is None:
             out = sch.cache_write(pool, 0, "local")
         else:

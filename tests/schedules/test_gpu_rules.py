@@ -1,0 +1,260 @@
+"""edgecv's default GPU schedule rules: each kernel kind scheduled by its rule and run on
+Intel's CPU OpenCL runtime and PoCL, against the unscheduled kernel built for LLVM."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+from conftest import needs_pocl
+from ops.kernels import run_cpu, run_opencl
+from tvm import relax
+
+from edgecv.codegen.cuda import build_cuda
+from edgecv.codegen.opencl import build_opencl
+from edgecv.lowering import lower
+from edgecv.pipelines.orders import gpu_order
+from edgecv.profiles import load_profile
+from edgecv.runtime.opencl import OpenCLBackend
+from edgecv.schedules.gpu import (
+    Conv2d,
+    DenseColumns,
+    DepthwiseConv2d,
+    Injective,
+    Pool,
+    RowReduction,
+    SafeFallback,
+    default_rules,
+    safe_rule,
+)
+from edgecv.testing import assert_close
+
+TARGET = load_profile("deeplens").tvm_target()
+
+
+def kernels(build, shape: tuple[int, ...]) -> dict[str, tvm.tirx.PrimFunc]:
+    """The fused PrimFuncs of ``build(bb, x)`` on an input of ``shape``, by name."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(build(bb, x))
+        bb.emit_func_output(out)
+    return {gv.name_hint: f for gv, f in lower(bb.get()).kernels.functions.items()}
+
+
+def conv(o, k, stride=1, pad=None, groups=1, epilogue=True):
+    """conv2d (+ bias + ReLU) with ``o`` outputs, a ``k`` x ``k`` kernel."""
+
+    def build(bb, x):
+        c = int(x.ty.shape[1])
+        rng = np.random.default_rng(0)
+        weight = relax.const(rng.standard_normal((o, c // groups, k, k)).astype("float32"))
+        padding = (k // 2,) * 4 if pad is None else pad
+        y = bb.emit(relax.op.nn.conv2d(x, weight, strides=stride, padding=padding, groups=groups))
+        if epilogue:
+            bias = relax.const(rng.standard_normal((1, o, 1, 1)).astype("float32"))
+            y = bb.emit(relax.op.nn.relu(relax.op.add(y, bias)))
+        return y
+
+    return build
+
+
+def edge_pad_max_pool(bb, x):  # YOLOv3-tiny's last pool: edge pad right/bottom, 2x2 stride 1
+    padded = bb.emit(relax.op.nn.pad(x, (0, 0, 0, 0, 0, 1, 0, 1), pad_mode="replicate"))
+    return bb.emit(relax.op.nn.max_pool2d(padded, (2, 2), strides=1))
+
+
+def upsample(bb, x):  # the importer's nearest upsampling: repeats along H and W
+    return bb.emit(relax.op.repeat(bb.emit(relax.op.repeat(x, 2, axis=2)), 2, axis=3))
+
+
+def dense(bb, x):  # the importer's FullyConnected: matmul by the transposed weight, + bias
+    rng = np.random.default_rng(0)
+    flat = relax.op.reshape(x, (1, -1))
+    features = int(np.prod([int(d) for d in x.ty.shape]))
+    weight = relax.const(rng.standard_normal((10, features)).astype("float32"))
+    bias = relax.const(rng.standard_normal((10,)).astype("float32"))
+    return bb.emit(relax.op.add(relax.op.matmul(flat, relax.op.permute_dims(weight)), bias))
+
+
+def op(name, *args, **kwargs):
+    """A graph of one Relax op applied to the input (``relax.op.<name>``)."""
+    fn = relax.op
+    for part in name.split("."):
+        fn = getattr(fn, part)
+    return lambda bb, x: bb.emit(fn(x, *args, **kwargs))
+
+
+def concat_scaled(bb, x):  # SSD's and YOLOv3's concats: two inputs, one computed
+    return bb.emit(relax.op.concat([x, relax.op.multiply(x, relax.const(2.0))], axis=1))
+
+
+def bias_sigmoid(bb, x):  # a broadcast input (per channel) beside an elementwise one
+    rng = np.random.default_rng(0)
+    bias = relax.const(rng.standard_normal((1, int(x.ty.shape[1]), 1, 1)).astype("float32"))
+    return bb.emit(relax.op.sigmoid(relax.op.add(x, bias)))
+
+
+# (case, graph, input shape, kernel name, the rule that must schedule it)
+CASES = [
+    ("conv1x1", conv(24, 1), (1, 16, 14, 14), "fused_conv2d_add_relu", Conv2d),
+    ("conv1x1_prime", conv(8, 1, epilogue=False), (1, 12, 7, 13), "conv2d", Conv2d),
+    ("conv3x3", conv(16, 3), (1, 8, 20, 20), "fused_conv2d_add_relu", Conv2d),
+    ("conv3x3_s2_odd", conv(16, 3, stride=2), (1, 8, 19, 19), "fused_conv2d_add_relu", Conv2d),
+    ("conv5x5_asym", conv(8, 5, pad=(1, 2, 2, 1)), (1, 5, 9, 11), "fused_conv2d_add_relu", Conv2d),
+    ("conv7x7_s2", conv(16, 7, stride=2), (1, 3, 40, 37), "fused_conv2d_add_relu", Conv2d),
+    ("conv3x3_prime", conv(4, 3, epilogue=False), (1, 3, 17, 53), "conv2d", Conv2d),
+    ("depthwise3x3", conv(8, 3, groups=8), (1, 8, 26, 26), "fused_conv2d_add_relu",
+     DepthwiseConv2d),
+    ("depthwise3x3_s2", conv(8, 3, stride=2, groups=8), (1, 8, 13, 13),
+     "fused_conv2d_add_relu", DepthwiseConv2d),
+    ("grouped1x1", conv(16, 1, groups=4), (1, 8, 7, 7), "fused_conv2d_add_relu",
+     DepthwiseConv2d),
+    ("edge_pad", edge_pad_max_pool, (1, 8, 13, 13), "replicate_pad", Injective),
+    ("max_pool_2x2_s1", edge_pad_max_pool, (1, 8, 13, 13), "max_pool2d", Pool),
+    ("avg_pool3x3_s2",
+     lambda bb, x: bb.emit(relax.op.nn.avg_pool2d(x, (3, 3), strides=2, padding=1)),
+     (1, 8, 15, 15), "avg_pool2d", Pool),
+    ("global_avg_pool",
+     lambda bb, x: bb.emit(relax.op.nn.adaptive_avg_pool2d(x, (1, 1))),
+     (1, 16, 7, 7), "adaptive_avg_pool2d", Pool),
+    ("upsample_nearest", upsample, (1, 8, 13, 13), "fused_repeat_repeat1", Injective),
+    ("dense", dense, (1, 8, 5, 5), "fused_matmul_add", DenseColumns),
+    ("max_pool3x3_s2_odd", op("nn.max_pool2d", (3, 3), strides=2, padding=1), (1, 8, 17, 19),
+     "max_pool2d", Pool),
+    ("leaky_relu_prime", op("nn.leakyrelu", 0.1), (1, 5, 13, 13), "leaky_relu", Injective),
+    ("bias_sigmoid_odd", bias_sigmoid, (1, 255, 13, 13), "fused_add_tir_sigmoid", Injective),
+    ("concat", concat_scaled, (1, 6, 7, 9), "fused_multiply_concatenate", Injective),
+    ("transpose_nhwc", op("permute_dims", [0, 2, 3, 1]), (1, 126, 5, 7), "transpose", Injective),
+    ("softmax_last_axis", op("nn.softmax", axis=-1), (1, 300, 21), "softmax", RowReduction),
+    ("softmax_axis1", op("nn.softmax", axis=1), (1, 21, 19, 17), "softmax", RowReduction),
+    ("sum_rows", op("sum", axis=[2, 3]), (1, 300, 3, 5), "sum", RowReduction),
+]  # fmt: skip
+IDS = [case[0] for case in CASES]
+_KERNELS: dict[str, tvm.tirx.PrimFunc] = {}
+
+
+def case_kernel(case) -> tvm.tirx.PrimFunc:
+    name, build, shape, kernel, _ = case
+    if name not in _KERNELS:
+        _KERNELS[name] = kernels(build, shape)[kernel]
+    return _KERNELS[name]
+
+
+def arrays_for(func) -> list[np.ndarray]:
+    rng = np.random.default_rng(1)
+    return [rng.standard_normal([int(d) for d in b.shape]).astype("float32") for b in func.params]
+
+
+def scheduled(func) -> tvm.tirx.PrimFunc:
+    """The first of :func:`default_rules` that applies, as the schedule stage does it."""
+    for rule in default_rules(TARGET):
+        sch = rule.apply(func, TARGET, False)
+        if sch is not None:
+            return sch.mod["main"]
+    raise AssertionError("no default rule applies")
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_rule_picks_the_kernel_and_leaves_it_unchanged(case):
+    func = case_kernel(case)
+    before = func.script()
+    rules = default_rules(TARGET)
+    first = next(r for r in rules if r.apply(func, TARGET, False) is not None)
+    assert isinstance(first, case[4]), f"{case[0]}: scheduled by {type(first).__name__}"
+    assert func.script() == before  # the caller's kernel is not rewritten in place
+    assert scheduled(func).attrs["tirx.is_scheduled"]
+
+
+@pytest.mark.parametrize(
+    "device", ["intel", pytest.param("pocl", marks=needs_pocl())], ids=["intel", "pocl"]
+)
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_rule_matches_the_unscheduled_kernel(case, device):
+    func = case_kernel(case)
+    arrays = arrays_for(func)
+    expected = run_cpu(func, arrays)[-1]
+    got = run_opencl(scheduled(func), arrays, device=device, profile="deeplens")[-1]
+    assert_close(got, expected, case[0])
+
+
+def test_rules_return_none_on_other_kinds():
+    by_name = {case[0]: case_kernel(case) for case in CASES}
+    others = {
+        Conv2d: ["depthwise3x3", "max_pool_2x2_s1", "dense", "upsample_nearest"],
+        DepthwiseConv2d: ["conv3x3", "max_pool_2x2_s1", "dense"],
+        Pool: ["conv3x3", "depthwise3x3", "dense", "upsample_nearest"],
+        DenseColumns: ["conv1x1", "global_avg_pool", "upsample_nearest"],
+        Injective: ["conv1x1", "max_pool_2x2_s1", "dense", "softmax_last_axis"],
+        RowReduction: ["upsample_nearest", "dense", "concat"],
+    }
+    for rule, names in others.items():
+        for name in names:
+            assert rule().apply(by_name[name], TARGET, False) is None, (rule.__name__, name)
+    cpu = load_profile("cpu").tvm_target()
+    assert Conv2d().apply(by_name["conv3x3"], cpu, False) is None  # GPU targets only
+
+
+@pytest.mark.parametrize("name", ["leaky_relu_prime", "bias_sigmoid_odd", "concat"])
+def test_elementwise_kernels_address_by_64_bit_work_item_ids(name):
+    """Outputs (and inputs read elementwise) at ``group * size + item`` in 64-bit
+    arithmetic: no div/mod left in the addresses, no id truncated to 32 bits (Intel's
+    CPU runtime gathers every such access; see edgecv.schedules.gpu.base.flatten_block)."""
+    case = next(c for c in CASES if c[0] == name)
+    source = build_opencl(tvm.IRModule({"main": scheduled(case_kernel(case))}), TARGET).source
+    assert "convert_int(get_" not in source and "convert_long(get_" not in source
+    stores = [line.split("] = ")[0].strip() for line in source.splitlines() if "] = " in line]
+    output = [lhs for lhs in stores if not lhs.split("[")[0].endswith("local_ptr")]
+    assert output and all("/" not in lhs and "%" not in lhs for lhs in output), output
+
+
+def test_safe_rule_on_every_kernel_of_a_model(exported):
+    """Every kernel of MobileNet1.0 (at 64x64) scheduled by the safe rule alone, built as
+    one program, each run on Intel's runtime against its unscheduled LLVM build."""
+    from edgecv.frontend.importer import from_mxnet
+    from edgecv.frontend.mxnet_graph import load_params, load_symbol
+
+    model = exported("mobilenet1.0")
+    imported = from_mxnet(
+        load_symbol(model.symbol_path), load_params(model.params_path), {"data": (1, 3, 64, 64)}
+    )
+    funcs = dict(lower(imported.mod).kernels.functions.items())
+    rule = safe_rule()
+    module = tvm.IRModule({gv: rule.apply(f, TARGET, False).mod["main"]
+                           for gv, f in funcs.items()})  # fmt: skip
+    built = build_opencl(module, TARGET)
+    assert not built.unsupported, built.unsupported
+    backend = OpenCLBackend("intel", built.source, built.launches, built.requires)
+    for gv, func in funcs.items():
+        arrays = arrays_for(func)
+        expected = run_cpu(func, arrays)[-1]
+        tensors = []
+        for array in arrays:
+            tensor = backend.view(backend.alloc(array.nbytes), array.shape, str(array.dtype))
+            backend.upload(tensor, array)
+            tensors.append(tensor)
+        backend.bind(gv.name_hint, tensors)()
+        assert_close(backend.download(tensors[-1]), expected, gv.name_hint)
+
+
+def test_safe_rule_schedules_every_case():
+    for case in CASES:
+        assert isinstance(safe_rule(), SafeFallback)
+        assert safe_rule().apply(case_kernel(case), TARGET, False) is not None, case[0]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_rules_cuda_source_compiles_with_nvcc():
+    """Every case scheduled by edgecv's rules for the Jetson Orin profile, compiled by nvcc."""
+    target = load_profile("jetson_orin_nano").tvm_target()
+    module = tvm.IRModule({tvm.ir.GlobalVar(case[0]): case_kernel(case) for case in CASES})
+    kernels = build_cuda(module, target, order=gpu_order(target, None))
+    assert not kernels.unsupported, kernels.unsupported
+    assert {c.rule for c in kernels.choices.values()} <= {
+        f"gpu.{rule.__name__}"
+        for rule in (Conv2d, DepthwiseConv2d, Pool, DenseColumns, Injective, RowReduction)
+    }
+    assert kernels.cubin[:4] == b"\x7fELF"
