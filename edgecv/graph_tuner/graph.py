@@ -17,13 +17,16 @@ conv      its chosen layout: input in that layout when the input channels divide
           output in that layout
 follow    one tensor input (elementwise, pooling, spatial reductions): its layout
 binary    elementwise with two tensor inputs (residual add): a packed input's
-          layout wins (the first one if both are packed); the other is transformed
-concat    along channels: the first packed input's layout when every input's
-          channels divide into its block, else the first plain input's layout
-          (none plain: :data:`INVALID`, a plan the solver must not choose)
+          layout wins; the other input is transformed
+concat    every input's layout when they all agree, else plain NCHW for all
 fixed     anything else (reshape, transpose, dense, detection operators, outputs):
           every input plain
 ========  ==========================================================================
+
+TVM 0.27's ``ConvertLayout`` cannot convert between two packings (``NCHW8c`` to
+``NCHW16c``: it fails on "Invalid layout axis"), so a plan that would need it, by a
+transform or by a binary op or concat meeting two packings, is :data:`INVALID`: the
+solver never chooses it. Packings meet only through plain tensors.
 
 Layouts are strings: plain ``NCHW`` (``NC`` for rank 2, and so on) and packed
 ``NCHW8c`` (the channel axis split into blocks of 8, the block innermost).
@@ -36,8 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 KINDS = ("input", "const", "conv", "follow", "binary", "concat", "fixed")
-# The layout of a node no plan may produce: Relax's concat would pick a packing that
-# some of its inputs' channels do not divide into (every input packed, none plain).
+# The layout of a node no plan may produce (see the module docstring).
 INVALID = "invalid"
 _PLAIN_AXES = "NCHWDE"
 
@@ -60,6 +62,12 @@ def block_of(layout: str) -> int:
 
 def is_packed(layout: str) -> bool:
     return block_of(layout) > 1
+
+
+def convertible(src: str, dst: str) -> bool:
+    """Whether Relax can transform a tensor from ``src`` to ``dst`` (see the module
+    docstring)."""
+    return src == dst or not (is_packed(src) and is_packed(dst))
 
 
 def with_rank(layout: str, rank: int) -> str:
@@ -98,10 +106,15 @@ class LayoutGraph:
     """Nodes in topological order (every input index is smaller than its node's)."""
 
     nodes: list[Node] = field(default_factory=list)
+    _names: set[str] = field(default_factory=set, repr=False)
 
     def add(self, node: Node) -> int:
+        """Append ``node``; its name is made unique (``#index`` appended on a clash)."""
         if any(i >= len(self.nodes) for i in node.inputs):
             raise ValueError(f"node {node.name} reads a node that comes after it")
+        if node.name in self._names:
+            node.name = f"{node.name}#{len(self.nodes)}"
+        self._names.add(node.name)
         self.nodes.append(node)
         return len(self.nodes) - 1
 
@@ -142,7 +155,7 @@ class LayoutGraph:
         if node.kind == "binary":
             return _binary(input_layouts, ranks, node.rank)
         if node.kind == "concat":
-            layout = _concat(input_layouts, [nodes[i].shape[1] for i in node.inputs])
+            layout = _concat(input_layouts, node.rank)
             if layout == INVALID:
                 return tuple(input_layouts), layout
             return tuple(layout for _ in node.inputs), layout
@@ -152,6 +165,8 @@ class LayoutGraph:
 def _binary(layouts: Sequence[str], ranks: Sequence[int], out_rank: int):
     """Relax's rule for broadcasting elementwise ops with two tensor inputs."""
     (a, b), (ra, rb) = layouts, ranks
+    if is_packed(a) and is_packed(b) and a != b:
+        return (a, b), INVALID
     if (is_packed(a) or is_packed(b)) and ra == rb:
         winner = a if is_packed(a) else b
         return (winner, winner), winner
@@ -165,11 +180,10 @@ def _binary(layouts: Sequence[str], ranks: Sequence[int], out_rank: int):
     return (plain(ra), plain(rb)), out
 
 
-def _concat(layouts: Sequence[str], channels: Sequence[int]) -> str:
-    """Relax's rule for a channel concatenation of inputs in ``layouts``."""
-    first_packed = next((lay for lay in layouts if is_packed(lay)), None)
-    if first_packed is None:
+def _concat(layouts: Sequence[str], rank: int) -> str:
+    """TVM 0.27's rule for a concatenation of inputs in ``layouts``."""
+    if all(lay == layouts[0] for lay in layouts):
         return layouts[0]
-    if all(c % block_of(first_packed) == 0 for c in channels):
-        return first_packed
-    return next((lay for lay in layouts if not is_packed(lay)), INVALID)
+    if len({lay for lay in layouts if is_packed(lay)}) > 1:
+        return INVALID
+    return plain(rank)

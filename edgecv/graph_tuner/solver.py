@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .graph import INVALID, LayoutGraph, Node, plain
+from .graph import INVALID, LayoutGraph, Node, convertible, plain
 
 # States at one step beyond which the DP gives way to iterated greedy. ResNet-50 needs
 # 9, SSD's heads a few hundred; tens of thousands would take seconds in Python.
@@ -84,7 +84,7 @@ def evaluate(graph: LayoutGraph, layouts: dict[int, str], costs: Costs) -> Plan:
             plan.total += plan.kernels[index]
         for i, src, dst in zip(node.inputs, current, needed, strict=True):
             if src != dst and graph.nodes[i].kind != "const":
-                seconds = costs.transform(graph.nodes[i].shape, src, dst)
+                seconds = _transform_cost(costs, graph.nodes[i].shape, src, dst)
                 plan.transforms.append(Transform(i, index, graph.nodes[i].shape, src, dst, seconds))
                 plan.total += seconds
     return plan
@@ -103,6 +103,10 @@ def solve(graph: LayoutGraph, costs: Costs, max_states: int = MAX_STATES) -> Pla
     return plan
 
 
+def _transform_cost(costs: Costs, shape, src: str, dst: str) -> float:
+    return costs.transform(shape, src, dst) if convertible(src, dst) else float("inf")
+
+
 def _step_cost(graph, costs, index, current, choice) -> tuple[float, str]:
     node = graph.nodes[index]
     needed, layout = graph.resolve(index, current, choice)
@@ -111,7 +115,7 @@ def _step_cost(graph, costs, index, current, choice) -> tuple[float, str]:
     total = costs.kernel(node, layout) if node.kind == "conv" else 0.0
     for i, src, dst in zip(node.inputs, current, needed, strict=True):
         if src != dst and graph.nodes[i].kind != "const":
-            total += costs.transform(graph.nodes[i].shape, src, dst)
+            total += _transform_cost(costs, graph.nodes[i].shape, src, dst)
     return total, layout
 
 
@@ -139,6 +143,8 @@ def _dynamic_programming(
                 kept = tuple(state[k] for k in keep)
                 new = (*kept, layout) if users[index] else kept
                 total = so_far + cost
+                if total == float("inf"):  # a plan Relax cannot apply
+                    continue
                 if new not in new_states or total < new_states[new]:
                     new_states[new] = total
                     back[new] = (state, choice)
