@@ -45,10 +45,13 @@ def relax_passes() -> tvm.transform.Pass:
 
 
 def fusion_passes() -> tvm.transform.Pass:
-    """Legalize every op to a PrimFunc, then group them (FuseOps) into kernels-to-be."""
+    """Legalize every op to a PrimFunc (convolutions the graph tuner packed by its own
+    legalization), then group them (FuseOps) into kernels-to-be."""
+    from ..graph_tuner.legalize import legalize_map
+
     return tvm.transform.Sequential(
         [
-            relax.transform.LegalizeOps(),
+            relax.transform.LegalizeOps(customize_legalize_map=legalize_map()),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),

@@ -1,11 +1,13 @@
 """The CPU pipeline, in order.
 
-1. Relax passes: legalize, fold, fuse into kernels; the static plan and memory plan
+1. Graph tuner: a data layout per convolution (NCHW or packed), from measured costs
+   (:func:`edgecv.graph_tuner.choose_layouts`).
+2. Relax passes: legalize, fold, fuse into kernels; the static plan and memory plan
    (:func:`edgecv.lowering.lower`).
-2. Schedule + code, per kernel, contained and time-limited, on every core: tuned record
+3. Schedule + code, per kernel, contained and time-limited, on every core: tuned record
    -> edgecv's CPU rule for the kernel's class -> the safe rule; LLVM to an object file
    (:func:`.steps.compile_cpu_kernels`).
-3. Link the objects into ``kernels/cpu.so`` when the package is written.
+4. Link the objects into ``kernels/cpu.so`` when the package is written.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 
 import tvm
 
+from ..graph_tuner import choose_layouts
 from ..lowering import lower
 from ..profiles import Profile
 from .steps import BuildOptions, Built, Progress, compile_cpu_kernels
@@ -21,8 +24,9 @@ from .steps import BuildOptions, Built, Progress, compile_cpu_kernels
 
 def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: Progress) -> Built:
     """Compile the imported Relax module ``mod`` for a CPU profile."""
+    mod, layouts = choose_layouts(mod, profile, options, progress)  # 1
     progress("lowering (Relax passes, fusion, memory plan)")
-    lowered = lower(mod)
+    lowered = lower(mod)  # 2
     target = profile.tvm_target()
     progress(f"scheduling and compiling {len(lowered.kernels.functions)} kernels for "
              f"{target.attrs.get('mcpu', 'the CPU')}")  # fmt: skip
@@ -35,7 +39,7 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
         lowered.plan,
         lowered.constants,
         write,
-        {"schedules": {"cpu": facts}},
+        {"schedules": {"cpu": facts}, "layouts": layouts},
         timings,
         lowered.kernel_ops,
     )

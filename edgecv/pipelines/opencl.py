@@ -1,5 +1,7 @@
 """The OpenCL pipeline (Intel Graphics, Mali), in order.
 
+0. Graph tuner: a data layout per convolution (NCHW or packed), from measured costs
+   (:func:`edgecv.graph_tuner.choose_layouts`).
 1. Relax passes, fused kernels, the static plan (:func:`edgecv.lowering.lower`).
 2. Placement, pass 1: each launch GPU or CPU from the profile's declared capabilities
    (``gpu_ops``) and ``--cpu-ops``.
@@ -21,6 +23,7 @@ import time
 import tvm
 
 from ..codegen.opencl import generate_opencl
+from ..graph_tuner import choose_layouts
 from ..lowering import lower
 from ..profiles import Profile
 from . import gpu_steps as g
@@ -29,6 +32,7 @@ from .steps import BuildOptions, Built, Progress
 
 def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: Progress) -> Built:
     """Compile the imported Relax module ``mod`` for an OpenCL profile."""
+    mod, layouts = choose_layouts(mod, profile, options, progress)  # 0
     progress("lowering (Relax passes, fusion, memory plan)")
     lowered = lower(mod)  # 1
     started = time.perf_counter()
@@ -51,6 +55,7 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     plan, facts, write_cpu = g.copies_and_cpu_kernels(lowered, placement, profile, options,
                                                       progress)  # 7, 8  # fmt: skip
     facts["requires"] = requires
+    facts["layouts"] = layouts
     facts["schedules"] = {"gpu": g.gpu_schedule_facts(compiled, lowered)}
     if "cpu_schedules" in facts:
         facts["schedules"]["cpu"] = facts.pop("cpu_schedules")

@@ -48,6 +48,12 @@ class BuildOptions:
         Longest one schedule candidate of one kernel may take to compile.
     workers : int or None
         Kernels compiled at once (default: the CPU count).
+    layout : str
+        Data layouts of the convolutions (the graph tuner): ``auto`` (chosen from
+        measured costs, NCHW when they cannot be had), ``NCHW``, ``packed``.
+    layout_costs : path or None
+        Where the graph tuner writes the costs it measures (None: the user's folder for
+        the device, :func:`edgecv.graph_tuner.devices.user_costs_folder`).
     """
 
     cpu_ops: list[str] = field(default_factory=list)
@@ -57,6 +63,8 @@ class BuildOptions:
     tuning: Sequence[str | Path] | None = ()
     kernel_time_limit_s: float = DEFAULT_TIME_LIMIT_S
     workers: int | None = None
+    layout: str = "auto"
+    layout_costs: str | Path | None = None
 
 
 @dataclass

@@ -89,6 +89,18 @@ class TuningDatabase:
                 return scheduled.with_attr("global_symbol", symbol) if symbol else scheduled
         return None
 
+    def best_seconds(self, func: tirx.PrimFunc, target: tvm.target.Target) -> float | None:
+        """The measured time of ``func``'s best tuned record (the graph tuner's cost),
+        or None when no database has one."""
+        mod = tvm.IRModule({"main": _workload(func)})
+        for database in self._databases:
+            record = database.query_tuning_record(mod, target, workload_name="main")
+            if record is not None and record.run_secs:
+                seconds = min(float(s) for s in record.run_secs)
+                if seconds < 1e9:  # failed measurements are stored as 1e10 s
+                    return seconds
+        return None
+
 
 def workload(func: tirx.PrimFunc) -> tvm.IRModule:
     """The IRModule a kernel is tuned and looked up as."""

@@ -3,6 +3,8 @@
 =========================================  ==============================================
 kernel (main block)                        rule
 =========================================  ==============================================
+conv2d / depthwise in NCHW[x]c (the graph  :class:`.conv2d_packed.PackedConv2D`: register
+tuner's packed layouts)                    tiles of channel-block vectors
 conv2d NCHW, groups 1                      :class:`.conv2d.Conv2D`: register tiles
                                            vectorized over output channels
 depthwise / grouped conv2d, pooling        :class:`.window.Window`: tiles vectorized
@@ -26,6 +28,7 @@ from tvm import tirx
 from tvm.s_tir import dlight
 
 from .conv2d import Conv2D
+from .conv2d_packed import PackedConv2D
 from .dense import Dense
 from .injective import Injective
 from .loop_nest import Simd
@@ -36,7 +39,7 @@ from .window import Window
 
 def default_rules(target: tvm.target.Target) -> list[dlight.ScheduleRule]:
     """The CPU rules for ``target``, in the order the schedule stage tries them."""
-    return [Conv2D(), Window(), Dense(), Injective(), Rows()]
+    return [PackedConv2D(), Conv2D(), Window(), Dense(), Injective(), Rows()]
 
 
 def safe_rule() -> dlight.ScheduleRule:
@@ -56,6 +59,7 @@ __all__ = [
     "Conv2D",
     "Dense",
     "Injective",
+    "PackedConv2D",
     "Rows",
     "SafeParallel",
     "Simd",

@@ -1,0 +1,206 @@
+"""What the graph tuner weighs: every convolution's kernel time in each candidate layout
+and every layout transform's time, measured on the device and cached.
+
+A convolution's cost is the time of the kernel it becomes in the model: the model is
+converted to one layout throughout (all plain, all of one packing) and lowered as a
+deploy lowers it, and the fused kernel holding each convolution (its BatchNorm,
+activation and residual add with it) is what is timed, scheduled by the schedule
+stage (tuned record, default rule, safe rule) exactly as the deploy will. A kernel the
+tuning database holds a record for takes the record's time instead of a measurement.
+
+Transforms are timed by shape and pair of layouts. Both kinds of time are kept in
+``layout_costs.json`` in the device's database folder, keyed by the device (its
+target, and its OpenCL platform, device and driver), the kernel's structure and,
+for transforms, shape and layouts; a second deploy measures nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+
+from .. import __version__
+from ..lowering import lower
+from .apply import convert_layouts
+from .extract import Extracted
+from .graph import block_of, is_packed, packed, plain
+from .solver import uniform_plans
+
+COSTS_FILE = "layout_costs.json"
+CONV_OPS = ("conv2d", "conv2d_NCHWc", "depthwise_conv2d_NCHWc")
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Kernel:
+    """A kernel to time: its PrimFunc and the key it is cached under."""
+
+    func: tirx.PrimFunc
+    key: str
+    seconds: float | None = None
+    source: str = ""  # "cache", "database", "measured", "failed"
+
+
+@dataclass
+class MeasuredCosts:
+    """:class:`~.solver.Costs` from measurements: seconds per (convolution node name,
+    layout) and per (shape, src, dst) transform; ``sources`` counts where each came
+    from (cache, database, measured)."""
+
+    kernels: dict[tuple[str, str], float] = field(default_factory=dict)
+    transforms: dict[tuple[tuple[int, ...], str, str], float] = field(default_factory=dict)
+    sources: dict[str, int] = field(default_factory=dict)
+
+    def kernel(self, node, layout: str) -> float:
+        return self.kernels.get((node.name, layout), float("inf"))
+
+    def transform(self, shape, src: str, dst: str) -> float:
+        return self.transforms.get((tuple(shape), src, dst), float("inf"))
+
+
+class CostCache:
+    """``layout_costs.json`` files: read from every folder given (first wins), written
+    to ``writable`` only. Entries from another edgecv or TVM version are ignored."""
+
+    def __init__(self, folders: Iterable[str | Path], writable: str | Path | None, device: str):
+        self.device = device
+        self.writable = Path(writable) if writable else None
+        self.entries: dict[str, float] = {}
+        for folder in reversed([Path(f) for f in folders]):
+            self.entries.update(self._read(folder / COSTS_FILE))
+        self.new: dict[str, float] = {}
+
+    def _read(self, path: Path) -> dict[str, float]:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        if data.get("edgecv") != __version__ or data.get("tvm") != tvm.__version__:
+            return {}
+        return {k: float(v) for k, v in data.get("devices", {}).get(self.device, {}).items()}
+
+    def get(self, key: str) -> float | None:
+        return self.entries.get(key)
+
+    def put(self, key: str, seconds: float) -> None:
+        self.entries[key] = self.new[key] = seconds
+
+    def save(self) -> None:
+        """Add the new entries to the writable file (read again first: another deploy
+        may have written since)."""
+        if self.writable is None or not self.new:
+            return
+        path = self.writable / COSTS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            data = json.loads(path.read_text())
+            if data.get("edgecv") != __version__ or data.get("tvm") != tvm.__version__:
+                data = {}
+        except (OSError, ValueError):
+            data = {}
+        data.update({"edgecv": __version__, "tvm": tvm.__version__})
+        data.setdefault("devices", {}).setdefault(self.device, {}).update(self.new)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        tmp.replace(path)
+
+
+def kernel_key(func: tirx.PrimFunc) -> str:
+    """A kernel's identity regardless of its name in one model."""
+    named = func.attrs is not None and "global_symbol" in func.attrs
+    bare = func.without_attr("global_symbol") if named else func
+    return f"kernel:{tvm_ffi.structural_hash(bare):016x}"
+
+
+def transform_key(shape: tuple[int, ...], src: str, dst: str) -> str:
+    return f"transform:{'x'.join(map(str, shape))}:{src}->{dst}"
+
+
+def conv_kernels(extracted: Extracted, layout: str) -> dict[str, tirx.PrimFunc]:
+    """Per convolution node (by name) that can run in ``layout``, the fused kernel
+    holding it when the whole model is converted to ``layout`` and lowered."""
+    graph = extracted.graph
+    plans = uniform_plans(graph)
+    layouts = plans.get(layout, {i: plain(4) for i in graph.convs()})
+    lowered = lower(convert_layouts(extracted, layouts))
+    functions = {gv.name_hint: f for gv, f in lowered.kernels.functions.items()}
+    steps = [
+        s.kernel
+        for s in lowered.plan.steps
+        if any(op in CONV_OPS for op in lowered.kernel_ops.get(s.kernel, []))
+    ]
+    convs = graph.convs()
+    if len(steps) != len(convs):
+        raise RuntimeError(
+            f"{len(convs)} convolutions became {len(steps)} convolution kernels in {layout}"
+        )
+    found = {}
+    for index, kernel in zip(convs, steps, strict=True):
+        node = graph.nodes[index]
+        out_shape = [int(d) for d in functions[kernel].params[-1].shape]
+        if layouts[index] == layout and _logical(out_shape, layout) == list(node.shape):
+            found[node.name] = functions[kernel]
+    return found
+
+
+def _logical(shape: list[int], layout: str) -> list[int]:
+    if not is_packed(layout) or len(shape) != 5:
+        return shape
+    return [shape[0], shape[1] * shape[4], *shape[2:4]]
+
+
+def transform_kernel(shape: tuple[int, ...], src: str, dst: str) -> tirx.PrimFunc:
+    """The kernel of one layout transform of a tensor of logical ``shape``."""
+    rank = len(shape)
+    block = block_of(src if is_packed(src) else dst)
+    if is_packed(src):
+        physical = (shape[0], shape[1] // block, *shape[2:], block)
+
+        def index_map(*i):
+            return (i[0], i[1] * block + i[-1], *i[2:-1])
+    else:
+        physical = tuple(shape)
+
+        def index_map(*i):
+            return (i[0], i[1] // block, *i[2:], i[1] % block)
+
+    del rank
+    x = relax.Var("x", relax.TensorType(physical, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            mapping = tirx.IndexMap.from_func(index_map, ndim=len(physical), index_dtype="int32")
+            y = bb.emit_output(relax.op.layout_transform(x, index_map=mapping))
+        bb.emit_func_output(y)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    return next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
+
+
+def needed_transforms(extracted: Extracted, packings: Iterable[str]) -> set[tuple]:
+    """Every (shape, src, dst) a plan could need: to and from each packing, for every
+    tensor whose channels divide into it (the solver asks for nothing else)."""
+    needed = set()
+    users = extracted.graph.consumers()
+    for node, used in zip(extracted.graph.nodes, users, strict=True):
+        if not used or node.kind == "const" or node.rank < 2:
+            continue
+        for layout in packings:
+            block = block_of(layout)
+            if node.shape[1] % block == 0:
+                pack = packed(node.rank, block)
+                needed.add((node.shape, plain(node.rank), pack))
+                needed.add((node.shape, pack, plain(node.rank)))
+    return needed
+
+
+def work_folder(prefix: str) -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix=prefix)

@@ -1,0 +1,56 @@
+"""Where the graph tuner's costs come from for a profile: the meter that times kernels
+on the device, and the cost files it reads and writes.
+
+Costs are read from the user's folder (``--db DIR``, else
+``$EDGECV_TUNING_DIR/<device>``, else ``tuning/<device>`` beside edgecv's kernel cache:
+``~/.cache/edgecv/tuning/<device>``) and from the profile's tuning database folders;
+new measurements are written to the user's folder only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ..profiles import Profile
+from .costs import CostCache
+
+
+def user_costs_folder(device_key: str) -> Path:
+    """The default folder of a device's measured costs (see the module docstring)."""
+    env = os.environ.get("EDGECV_TUNING_DIR")
+    if env:
+        base = Path(env)
+    elif os.environ.get("EDGECV_CACHE_DIR"):
+        base = Path(os.environ["EDGECV_CACHE_DIR"]).parent / "tuning"
+    else:
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        base = cache / "edgecv" / "tuning"
+    return base / re.sub(r"[^A-Za-z0-9_.-]+", "-", device_key).strip("-")
+
+
+def meter_for(profile: Profile, options):
+    """(meter, cost cache, why not): the meter is None when the profile's device is not
+    on this machine."""
+    from ..pipelines.orders import cpu_order, tuning_database
+
+    database = tuning_database(options.tuning)
+    if profile.runtime == "cpu":
+        from .measure import CpuMeter
+
+        target = profile.tvm_target()
+        meter = CpuMeter(target, cpu_order(target, database), options.kernel_time_limit_s,
+                         options.workers)  # fmt: skip
+    elif profile.runtime == "opencl":
+        from .opencl_meter import opencl_meter
+
+        meter, why_not = opencl_meter(profile, options, database)
+        if meter is None:
+            return None, None, why_not
+    else:
+        return None, None, f"no way to time kernels on {profile.runtime} devices yet"
+    writable = Path(options.layout_costs) if options.layout_costs else None
+    writable = writable or user_costs_folder(meter.device_key)
+    folders = [writable, *(Path(f) for f in (options.tuning or ()))]
+    return meter, CostCache(folders, writable, meter.device_key), ""

@@ -1,0 +1,145 @@
+"""Packed convolutions as TE computes: what ``relax.nn.conv2d`` in an ``NCHW[x]c``
+layout legalizes to.
+
+TVM's default legalization refuses layouts with a channel block. The graph tuner
+passes :func:`legalize_map` to ``LegalizeOps(customize_legalize_map=...)``; it turns a
+packed ``conv2d`` into one of two computes in the style of ``topi.nn.conv2d_NCHWc``:
+
+- ``conv2d_NCHWc``: data ``[N, C/ib, H, W, ib]`` (or plain ``[N, C, H, W]`` for a first
+  convolution whose channels do not divide into blocks), weights
+  ``[O/ob, C/ib, KH, KW, ib, ob]`` (``OIHW{ib}i{ob}o``; ``[O/ob, C, KH, KW, ob]`` with
+  plain data), output ``[N, O/ob, OH, OW, ob]``. Unlike topi's, the input channel is
+  two reduction axes (block, then lane), so a schedule reads the input block by block
+  without division in its indices.
+- ``depthwise_conv2d_NCHWc``: data and output ``[N, C/b, H, W, b]``, weights
+  ``[C/b, 1, KH, KW, 1, b]`` (``OIHW1i{b}o``).
+
+The weights arrive in their packed layout as constants (``ConvertLayout`` inserts the
+transform, ``FoldConstant`` applies it at build time): a packed convolution never
+repacks its weights as it runs. Plain convolutions keep TVM's own legalization.
+"""
+
+from __future__ import annotations
+
+from tvm import relax, te, topi
+
+CONV2D = "conv2d_NCHWc"
+DEPTHWISE = "depthwise_conv2d_NCHWc"
+
+
+def legalize_map() -> dict:
+    """The ``customize_legalize_map`` for ``LegalizeOps``: packed conv2d only."""
+    return {"relax.nn.conv2d": legalize_conv2d}
+
+
+def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """A ``relax.nn.conv2d`` call as a ``call_tir``: TVM's legalization for plain
+    layouts, :func:`conv2d_nchwc` / :func:`depthwise_conv2d_nchwc` for packed ones."""
+    attrs = call.attrs
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    if layouts == ("NCHW", "OIHW", "NCHW"):
+        return _default_conv2d(bb, call)
+    if not str(attrs.out_layout).startswith("NCHW") or len(layouts[2]) == 4:
+        raise ValueError(f"edgecv cannot legalize conv2d with layouts {layouts}")
+    out_dtype = str(attrs.out_dtype) if attrs.out_dtype is not None else ""
+    args = dict(
+        strides=[int(s) for s in attrs.strides],
+        padding=[int(p) for p in attrs.padding],
+        dilation=[int(d) for d in attrs.dilation],
+        out_dtype=out_dtype
+        if out_dtype not in ("", "void", "None")
+        else str(call.args[0].ty.dtype),
+    )
+    if int(attrs.groups) == 1:
+        return bb.call_te(conv2d_nchwc, call.args[0], call.args[1], **args,
+                          primfunc_name_hint=CONV2D)  # fmt: skip
+    return bb.call_te(depthwise_conv2d_nchwc, call.args[0], call.args[1], **args,
+                      primfunc_name_hint=DEPTHWISE)  # fmt: skip
+
+
+def _default_conv2d(bb, call):
+    from tvm.relax.transform.legalize_ops.nn import _nn_conv2d
+
+    return _nn_conv2d(bb, call)
+
+
+def _pad(data: te.Tensor, padding, packed: bool) -> te.Tensor:
+    top, left, bottom, right = padding
+    if not any(padding):
+        return data
+    before = [0, 0, top, left] + ([0] if packed else [])
+    after = [0, 0, bottom, right] + ([0] if packed else [])
+    return topi.nn.pad(data, before, after, name="data_pad")
+
+
+def _out_size(size: int, kernel: int, stride: int, dilation: int, pad: int) -> int:
+    return (size + pad - (kernel - 1) * dilation - 1) // stride + 1
+
+
+def conv2d_nchwc(data, kernel, strides, padding, dilation, out_dtype) -> te.Tensor:
+    """Direct convolution, groups 1, output channels in blocks (see the module docstring)."""
+    packed = len(data.shape) == 5
+    height, width = int(data.shape[2]), int(data.shape[3])
+    if packed:
+        chunks, kh, kw, block, out_block = (int(d) for d in kernel.shape[1:])
+    else:
+        channels, kh, kw, out_block = (int(d) for d in kernel.shape[1:])
+    out_chunks = int(kernel.shape[0])
+    (sh, sw), (dh, dw) = strides, dilation
+    oh = _out_size(height, kh, sh, dh, padding[0] + padding[2])
+    ow = _out_size(width, kw, sw, dw, padding[1] + padding[3])
+    padded = _pad(data, padding, packed)
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    shape = (int(data.shape[0]), out_chunks, oh, ow, out_block)
+    if packed:
+        rco = te.reduce_axis((0, chunks), name="rco")
+        rci = te.reduce_axis((0, block), name="rci")
+        return te.compute(
+            shape,
+            lambda n, co, y, x, c: te.sum(
+                padded[n, rco, y * sh + ry * dh, x * sw + rx * dw, rci].astype(out_dtype)
+                * kernel[co, rco, ry, rx, rci, c].astype(out_dtype),
+                axis=[rco, ry, rx, rci],
+            ),
+            name=CONV2D,
+            tag=CONV2D,
+        )
+    rc = te.reduce_axis((0, channels), name="rc")
+    return te.compute(
+        shape,
+        lambda n, co, y, x, c: te.sum(
+            padded[n, rc, y * sh + ry * dh, x * sw + rx * dw].astype(out_dtype)
+            * kernel[co, rc, ry, rx, c].astype(out_dtype),
+            axis=[rc, ry, rx],
+        ),
+        name=CONV2D,
+        tag=CONV2D,
+    )
+
+
+def depthwise_conv2d_nchwc(data, kernel, strides, padding, dilation, out_dtype) -> te.Tensor:
+    """Depthwise convolution, channels in blocks (see the module docstring)."""
+    if len(data.shape) != 5 or int(kernel.shape[1]) != 1 or int(kernel.shape[4]) != 1:
+        raise ValueError(
+            f"packed depthwise conv2d needs NCHW[x]c data and OIHW1i[x]o weights, got "
+            f"{list(data.shape)} and {list(kernel.shape)}"
+        )
+    n, chunks, height, width, block = (int(d) for d in data.shape)
+    kh, kw = int(kernel.shape[2]), int(kernel.shape[3])
+    (sh, sw), (dh, dw) = strides, dilation
+    oh = _out_size(height, kh, sh, dh, padding[0] + padding[2])
+    ow = _out_size(width, kw, sw, dw, padding[1] + padding[3])
+    padded = _pad(data, padding, True)
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    return te.compute(
+        (n, chunks, oh, ow, block),
+        lambda b, c, y, x, lane: te.sum(
+            padded[b, c, y * sh + ry * dh, x * sw + rx * dw, lane].astype(out_dtype)
+            * kernel[c, 0, ry, rx, 0, lane].astype(out_dtype),
+            axis=[ry, rx],
+        ),
+        name=DEPTHWISE,
+        tag=DEPTHWISE,
+    )

@@ -1,0 +1,176 @@
+"""Measuring the graph tuner's costs: which kernels, from where (cache, tuning
+database, the device), and the CPU meter.
+
+A meter times kernels on one device: ``time(kernels)`` schedules them by the schedule
+stage's order, compiles them contained (:mod:`edgecv.codegen.contained`: every core, a
+time limit each) and times them one after the other, never two at once. Timings are
+the fastest of several repeats: on a shared machine other processes only ever add
+time, so the least disturbed run is the truest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import tvm
+from tvm import tirx
+
+from ..codegen.contained import compile_contained
+from ..schedules.database import TuningDatabase
+from ..schedules.stage import ScheduleOrder
+from .costs import (
+    CostCache,
+    MeasuredCosts,
+    conv_kernels,
+    kernel_key,
+    needed_transforms,
+    transform_kernel,
+    transform_key,
+    work_folder,
+)
+from .extract import Extracted
+from .graph import plain
+
+Progress = Callable[[str], None]
+
+# Each kernel: the fastest of REPEATS runs, each averaging as many calls as fill
+# MIN_REPEAT_MS (a 20 us transform is called hundreds of times, a 10 ms conv twice).
+REPEATS = 5
+MIN_REPEAT_MS = 10
+
+
+class Meter(Protocol):
+    """Times kernels on one device (see the module docstring)."""
+
+    device_key: str
+    target: tvm.target.Target
+    database: TuningDatabase | None
+
+    def time(self, kernels: dict[str, tirx.PrimFunc], progress: Progress) -> dict[str, float]: ...
+
+
+def measure_costs(
+    extracted: Extracted,
+    packings: list[str],
+    meter: Meter,
+    cache: CostCache,
+    progress: Progress = lambda message: None,
+) -> MeasuredCosts:
+    """Every candidate convolution kernel and every transform a plan may need, each from
+    the cache, else the tuning database, else measured (and then cached)."""
+    costs = MeasuredCosts()
+    wanted: dict[str, tirx.PrimFunc | None] = {}
+    convs: list[tuple[str, str, str]] = []
+    for layout in [plain(4), *packings]:
+        for name, func in conv_kernels(extracted, layout).items():
+            key = kernel_key(func)
+            convs.append((name, layout, key))
+            wanted.setdefault(key, func)
+    transforms = {}
+    for shape, src, dst in sorted(needed_transforms(extracted, packings)):
+        transforms[(shape, src, dst)] = key = transform_key(shape, src, dst)
+        wanted.setdefault(key, None)  # built only when it has to be measured
+    times: dict[str, float] = {}
+    for key in wanted:
+        cached = cache.get(key)
+        if cached is not None:
+            times[key] = cached
+            costs.sources["cache"] = costs.sources.get("cache", 0) + 1
+    to_measure: dict[str, tirx.PrimFunc] = {}
+    shapes = {key: t for t, key in transforms.items()}
+    for key, func in wanted.items():
+        if key in times:
+            continue
+        if func is None:
+            func = transform_kernel(*shapes[key])
+        recorded = _database_seconds(meter, func)
+        if recorded is not None:
+            times[key] = recorded
+            costs.sources["database"] = costs.sources.get("database", 0) + 1
+        else:
+            to_measure[key] = func
+    if to_measure:
+        progress(f"graph tuner: measuring {len(to_measure)} kernels on {meter.device_key}")
+        measured = meter.time(to_measure, progress)
+        for key, seconds in measured.items():
+            times[key] = seconds
+            if math.isfinite(seconds):
+                cache.put(key, seconds)
+        costs.sources["measured"] = costs.sources.get("measured", 0) + len(measured)
+        cache.save()
+    for name, layout, key in convs:
+        costs.kernels[(name, layout)] = times[key]
+    for transform, key in transforms.items():
+        costs.transforms[transform] = times[key]
+    return costs
+
+
+def _database_seconds(meter: Meter, func: tirx.PrimFunc) -> float | None:
+    database = meter.database
+    return database.best_seconds(func, meter.target) if database else None
+
+
+class CpuMeter:
+    """Times kernels on this machine's CPU with TVM's ``time_evaluator``."""
+
+    def __init__(
+        self,
+        target: tvm.target.Target,
+        order: ScheduleOrder,
+        time_limit_s: float,
+        workers: int | None = None,
+    ):
+        self.target = target
+        self.order = order
+        self.database = order.database
+        self.time_limit_s = time_limit_s
+        self.workers = workers
+        mcpu = str(target.attrs.get("mcpu", "generic"))
+        mattr = ",".join(sorted(str(a) for a in target.attrs.get("mattr", [])))
+        self.device_key = f"llvm:{mcpu}" + (f":{mattr}" if mattr else "")
+
+    def time(self, kernels: dict[str, tirx.PrimFunc], progress: Progress) -> dict[str, float]:
+        names = {key: f"k{i}" for i, key in enumerate(kernels)}
+        with work_folder("edgecv-layout-costs-") as work:
+            compiled = compile_contained(
+                {names[key]: f for key, f in kernels.items()},
+                self.order,
+                _compile_library(self.target),
+                Path(work),
+                time_limit_s=self.time_limit_s,
+                workers=self.workers,
+            )
+            times = {}
+            for key, func in kernels.items():
+                facts = compiled[names[key]].facts
+                times[key] = _time_library(facts["library"], func) if facts else math.inf
+        return times
+
+
+def _compile_library(target: tvm.target.Target):
+    def compile_one(name: str, func: tirx.PrimFunc, work_dir: Path) -> dict:
+        module = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                                target=target)  # fmt: skip
+        path = work_dir / f"{name}.so"
+        module.export_library(str(path))
+        return {"library": str(path)}
+
+    return compile_one
+
+
+def _time_library(path: str, func: tirx.PrimFunc) -> float:
+    library = tvm.runtime.load_module(path)
+    device = tvm.cpu()
+    rng = np.random.default_rng(0)
+    args = []
+    for param in func.params:
+        shape = [int(d) for d in param.shape]
+        args.append(tvm.runtime.tensor(rng.uniform(-1, 1, shape).astype(str(param.dtype)), device))
+    library["main"](*args)  # warm up: first-touch pages, thread pool
+    timer = library.time_evaluator("main", device, number=1, repeat=REPEATS,
+                                   min_repeat_ms=MIN_REPEAT_MS)  # fmt: skip
+    return float(min(timer(*args).results))

@@ -1,0 +1,161 @@
+"""The graph tuner as a pipeline stage: the imported Relax module in, the module with
+every convolution in its chosen layout out (before the Relax passes fuse it).
+
+``--layout NCHW`` leaves the module alone. ``packed`` puts every convolution that can
+be in the target's first packing. ``auto`` measures (or finds cached) costs on the
+device, solves for the cheapest plan and applies it; it never fails a deploy: when
+costs cannot be had (no such device here) or measuring or converting fails, the
+module is built in NCHW and the reason is recorded (with a warning for failures).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+
+import tvm
+from tvm import relax
+
+from ..errors import EdgecvError
+from ..profiles import Profile
+from .activations import rewrite_activations
+from .apply import convert_layouts, inserted_transforms
+from .extract import Candidates, extract
+from .graph import block_of, plain
+from .solver import Plan, evaluate, solve, uniform_plans
+
+LAYOUT_MODES = ("auto", "NCHW", "packed")
+
+Progress = Callable[[str], None]
+
+
+def packings_for(profile: Profile) -> list[str]:
+    """The packed layouts the target's conv rules implement: the CPU's vector width
+    (NCHW8c for AVX2, NCHW16c for AVX-512, NCHW4c for NEON); none yet for CUDA."""
+    if profile.runtime == "cpu":
+        from ..schedules.cpu.loop_nest import Simd
+
+        with profile.tvm_target():
+            return [f"NCHW{Simd.of(profile.tvm_target()).lanes}c"]
+    return []
+
+
+def conv_candidates(packings: list[str]) -> Candidates:
+    """Plain, and each packing whose block divides the output channels (depthwise:
+    one input channel per output channel; other grouped convolutions stay plain)."""
+
+    def candidates(call: relax.Call) -> tuple[str, ...]:
+        data, weight = call.args[0].ty, call.args[1].ty
+        channels, outputs = int(data.shape[1]), int(weight.shape[0])
+        groups = int(call.attrs.groups)
+        if str(data.dtype) != "float32" or (groups > 1 and not groups == channels == outputs):
+            return (plain(4),)
+        return (plain(4), *(p for p in packings if outputs % block_of(p) == 0))
+
+    return candidates
+
+
+def choose_layouts(
+    mod: tvm.IRModule, profile: Profile, options, progress: Progress = lambda message: None
+) -> tuple[tvm.IRModule, dict]:
+    """``mod`` with its convolutions in the layouts ``options.layout`` asks for, and the
+    manifest's record of what was chosen (see the module docstring)."""
+    mode = options.layout
+    if mode not in LAYOUT_MODES:
+        raise EdgecvError(f"--layout must be one of {', '.join(LAYOUT_MODES)}, not {mode!r}")
+    if mode == "NCHW":
+        return mod, {"mode": mode, "chosen": "NCHW"}
+    packings = packings_for(profile)
+    if not packings:
+        reason = f"no packed convolution rule for {profile.runtime} targets"
+        return mod, {"mode": mode, "chosen": "NCHW", "reason": reason}
+    started = time.perf_counter()
+    try:
+        converted, facts = _tune(mod, profile, options, packings, mode, progress)
+    except Exception as err:  # a tuner that breaks never breaks the deploy
+        if mode == "packed":
+            raise EdgecvError(f"--layout packed failed: {err}; deploy with --layout NCHW") from err
+        reason = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}"
+        warnings.warn(f"graph tuner: {reason}; building in NCHW", stacklevel=2)
+        return mod, {"mode": mode, "chosen": "NCHW", "reason": reason}
+    facts["seconds"] = round(time.perf_counter() - started, 3)
+    return converted, facts
+
+
+def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule, dict]:
+    prepared = relax.transform.FoldConstant()(rewrite_activations(mod))
+    extracted = extract(prepared, conv_candidates(packings))
+    graph = extracted.graph
+    facts: dict = {"mode": mode, "packings": packings}
+    if mode == "packed":
+        layouts = uniform_plans(graph).get(packings[0], {})
+        plan = None
+    else:
+        from .devices import meter_for
+
+        meter, cache, why_not = meter_for(profile, options)
+        if meter is None and cache is None:
+            return mod, {**facts, "chosen": "NCHW", "reason": why_not}
+        from .measure import measure_costs
+
+        costs = measure_costs(extracted, packings, meter, cache, progress)
+        plan = solve(graph, costs)
+        layouts = plan.layouts
+        facts.update(_plan_facts(graph, plan, costs, packings))
+    progress(f"graph tuner: {_summary(graph, layouts)}")
+    converted = convert_layouts(extracted, layouts)
+    found = inserted_transforms(converted)
+    facts["chosen"] = "plan" if plan is not None else packings[0]
+    facts["inserted_transforms"] = len(found)
+    if plan is not None and len(found) != len(plan.transforms):
+        facts["model_mismatch"] = (
+            f"the plan predicted {len(plan.transforms)} transforms, Relax inserted {len(found)}"
+        )
+    return converted, facts
+
+
+def _summary(graph, layouts: dict[int, str]) -> str:
+    counts: dict[str, int] = {}
+    for layout in layouts.values():
+        counts[layout] = counts.get(layout, 0) + 1
+    return ", ".join(f"{n} convolutions in {layout}" for layout, n in sorted(counts.items()))
+
+
+def _plan_facts(graph, plan: Plan, costs, packings: list[str]) -> dict:
+    """What the manifest and ``--explain`` show of a plan."""
+    uniform = {
+        name: _finite(evaluate(graph, layouts, costs).total)
+        for name, layouts in uniform_plans(graph).items()
+    }
+    convolutions = []
+    for index, layout in sorted(plan.layouts.items()):
+        node = graph.nodes[index]
+        times = {c: _finite(costs.kernel(node, c)) for c in graph.choices(index)}
+        convolutions.append(
+            {"name": node.name, "shape": list(node.shape), "layout": layout, "seconds": times}
+        )
+    transforms = [
+        {
+            "producer": graph.nodes[t.producer].name,
+            "consumer": graph.nodes[t.consumer].name,
+            "shape": list(t.shape),
+            "src": t.src,
+            "dst": t.dst,
+            "seconds": _finite(t.seconds),
+        }
+        for t in plan.transforms
+    ]
+    return {
+        "solver": plan.solver,
+        "states": plan.states,
+        "predicted_s": _finite(plan.total),
+        "uniform_predicted_s": uniform,
+        "costs": dict(costs.sources),
+        "convolutions": convolutions,
+        "transforms": transforms,
+    }
+
+
+def _finite(seconds: float) -> float | None:
+    return round(seconds, 7) if seconds != float("inf") else None
