@@ -9,7 +9,8 @@ Each model is deployed once per profile (seeded random weights), its packages lo
 one process and run alternately (median of ``--repeat`` runs after a warm-up), the
 `cpu` package first. The rule counts of each package's schedules are printed too, so a
 kernel that needed the safe rule shows; ``--top N`` adds each OpenCL package's N
-slowest kernels (OpenCL event profiling), ``--keep DIR`` keeps the packages. Not a test: numbers depend on the machine.
+slowest kernels (OpenCL event profiling), ``--keep DIR`` keeps the packages. Not a
+test: numbers depend on the machine.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def main() -> None:
                 continue
             first = next(iter(models.values()))
             x = np.random.RandomState(0).uniform(-1, 1, first.input_shape).astype(np.float32)
-            runs = [lambda m=m: m.run(x) for m in models.values()]
+            runs = [lambda m=m, x=x: m.run(x) for m in models.values()]
             times = dict(zip(models, alternating_medians(runs, args.repeat), strict=True))
             for profile, seconds in times.items():
                 ratio = f"{seconds / times['cpu']:>7.1f}x" if "cpu" in times else f"{'-':>8}"
