@@ -40,6 +40,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         check_on=None if args.no_device_check else "auto",
         tuning=None if args.no_tuning else tuning_folders(args.device, args.db),
         kernel_time_limit_s=args.kernel_time_limit,
+        layout=args.layout,
     )
     path = deploy(
         args.model,
@@ -310,6 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
         "rule is tried (default 60)",
     )
     d.add_argument("--no-tuning", action="store_true", help="build with the default schedules only")
+    d.add_argument(
+        "--layout",
+        choices=["NCHW", "auto", "packed"],
+        default="NCHW",
+        help="convolution data layouts: NCHW (default), auto (the graph tuner chooses "
+        "per convolution from measured costs), packed (NCHWxc everywhere)",
+    )
     d.add_argument(
         "--db", metavar="DIR", help="your tuning database folder (layered over the shipped one)"
     )
