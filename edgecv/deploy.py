@@ -17,7 +17,7 @@ from .frontend.importer import from_mxnet
 from .frontend.mxnet_graph import load_params, load_symbol
 from .package import PackageWriter, check_destination
 from .pipelines import BuildOptions, pipeline_for
-from .profiles import AVAILABLE_RUNTIMES, Profile, load_profile
+from .profiles import AVAILABLE_RUNTIMES, Profile, check_profile, load_profile
 from .source import resolve_source, source_record
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def deploy(
         profile = profile.with_native_host()
     elif host is not None:
         raise ProfileError(f"--host accepts `native` only, not `{host}`")
-    _check_profile(profile)
+    check_profile(profile)  # the native host may differ from the loaded one
     started = time.perf_counter()
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="edgecv-export-") as tmp:
@@ -162,19 +162,6 @@ def deploy(
         raise
     progress(f"wrote {path} ({len(plan.steps)} launches)")
     return path
-
-
-def _check_profile(profile: Profile) -> None:
-    """A profile whose target TVM rejects is the profile's fault: say so, before compiling."""
-    try:
-        profile.tvm_target()
-        profile.host_target()
-        profile.intel_subgroup_size  # noqa: B018  (validates gpu.subgroup_size)
-    except Exception as err:  # TVM raises ValueError/TVMError on bad target fields
-        raise ProfileError(
-            f"device profile `{profile.name}` is malformed: {foreign_message(err)}; fix its "
-            "target/host/gpu fields (see device_profiles/*.json)"
-        ) from None
 
 
 def _write_kernels(write_kernels, writer: PackageWriter) -> dict[str, str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import tvm
 
-from .errors import ProfileError
+from .errors import ProfileError, foreign_message
 
 # Backends this build of edgecv can deploy for.
 AVAILABLE_RUNTIMES = ("cpu", "opencl", "cuda")
@@ -129,7 +129,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
         raise ProfileError(f"unknown device profile `{name_or_path}`; known profiles: {known}")
     try:
         raw = json.loads(path.read_text())
-        return Profile(
+        profile = Profile(
             name=raw["name"],
             description=raw.get("description", ""),
             runtime=raw["runtime"],
@@ -139,3 +139,19 @@ def load_profile(name_or_path: str | Path) -> Profile:
         )
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise ProfileError(f"device profile {path} is malformed: {err!r}") from None
+    check_profile(profile)
+    return profile
+
+
+def check_profile(profile: Profile) -> None:
+    """A profile whose target TVM rejects is the profile's fault: say so when it is
+    loaded, before anything compiles or tunes for it."""
+    try:
+        profile.tvm_target()
+        profile.host_target()
+        profile.intel_subgroup_size  # noqa: B018  (validates gpu.subgroup_size)
+    except Exception as err:  # TVM raises ValueError/TVMError on bad target fields
+        raise ProfileError(
+            f"device profile `{profile.name}` is malformed: {foreign_message(err)}; fix its "
+            "target/host/gpu fields (see device_profiles/*.json)"
+        ) from None

@@ -162,8 +162,9 @@ def test_operator_left_off_the_gpu_list_runs_on_the_cpu(tmp_path, capsys):
     from edgecv.testing import assert_close
 
     assert_close(model.run(x)[0], mxnet_forward(symbol, params, x)[0], "tiny with CPU relu")
-    assert main([*argv[:-1], "--gpu-only"]) == 2
+    assert main([*argv[:-3], "-o", str(tmp_path / "gpu-only"), "--gpu-only"]) == 2
     assert "--gpu-only" in capsys.readouterr().err
+    assert not (tmp_path / "gpu-only").exists()  # a failed deploy leaves nothing behind
 
 
 def test_forced_cpu_ops_give_the_same_outputs_as_all_gpu(tmp_path, exported):

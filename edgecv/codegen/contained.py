@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -174,6 +175,10 @@ def _restart_or_fail(name, state: _State, kernels, order: ScheduleOrder, pending
 def _child(send: Connection, func, order: ScheduleOrder, compile_one: CompileOne, name: str,
            work_dir: Path, start: int) -> None:  # fmt: skip
     """Runs in the forked child: try candidates from ``start`` until one compiles."""
+    # A library loaded by the build (Intel's OpenCL runtime) may have installed its own
+    # crash handler, which can return from a SIGSEGV: a crash here must end the child.
+    for number in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE):
+        signal.signal(number, signal.SIG_DFL)
     try:
         for index, rule in enumerate(order.names(func)):
             if index < start:
