@@ -98,6 +98,21 @@ def bias_sigmoid(bb, x):  # a broadcast input (per channel) beside an elementwis
     return bb.emit(relax.op.sigmoid(relax.op.add(x, bias)))
 
 
+def detection_rows(bb, x):  # YOLOv3's output decoding: rows of [class, score, 4 box fields]
+    def field(begin, end):
+        return bb.emit(relax.op.strided_slice(x, axes=[3], begin=[begin], end=[end]))
+
+    score = bb.emit(relax.op.multiply(relax.op.sigmoid(field(4, 5)), relax.op.sigmoid(field(5, 6))))
+    ids = bb.emit(relax.op.add(relax.op.zeros_like(score), relax.const(3.0)))
+    rows = bb.emit(relax.op.concat([ids, score, field(0, 4)], axis=3))
+    return bb.emit(relax.op.reshape(rows, (1, -1, 6)))
+
+
+DETECTION_ROWS = (
+    "fused_strided_slice_strided_slice1_tir_sigmoid_tir_sigmoid_multiply_strided_slice2"
+    "_concatenate_reshape"
+)
+
 # (case, graph, input shape, kernel name, the rule that must schedule it)
 CASES = [
     ("conv1x1", conv(24, 1), (1, 16, 14, 14), "fused_conv2d_add_relu", Conv2d),
@@ -129,6 +144,7 @@ CASES = [
     ("bias_sigmoid_odd", bias_sigmoid, (1, 255, 13, 13), "fused_add_tir_sigmoid", Injective),
     ("concat", concat_scaled, (1, 6, 7, 9), "fused_multiply_concatenate", Injective),
     ("transpose_nhwc", op("permute_dims", [0, 2, 3, 1]), (1, 126, 5, 7), "transpose", Injective),
+    ("detection_rows", detection_rows, (1, 37, 3, 7), DETECTION_ROWS, Injective),
     ("softmax_last_axis", op("nn.softmax", axis=-1), (1, 300, 21), "softmax", RowReduction),
     ("softmax_axis1", op("nn.softmax", axis=1), (1, 21, 19, 17), "softmax", RowReduction),
     ("sum_rows", op("sum", axis=[2, 3]), (1, 300, 3, 5), "sum", RowReduction),
@@ -209,6 +225,14 @@ def test_elementwise_kernels_address_by_64_bit_work_item_ids(name):
     stores = [line.split("] = ")[0].strip() for line in source.splitlines() if "] = " in line]
     output = [lhs for lhs in stores if not lhs.split("[")[0].endswith("local_ptr")]
     assert output and all("/" not in lhs and "%" not in lhs for lhs in output), output
+
+
+def test_short_rows_are_unrolled_in_one_work_item():
+    """Detection fields (a row of 6 assembled from slices and a concat): one work-item
+    per row, each field's branch decided at compile time (no test on the field index)."""
+    case = next(c for c in CASES if c[0] == "detection_rows")
+    source = build_opencl(tvm.IRModule({"main": scheduled(case_kernel(case))}), TARGET).source
+    assert "% (long)6" not in source and "if (" not in source, source
 
 
 def test_safe_rule_on_every_kernel_of_a_model(exported):

@@ -8,6 +8,15 @@ contiguous across work-items, which Intel's CPU runtime turns into vector loads 
 stores (its gathers made a leaky ReLU 200x slower) and a GPU coalesces. An input read
 there more than once (the ``x > 0 ? x : a * x`` of a leaky ReLU) is loaded once into a
 register, so the select has no loads in its arms and stays a select, not a branch.
+
+A block that is not elementwise and whose output's last axis is short (the 4 box
+coordinates or 6 detection fields of a detector's outputs, assembled by slices,
+concats and reshapes) gets one work-item per row of that axis instead, the row
+unrolled: each field's ``if_then_else`` on the position in the row is decided at
+compile time and the row's index arithmetic is shared. YOLOv3's output decoding
+(5.9M outputs of 6 fields) took 30 ms that way on Intel's CPU runtime, 580 ms with
+one work-item per element, whose masked branches all ran and whose addresses needed
+a 64-bit division per field.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from .base import (
     blocks,
     extent,
     flatten_block,
+    is_elementwise,
     is_spatial,
     max_threads,
     work_items,
@@ -32,6 +42,9 @@ from .safe import inline_all
 # 256 work-items (or the device's limit): enough to fill a 16-lane vector 16 times on
 # Intel's runtime and a few warps on a GPU.
 THREADS = 256
+# a last axis up to this long (box coordinates, detection fields) is unrolled in one
+# work-item when the block is not elementwise; longer ones (map widths) stay 1-D
+SHORT_ROW = 8
 
 
 def loads_of(stmt, buffer) -> int:
@@ -63,6 +76,20 @@ def schedule_flat(sch: s_tir.Schedule, block, limit: int) -> bool:
     return True
 
 
+def schedule_rows(sch: s_tir.Schedule, block, limit: int) -> bool:
+    """One work-item per row of a short last axis, unrolled (see the module docstring);
+    False, with nothing changed, for an elementwise block or a long last axis."""
+    loops = sch.get_loops(block)
+    if len(loops) < 2 or extent(sch, loops[-1]) > SHORT_ROW or is_elementwise(sch, block):
+        return False
+    rows = sch.fuse(*loops[:-1])
+    group, item = sch.split(rows, [None, work_items(extent(sch, rows), limit)])
+    sch.bind(group, "blockIdx.x")
+    sch.bind(item, "threadIdx.x")
+    sch.unroll(loops[-1])
+    return True
+
+
 class Injective(GPURule):
     """Kernels whose every block is spatial (no reduction)."""
 
@@ -76,6 +103,7 @@ class Injective(GPURule):
         inline_all(sch)
         limit = min(THREADS, max_threads(target))
         for block in blocks(sch):
-            if not schedule_flat(sch, block, limit):
-                bind_spatial(sch, block, limit)
+            if schedule_rows(sch, block, limit) or schedule_flat(sch, block, limit):
+                continue
+            bind_spatial(sch, block, limit)
         return sch
