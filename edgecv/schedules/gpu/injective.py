@@ -9,14 +9,16 @@ stores (its gathers made a leaky ReLU 200x slower) and a GPU coalesces. An input
 there more than once (the ``x > 0 ? x : a * x`` of a leaky ReLU) is loaded once into a
 register, so the select has no loads in its arms and stays a select, not a branch.
 
-A block that is not elementwise and whose output's last axis is short (the 4 box
-coordinates or 6 detection fields of a detector's outputs, assembled by slices,
-concats and reshapes) gets one work-item per row of that axis instead, the row
-unrolled: each field's ``if_then_else`` on the position in the row is decided at
-compile time and the row's index arithmetic is shared. YOLOv3's output decoding
-(5.9M outputs of 6 fields) took 30 ms that way on Intel's CPU runtime, 580 ms with
-one work-item per element, whose masked branches all ran and whose addresses needed
-a 64-bit division per field.
+A block that computes math per field of a short last axis (a detector's box
+decoding: the 4 box coordinates or 6 detection fields from sigmoids and exps,
+assembled by slices, concats and reshapes) gets one work-item per row of that axis
+instead, the row unrolled: each field's ``if_then_else`` on the position in the row is
+decided at compile time and the row's index arithmetic is shared. On Intel's CPU
+runtime YOLOv3's output decoding (5.9M outputs of 6 fields) took 30 ms that way and
+580 ms with one work-item per element, whose masked branches all ran every field's
+math and whose addresses needed a 64-bit division per field; SSD's box decoding 24 ->
+0.2 ms. Without per-field math the 1-D schedule stays (SSD's concat of 20 classes'
+detection rows: 1.2 ms 1-D, 21 ms by rows, whose loads and stores are strided).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from .safe import inline_all
 # Intel's runtime and a few warps on a GPU.
 THREADS = 256
 # a last axis up to this long (box coordinates, detection fields) is unrolled in one
-# work-item when the block is not elementwise; longer ones (map widths) stay 1-D
+# work-item when its fields are computed; longer ones (map widths) stay 1-D
 SHORT_ROW = 8
 
 
@@ -76,11 +78,26 @@ def schedule_flat(sch: s_tir.Schedule, block, limit: int) -> bool:
     return True
 
 
+def computes_math(stmt) -> bool:
+    """``stmt`` calls a math function (sigmoid, exp, ...), not just selects/loads."""
+    found = []
+
+    def visit(call) -> None:
+        name = str(getattr(call.op, "name", ""))
+        if name.startswith("tirx.") and name not in ("tirx.likely", "tirx.if_then_else"):
+            found.append(name)
+
+    tvm_ffi.structural_walk(stmt, (tvm.ir.expr.Call, visit))
+    return bool(found)
+
+
 def schedule_rows(sch: s_tir.Schedule, block, limit: int) -> bool:
     """One work-item per row of a short last axis, unrolled (see the module docstring);
-    False, with nothing changed, for an elementwise block or a long last axis."""
+    False, with nothing changed, for other blocks."""
     loops = sch.get_loops(block)
     if len(loops) < 2 or extent(sch, loops[-1]) > SHORT_ROW or is_elementwise(sch, block):
+        return False
+    if not computes_math(sch.get(block).body):
         return False
     rows = sch.fuse(*loops[:-1])
     group, item = sch.split(rows, [None, work_items(extent(sch, rows), limit)])
