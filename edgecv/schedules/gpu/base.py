@@ -163,6 +163,16 @@ def _is_identity(region, iters: list, extents: list[int]) -> bool:
     )
 
 
+def is_elementwise(sch: s_tir.Schedule, block) -> bool:
+    """Every buffer ``block`` reads, it reads at exactly its own (spatial) iterators."""
+    stmt = sch.get(block)
+    iters = [v.var for v in stmt.iter_vars]
+    if not all(isinstance(v.dom.extent, tirx.IntImm) for v in stmt.iter_vars):
+        return False
+    extents = [int(v.dom.extent) for v in stmt.iter_vars]
+    return all(_is_identity(r, iters, extents) for r in stmt.reads)
+
+
 def flatten_block(sch: s_tir.Schedule, block) -> list | None:
     """Make a block's spatial iteration one loop over its output's elements in memory
     order (reductions, if any, stay inside it), with its output and every input it

@@ -8,6 +8,17 @@ contiguous across work-items, which Intel's CPU runtime turns into vector loads 
 stores (its gathers made a leaky ReLU 200x slower) and a GPU coalesces. An input read
 there more than once (the ``x > 0 ? x : a * x`` of a leaky ReLU) is loaded once into a
 register, so the select has no loads in its arms and stays a select, not a branch.
+
+A block that computes math per field of a short last axis (a detector's box
+decoding: the 4 box coordinates or 6 detection fields from sigmoids and exps,
+assembled by slices, concats and reshapes) gets one work-item per row of that axis
+instead, the row unrolled: each field's ``if_then_else`` on the position in the row is
+decided at compile time and the row's index arithmetic is shared. On Intel's CPU
+runtime YOLOv3's output decoding (5.9M outputs of 6 fields) took 30 ms that way and
+580 ms with one work-item per element, whose masked branches all ran every field's
+math and whose addresses needed a 64-bit division per field; SSD's box decoding 0.8
+-> 0.14 ms. Without per-field math the 1-D schedule stays (SSD's concat of 20 classes'
+detection rows: 1.2 ms 1-D, 21 ms by rows, whose loads and stores are strided).
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from .base import (
     blocks,
     extent,
     flatten_block,
+    is_elementwise,
     is_spatial,
     max_threads,
     work_items,
@@ -32,6 +44,9 @@ from .safe import inline_all
 # 256 work-items (or the device's limit): enough to fill a 16-lane vector 16 times on
 # Intel's runtime and a few warps on a GPU.
 THREADS = 256
+# a last axis up to this long (box coordinates, detection fields) is unrolled in one
+# work-item when its fields are computed; longer ones (map widths) stay 1-D
+SHORT_ROW = 8
 
 
 def loads_of(stmt, buffer) -> int:
@@ -63,6 +78,35 @@ def schedule_flat(sch: s_tir.Schedule, block, limit: int) -> bool:
     return True
 
 
+def computes_math(stmt) -> bool:
+    """``stmt`` calls a math function (sigmoid, exp, ...), not just selects/loads."""
+    found = []
+
+    def visit(call) -> None:
+        name = str(getattr(call.op, "name", ""))
+        if name.startswith("tirx.") and name not in ("tirx.likely", "tirx.if_then_else"):
+            found.append(name)
+
+    tvm_ffi.structural_walk(stmt, (tvm.ir.expr.Call, visit))
+    return bool(found)
+
+
+def schedule_rows(sch: s_tir.Schedule, block, limit: int) -> bool:
+    """One work-item per row of a short last axis, unrolled (see the module docstring);
+    False, with nothing changed, for other blocks."""
+    loops = sch.get_loops(block)
+    if len(loops) < 2 or extent(sch, loops[-1]) > SHORT_ROW or is_elementwise(sch, block):
+        return False
+    if not computes_math(sch.get(block).body):
+        return False
+    rows = sch.fuse(*loops[:-1])
+    group, item = sch.split(rows, [None, work_items(extent(sch, rows), limit)])
+    sch.bind(group, "blockIdx.x")
+    sch.bind(item, "threadIdx.x")
+    sch.unroll(loops[-1])
+    return True
+
+
 class Injective(GPURule):
     """Kernels whose every block is spatial (no reduction)."""
 
@@ -76,6 +120,7 @@ class Injective(GPURule):
         inline_all(sch)
         limit = min(THREADS, max_threads(target))
         for block in blocks(sch):
-            if not schedule_flat(sch, block, limit):
-                bind_spatial(sch, block, limit)
+            if schedule_rows(sch, block, limit) or schedule_flat(sch, block, limit):
+                continue
+            bind_spatial(sch, block, limit)
         return sch
