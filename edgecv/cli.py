@@ -40,6 +40,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         check_on=None if args.no_device_check else "auto",
         tuning=None if args.no_tuning else tuning_folders(args.device, args.db),
         kernel_time_limit_s=args.kernel_time_limit,
+        layout=args.layout,
+        layout_costs=args.db,
     )
     path = deploy(
         args.model,
@@ -59,6 +61,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
         manifest = read_manifest(path)[1]
         explain(manifest)
+        explain_layouts(manifest)
         explain_schedules(manifest)
     if args.archive:
         from .package import archive
@@ -78,6 +81,14 @@ def tuning_folders(device: str, user_db: str | None) -> list[str]:
     if shipped:
         folders.append(str(profiles_dir() / shipped))
     return folders
+
+
+def explain_layouts(manifest: dict) -> None:
+    """Print each convolution's layout and every transform inserted, with their times."""
+    from .graph_tuner.explain import describe
+
+    for line in describe(manifest["build"].get("layouts")):
+        print(line)
 
 
 def explain_schedules(manifest: dict) -> None:
@@ -308,6 +319,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-tuning", action="store_true", help="build with the default schedules only")
     d.add_argument(
         "--db", metavar="DIR", help="your tuning database folder (layered over the shipped one)"
+    )
+    d.add_argument(
+        "--layout",
+        choices=("auto", "NCHW", "packed"),  # edgecv.graph_tuner.LAYOUT_MODES
+        default="auto",
+        help="convolution data layouts: auto (the graph tuner picks NCHW or packed per "
+        "convolution from kernel and transform times measured on the device and cached; "
+        "NCHW when they cannot be had), NCHW, packed (NCHW[x]c wherever possible)",
     )
     d.set_defaults(func=cmd_deploy)
 

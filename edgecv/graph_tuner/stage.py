@@ -133,7 +133,13 @@ def _plan_facts(graph, plan: Plan, costs, packings: list[str]) -> dict:
         node = graph.nodes[index]
         times = {c: _finite(costs.kernel(node, c)) for c in graph.choices(index)}
         convolutions.append(
-            {"name": node.name, "shape": list(node.shape), "layout": layout, "seconds": times}
+            {
+                "name": node.name,
+                "op": node.op,
+                "shape": list(node.shape),
+                "layout": layout,
+                "seconds": times,
+            }
         )
     transforms = [
         {
