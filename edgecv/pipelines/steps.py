@@ -50,7 +50,8 @@ class BuildOptions:
         Kernels compiled at once (default: the CPU count).
     layout : str
         Data layouts of the convolutions (the graph tuner): ``auto`` (chosen from
-        measured costs, NCHW when they cannot be had), ``NCHW``, ``packed``.
+        measured costs, NCHW when they cannot be had), ``NCHW``, ``packed``. ``NCHW``
+        here, so library builds stay as they were; ``edgecv deploy`` defaults to ``auto``.
     layout_costs : path or None
         Where the graph tuner writes the costs it measures (None: the user's folder for
         the device, :func:`edgecv.graph_tuner.devices.user_costs_folder`).
@@ -63,7 +64,7 @@ class BuildOptions:
     tuning: Sequence[str | Path] | None = ()
     kernel_time_limit_s: float = DEFAULT_TIME_LIMIT_S
     workers: int | None = None
-    layout: str = "auto"
+    layout: str = "NCHW"
     layout_costs: str | Path | None = None
 
 

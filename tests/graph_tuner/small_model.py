@@ -23,11 +23,11 @@ def export_small_model(prefix: Path, seed: int = 0) -> tuple[Path, Path]:
         def __init__(self):
             super().__init__()
             with self.name_scope():
-                self.a = nn.Conv2D(8, 3, padding=1, use_bias=False)
+                self.a = nn.Conv2D(16, 3, padding=1, use_bias=False)
                 self.a_bn = nn.BatchNorm()
-                self.b = nn.Conv2D(8, 3, padding=1)
-                self.dw = nn.Conv2D(8, 3, padding=1, groups=8, use_bias=False)
-                self.c = nn.Conv2D(8, 1)
+                self.b = nn.Conv2D(16, 3, padding=1)
+                self.dw = nn.Conv2D(16, 3, padding=1, groups=16, use_bias=False)
+                self.c = nn.Conv2D(16, 1)
                 self.d = nn.Conv2D(4, 3, padding=1, strides=1)
                 self.dense = nn.Dense(5)
 

@@ -85,7 +85,7 @@ def _plans(graph):
 
 @pytest.mark.parametrize("packing", ["NCHW8c", "NCHW4c"])
 def test_every_plan_matches_nchw_and_mxnet(small, packing):
-    """Every plan in 8c (16); in 4c (32 plans, 40 s) every third, the uniform ones too."""
+    """Every plan in 8c (16); in 4c (32 plans, 40 s) all-plain, all-packed and one mixed."""
     mod, prepared, x, expected = small
     extracted = extract(prepared, conv_candidates([packing]))
     graph = extracted.graph
@@ -98,7 +98,7 @@ def test_every_plan_matches_nchw_and_mxnet(small, packing):
     plans = list(_plans(graph))
     assert len(plans) == 2 ** len(packable)
     if packing == "NCHW4c":
-        plans = plans[::3] + plans[-1:]
+        plans = [plans[0], plans[len(plans) // 3], plans[-1]]
     converted = [convert_layouts(extracted, layouts) for layouts in plans]
     for layouts, mod_ in zip(plans, converted, strict=True):
         predicted = evaluate(graph, layouts, Unit()).total
