@@ -1,7 +1,7 @@
 """The OpenCL meter: kernels scheduled and lowered as an OpenCL deploy does them, built
 into one program on the profile's device here, and timed by OpenCL event profiling
-(device time of each launch, the sum over a kernel's launches, fastest of several
-runs)."""
+(device time of each launch, the sum over a kernel's launches), in rounds as the CPU
+meter does (:mod:`.measure`)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,7 @@ from ..errors import EdgecvError
 from ..profiles import Profile
 from ..schedules.database import TuningDatabase
 from .costs import work_folder
-from .measure import REPEATS, Progress
-
-# Runs timed per kernel after one warm-up (each OpenCL launch is timed by the device).
-RUNS = REPEATS
+from .measure import ROUNDS, Progress
 
 
 def opencl_meter(profile: Profile, options, database: TuningDatabase | None):
@@ -83,15 +80,23 @@ class OpenCLMeter:
             return times
         progress(f"graph tuner: building {len(ok)} kernels on {self.query}")
         backend = OpenCLBackend(self.query, source, launches, requires)
+        runs = {}
         for key in ok:
             try:
-                times[key] = _time_kernel(backend, names[key], kernels[key])
-            except EdgecvError:
-                times[key] = math.inf
+                runs[key] = _bind(backend, names[key], kernels[key])
+            except EdgecvError:  # out of device memory: this candidate is not an option
+                continue
+        for _ in range(ROUNDS):
+            for key, run in runs.items():
+                backend.start_profiling()
+                run()
+                seconds = sum(s for _, _, s in backend.stop_profiling())
+                times[key] = min(times[key], seconds)
         return times
 
 
-def _time_kernel(backend, name: str, func: tirx.PrimFunc) -> float:
+def _bind(backend, name: str, func: tirx.PrimFunc):
+    """The kernel bound to random inputs, run once (warm-up)."""
     rng = np.random.default_rng(0)
     tensors = []
     for param in func.params:
@@ -104,9 +109,4 @@ def _time_kernel(backend, name: str, func: tirx.PrimFunc) -> float:
     run = backend.bind(name, tensors)
     run()  # warm-up: first-touch pages, the runtime's own compilation
     backend.synchronize()
-    best = math.inf
-    for _ in range(RUNS):
-        backend.start_profiling()
-        run()
-        best = min(best, sum(seconds for _, _, seconds in backend.stop_profiling()))
-    return best
+    return run
