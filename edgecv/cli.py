@@ -41,6 +41,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         tuning=None if args.no_tuning else tuning_folders(args.device, args.db),
         kernel_time_limit_s=args.kernel_time_limit,
         layout=args.layout,
+        layout_costs=args.db,
     )
     path = deploy(
         args.model,
@@ -60,6 +61,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
         manifest = read_manifest(path)[1]
         explain(manifest)
+        explain_layouts(manifest)
         explain_schedules(manifest)
     if args.archive:
         from .package import archive
@@ -83,6 +85,14 @@ def tuning_folders(device: str, user_db: str | None) -> list[str]:
             folders.append(str(device_class.user_folder()))
         folders.append(str(device_class.shipped_folder()))
     return folders
+
+
+def explain_layouts(manifest: dict) -> None:
+    """Print each convolution's layout and every transform inserted, with their times."""
+    from .graph_tuner.explain import describe
+
+    for line in describe(manifest["build"].get("layouts")):
+        print(line)
 
 
 def explain_schedules(manifest: dict) -> None:
@@ -312,14 +322,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--no-tuning", action="store_true", help="build with the default schedules only")
     d.add_argument(
-        "--layout",
-        choices=["NCHW", "auto", "packed"],
-        default="NCHW",
-        help="convolution data layouts: NCHW (default), auto (the graph tuner chooses "
-        "per convolution from measured costs), packed (NCHWxc everywhere)",
+        "--db", metavar="DIR", help="your tuning database folder (layered over the shipped one)"
     )
     d.add_argument(
-        "--db", metavar="DIR", help="your tuning database folder (layered over the shipped one)"
+        "--layout",
+        choices=("NCHW", "auto", "packed"),  # edgecv.graph_tuner.LAYOUT_MODES
+        default="NCHW",
+        help="convolution data layouts: NCHW (default), auto (the graph tuner picks NCHW "
+        "or packed per convolution from kernel and transform times measured on the device "
+        "and cached; NCHW when they cannot be had), packed (NCHW[x]c wherever possible)",
     )
     d.set_defaults(func=cmd_deploy)
 

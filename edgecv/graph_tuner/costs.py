@@ -181,8 +181,9 @@ def transform_kernel(shape: tuple[int, ...], src: str, dst: str) -> tirx.PrimFun
             mapping = tirx.IndexMap.from_func(index_map, ndim=len(physical), index_dtype="int32")
             y = bb.emit_output(relax.op.layout_transform(x, index_map=mapping))
         bb.emit_func_output(y)
-    mod = relax.transform.LegalizeOps()(bb.get())
-    return next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
+    # Lowered as a deploy lowers the model's own transforms (through FuseOps/FuseTIR).
+    kernels = lower(bb.get()).kernels
+    return next(f for f in kernels.functions.values() if isinstance(f, tirx.PrimFunc))
 
 
 def needed_transforms(extracted: Extracted, packings: Iterable[str]) -> set[tuple]:

@@ -117,7 +117,7 @@ def _call_node(out: Extracted, var, call: relax.Call, ref, candidates: Candidate
     kind = "fixed"
     if op == CONV2D and _plain_conv(call):
         choices = candidates(call)
-        index = graph.add(Node(var.name, "conv", tensors, shape, choices, op))
+        index = graph.add(Node(var.name, "conv", tensors, shape, choices, _describe(call)))
         out.calls[index] = call
         return index
     if op in UNARY or op in POOLS:
@@ -131,6 +131,14 @@ def _call_node(out: Extracted, var, call: relax.Call, ref, candidates: Candidate
     if kind == "follow" and (len(tensors) != 1 or graph.nodes[tensors[0]].rank != 4):
         kind = "fixed"
     return graph.add(Node(var.name, kind, tensors, shape, op=op.removeprefix("relax.")))
+
+
+def _describe(call: relax.Call) -> str:
+    """``conv2d 3x3/2``, ``depthwise 3x3/1``: what --explain shows of a convolution."""
+    kernel = "x".join(str(int(d)) for d in call.args[1].ty.shape.values[2:])
+    stride = int(call.attrs.strides[0])
+    kind = "depthwise" if int(call.attrs.groups) > 1 else "conv2d"
+    return f"{kind} {kernel}/{stride}"
 
 
 def _plain_conv(call: relax.Call) -> bool:

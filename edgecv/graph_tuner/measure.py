@@ -3,9 +3,12 @@ database, the device), and the CPU meter.
 
 A meter times kernels on one device: ``time(kernels)`` schedules them by the schedule
 stage's order, compiles them contained (:mod:`edgecv.codegen.contained`: every core, a
-time limit each) and times them one after the other, never two at once. Timings are
-the fastest of several repeats: on a shared machine other processes only ever add
-time, so the least disturbed run is the truest.
+time limit each) and times them one at a time, in ROUNDS: each round times every
+kernel once, and a kernel's time is its fastest round. On a shared machine other
+processes only ever add time, so the least disturbed round is the truest, and rounds
+spread over the whole measurement let a change of load touch every candidate alike
+(timed back to back, the NCHW and packed versions of a convolution were compared
+across load changes: ResNet-50's plan kept 12 convolutions NCHW on such noise).
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ from .graph import plain
 
 Progress = Callable[[str], None]
 
-# Each kernel: the fastest of REPEATS runs, each averaging as many calls as fill
+# Each kernel: the fastest of ROUNDS timings, each averaging as many calls as fill
 # MIN_REPEAT_MS (a 20 us transform is called hundreds of times, a 10 ms conv twice).
-REPEATS = 5
+ROUNDS = 7
 MIN_REPEAT_MS = 10
 
 
@@ -144,10 +147,15 @@ class CpuMeter:
                 time_limit_s=self.time_limit_s,
                 workers=self.workers,
             )
-            times = {}
-            for key, func in kernels.items():
-                facts = compiled[names[key]].facts
-                times[key] = _time_library(facts["library"], func) if facts else math.inf
+            timers = {
+                key: _timer(compiled[names[key]].facts["library"], func)
+                for key, func in kernels.items()
+                if compiled[names[key]].facts
+            }
+            times = dict.fromkeys(kernels, math.inf)
+            for _ in range(ROUNDS):
+                for key, timer in timers.items():
+                    times[key] = min(times[key], timer())
         return times
 
 
@@ -162,7 +170,8 @@ def _compile_library(target: tvm.target.Target):
     return compile_one
 
 
-def _time_library(path: str, func: tirx.PrimFunc) -> float:
+def _timer(path: str, func: tirx.PrimFunc) -> Callable[[], float]:
+    """A function timing one round of the kernel in ``path`` on random inputs."""
     library = tvm.runtime.load_module(path)
     device = tvm.cpu()
     rng = np.random.default_rng(0)
@@ -171,6 +180,6 @@ def _time_library(path: str, func: tirx.PrimFunc) -> float:
         shape = [int(d) for d in param.shape]
         args.append(tvm.runtime.tensor(rng.uniform(-1, 1, shape).astype(str(param.dtype)), device))
     library["main"](*args)  # warm up: first-touch pages, thread pool
-    timer = library.time_evaluator("main", device, number=1, repeat=REPEATS,
+    timer = library.time_evaluator("main", device, number=1, repeat=1,
                                    min_repeat_ms=MIN_REPEAT_MS)  # fmt: skip
-    return float(min(timer(*args).results))
+    return lambda: float(timer(*args).mean)

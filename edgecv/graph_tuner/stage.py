@@ -32,12 +32,17 @@ Progress = Callable[[str], None]
 
 def packings_for(profile: Profile) -> list[str]:
     """The packed layouts the target's conv rules implement: the CPU's vector width
-    (NCHW8c for AVX2, NCHW16c for AVX-512, NCHW4c for NEON); none yet for CUDA."""
+    (NCHW8c for AVX2, NCHW16c for AVX-512, NCHW4c for NEON), the OpenCL device's Intel
+    subgroup width (NCHW16c) or Mali's float4 (NCHW4c); none yet for CUDA (no meter)."""
     if profile.runtime == "cpu":
         from ..schedules.cpu.loop_nest import Simd
 
         with profile.tvm_target():
             return [f"NCHW{Simd.of(profile.tvm_target()).lanes}c"]
+    if profile.runtime == "opencl":
+        from ..schedules.gpu.conv2d_packed import packings
+
+        return [f"NCHW{block}c" for block in packings(profile.intel_subgroup_size)]
     return []
 
 
@@ -88,6 +93,8 @@ def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule
     extracted = extract(prepared, conv_candidates(packings))
     graph = extracted.graph
     facts: dict = {"mode": mode, "packings": packings}
+    if all(len(graph.choices(i)) < 2 for i in graph.convs()):
+        return mod, {**facts, "chosen": "NCHW", "reason": "no convolution can be packed"}
     if mode == "packed":
         layouts = uniform_plans(graph).get(packings[0], {})
         plan = None
@@ -133,7 +140,13 @@ def _plan_facts(graph, plan: Plan, costs, packings: list[str]) -> dict:
         node = graph.nodes[index]
         times = {c: _finite(costs.kernel(node, c)) for c in graph.choices(index)}
         convolutions.append(
-            {"name": node.name, "shape": list(node.shape), "layout": layout, "seconds": times}
+            {
+                "name": node.name,
+                "op": node.op,
+                "shape": list(node.shape),
+                "layout": layout,
+                "seconds": times,
+            }
         )
     transforms = [
         {

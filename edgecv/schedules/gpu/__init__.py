@@ -15,6 +15,7 @@ from tvm.s_tir.dlight import ScheduleRule
 from tvm.target import Target
 
 from .conv2d import Conv2d
+from .conv2d_packed import PackedConv2d
 from .dense import DenseColumns
 from .depthwise import DepthwiseConv2d
 from .injective import Injective
@@ -46,6 +47,7 @@ def default_rules(target: Target, subgroup: int | None = None) -> list[ScheduleR
     """
     del target, subgroup  # the rules read the target when they apply
     return [
+        PackedConv2d(),
         Conv2d(),
         DepthwiseConv2d(),
         Pool(),

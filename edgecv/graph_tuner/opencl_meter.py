@@ -1,0 +1,112 @@
+"""The OpenCL meter: kernels scheduled and lowered as an OpenCL deploy does them, built
+into one program on the profile's device here, and timed by OpenCL event profiling
+(device time of each launch, the sum over a kernel's launches), in rounds as the CPU
+meter does (:mod:`.measure`)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+from tvm import tirx
+
+from ..codegen.contained import compile_contained
+from ..codegen.gpu_lowering import device_module, lower_to_file
+from ..codegen.opencl import generate_opencl
+from ..errors import EdgecvError
+from ..profiles import Profile
+from ..schedules.database import TuningDatabase
+from .costs import work_folder
+from .measure import ROUNDS, Progress
+
+
+def opencl_meter(profile: Profile, options, database: TuningDatabase | None):
+    """(meter, why not): the meter is None when no device of the profile's kind is here."""
+    from ..pipelines.gpu_steps import default_opencl_device
+    from ..pipelines.orders import gpu_order
+    from ..runtime.opencl import is_simulator
+    from ..runtime.opencl_devices import opencl_devices
+
+    query = default_opencl_device(profile.raw)
+    found = [d for d in opencl_devices() if d.matches(query) and not is_simulator(d.platform)]
+    if not found:
+        return None, f"no OpenCL device matching `{query or 'any'}` here to time kernels on"
+    device = found[0]
+    target = profile.tvm_target()
+    order = gpu_order(target, profile.intel_subgroup_size, database)
+    return OpenCLMeter(profile, target, order, device, options), ""
+
+
+class OpenCLMeter:
+    """Times GPU kernels on a local OpenCL device (see the module docstring)."""
+
+    def __init__(self, profile: Profile, target, order, device, options):
+        self.profile = profile
+        self.target = target
+        self.order = order
+        self.database = order.database
+        self.query = device.platform  # device names repeat across CPU runtimes
+        self.time_limit_s = options.kernel_time_limit_s
+        self.workers = options.workers
+        self.device_key = (
+            f"opencl:{target.attrs.get('device', 'generic')}:sg{profile.intel_subgroup_size or 0}"
+            f":{device.platform}:{device.name}:{device.version}"
+        )
+
+    def time(self, kernels: dict[str, tirx.PrimFunc], progress: Progress) -> dict[str, float]:
+        from ..runtime.opencl import OpenCLBackend
+
+        names = {key: f"k{i}" for i, key in enumerate(kernels)}
+        times = dict.fromkeys(kernels, math.inf)
+        with work_folder("edgecv-layout-costs-") as work:
+            compiled = compile_contained(
+                {names[key]: f for key, f in kernels.items()},
+                self.order,
+                lower_to_file(self.target),
+                Path(work),
+                time_limit_s=self.time_limit_s,
+                workers=self.workers,
+            )
+            ok = {key for key in kernels if compiled[names[key]].facts}
+            parts = [compiled[names[key]].facts["device"] for key in ok]
+            launches = {names[key]: compiled[names[key]].facts["launches"] for key in ok}
+            subgroups = sorted(
+                k for key in ok for k in compiled[names[key]].facts["subgroup_kernels"]
+            )
+            source, requires = generate_opencl(device_module(parts), self.target, subgroups,
+                                               self.profile.intel_subgroup_size)  # fmt: skip
+        if not ok:
+            return times
+        progress(f"graph tuner: building {len(ok)} kernels on {self.query}")
+        backend = OpenCLBackend(self.query, source, launches, requires)
+        runs = {}
+        for key in ok:
+            try:
+                runs[key] = _bind(backend, names[key], kernels[key])
+            except EdgecvError:  # out of device memory: this candidate is not an option
+                continue
+        for _ in range(ROUNDS):
+            for key, run in runs.items():
+                backend.start_profiling()
+                run()
+                seconds = sum(s for _, _, s in backend.stop_profiling())
+                times[key] = min(times[key], seconds)
+        return times
+
+
+def _bind(backend, name: str, func: tirx.PrimFunc):
+    """The kernel bound to random inputs, run once (warm-up)."""
+    rng = np.random.default_rng(0)
+    tensors = []
+    for param in func.params:
+        shape = tuple(int(d) for d in param.shape)
+        dtype = str(param.dtype)
+        tensor = backend.view(backend.alloc(int(np.prod(shape)) * np.dtype(dtype).itemsize),
+                              shape, dtype)  # fmt: skip
+        backend.upload(tensor, rng.uniform(-1, 1, shape).astype(dtype))
+        tensors.append(tensor)
+    run = backend.bind(name, tensors)
+    run()  # warm-up: first-touch pages, the runtime's own compilation
+    backend.synchronize()
+    return run

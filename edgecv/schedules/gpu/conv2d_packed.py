@@ -1,0 +1,83 @@
+"""Convolutions in a packed layout (``NCHW[x]c``, the graph tuner's packed convs) with
+their fused padding and epilogue, for OpenCL and CUDA.
+
+Work-items run along the channel block: the work-items of one group hold the block's
+channels of the same output pixels, so each step of the reduction loads one input
+value they all share (uniform: broadcast, or one load per subgroup) and one weight
+each from a contiguous row of the packed weights, and the outputs they write are
+contiguous. This is the shape of Intel's subgroup convolutions (a subgroup of 16 is a
+block of 16 channels) and what Intel's CPU runtime, which vectorizes work-items along
+dimension 0, turns into vector FMAs. Each work-item keeps a register tile of a few
+output pixels along the row (and, for plain convolutions, a few channel blocks), so
+each value it loads feeds several FMAs.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.target import Target
+
+from .base import GPURule, blocks, divisor_at_most, extent, inline_around, iter_kinds, max_threads
+
+CONV2D = "conv2d_NCHWc"  # the computes of edgecv.graph_tuner.legalize
+DEPTHWISE = "depthwise_conv2d_NCHWc"
+
+# Register tile per work-item. On Intel's CPU runtime (MobileNet/ResNet layers, 16c),
+# 8 pixels x 2 blocks beat 4 x 2 (1.5-2x) and 8 x 4 and 4 x 4 (spills).
+PIXELS = 8  # output pixels per work-item (at most; a divisor of the width)
+CHANNEL_BLOCKS = 2  # channel blocks per work-item in a plain (not depthwise) conv
+GROUP = 128  # work-items per group (at most)
+
+
+def packings(subgroup: int | None) -> list[int]:
+    """The channel blocks this rule is used with on a device: its Intel subgroup width
+    (a subgroup per block), else 4 (Mali's float4)."""
+    return [subgroup] if subgroup else [4]
+
+
+def _schedule(sch: s_tir.Schedule, conv, found: list, target: Target, depthwise: bool) -> None:
+    _, out = inline_around(sch, conv, found)
+    n, co, y, x, lane, *reduction = sch.get_loops(conv)
+    block, width = extent(sch, lane), extent(sch, x)
+    pixels = divisor_at_most(width, PIXELS)
+    chunks = 1 if depthwise else divisor_at_most(extent(sch, co), CHANNEL_BLOCKS)
+    bc, vc = sch.split(co, [None, chunks])
+    bx, vx = sch.split(x, [None, pixels])
+    limit = max(1, min(max_threads(target), GROUP) // block)
+    threads = divisor_at_most(width // pixels, limit)
+    bx, tx = sch.split(bx, [None, threads])
+    sch.reorder(n, bc, y, bx, tx, lane, *reduction, vc, vx)
+    sch.bind(sch.fuse(n, bc, y, bx), "blockIdx.x")
+    sch.bind(tx, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
+    if out is None:
+        out = sch.cache_write(conv, 0, "local")
+    else:
+        sch.set_scope(conv, 0, "local")
+    sch.reverse_compute_at(out, lane, preserve_unit_loops=True)
+    init = sch.decompose_reduction(conv, reduction[0])
+    small = [loop for loop in reduction[1:] if extent(sch, loop) <= 16]
+    for loop in [*small, vc, vx, *sch.get_loops(init)[5:], *sch.get_loops(out)[5:]]:
+        sch.unroll(loop)
+
+
+class PackedConv2d(GPURule):
+    """``conv2d_NCHWc`` and ``depthwise_conv2d_NCHWc`` with their fused neighbours."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = self.new_schedule(func)
+        found = blocks(sch)
+        reductions = [b for b in found if "R" in iter_kinds(sch, b)]
+        if len(reductions) != 1:
+            return None
+        conv = reductions[0]
+        name, kinds = sch.get(conv).name_hint, iter_kinds(sch, conv)
+        if name.startswith(DEPTHWISE) and kinds == "SSSSSRR":
+            _schedule(sch, conv, found, target, depthwise=True)
+        elif name.startswith(CONV2D) and kinds in ("SSSSSRRRR", "SSSSSRRR"):
+            _schedule(sch, conv, found, target, depthwise=False)
+        else:
+            return None
+        return sch

@@ -1,0 +1,31 @@
+"""`edgecv deploy --layout ... --explain` as a user runs it."""
+
+from __future__ import annotations
+
+import numpy as np
+from conftest import mxnet_forward
+from small_model import SHAPE, export_small_model
+
+from edgecv.testing import assert_close, run_cli
+
+
+def test_deploy_layout_auto_explains_and_matches_mxnet(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGECV_TUNING_DIR", str(tmp_path / "tuning"))
+    symbol, params = export_small_model(tmp_path / "small")
+    shape = ",".join(map(str, SHAPE))
+    package = tmp_path / "pkg"
+    done = run_cli("deploy", symbol, "--input-shape", shape, "-o", package, "--explain")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "layouts (auto): dp over 5 convolutions, predicted" in out, out
+    assert "transforms inserted:" in out and "costs:" in out, out
+    x = np.random.default_rng(1).standard_normal(SHAPE).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    ran = run_cli("run", package, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npz")
+    assert ran.returncode == 0, ran.stderr
+    assert_close(np.load(tmp_path / "y.npz")["output0"], mxnet_forward(symbol, params, x)[0])
+
+
+def test_deploy_rejects_an_unknown_layout(tmp_path):
+    done = run_cli("deploy", "mobilenet", "--layout", "NHWC", "-o", tmp_path / "p")
+    assert done.returncode == 2 and "invalid choice: 'NHWC'" in done.stderr, done.stderr

@@ -1,0 +1,38 @@
+"""Packed layouts on OpenCL: the GPU packed conv rule, in a whole model, on Intel's
+runtime (DeepLens: NCHW16c, a subgroup per channel block) and PoCL (aiSage: NCHW4c)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import mxnet_forward, needs_pocl
+from small_model import SHAPE, export_small_model
+from test_opencl import device_or_skip
+
+import edgecv
+from edgecv.deploy import deploy
+from edgecv.pipelines import BuildOptions
+from edgecv.testing import assert_close
+
+
+@pytest.mark.parametrize(
+    ("profile", "on"),
+    [("deeplens", "intel"), pytest.param("aisage", "pocl", marks=pytest.mark.heavy)],
+)
+def test_packed_model_on_opencl_matches_mxnet(profile, on, tmp_path):
+    if on == "pocl":
+        needs_pocl()
+    else:
+        device_or_skip("intel(r) opencl")
+    symbol, params = export_small_model(tmp_path / "small")
+    path = deploy(str(symbol), tmp_path / "pkg", profile, params=str(params), input_shape=SHAPE,
+                  host="native", options=BuildOptions(layout="packed"))  # fmt: skip
+    build = json.loads((path / "manifest.json").read_text())["build"]
+    packed = [k for k in build["schedules"]["gpu"]["kernels"].values() if "NCHWc" in str(k["ops"])]
+    assert packed and all(k["rule"] == "gpu.PackedConv2d" for k in packed), packed
+    assert build["placement"]["launches"]["cpu"] == 0
+    x = np.random.default_rng(2).standard_normal(SHAPE).astype(np.float32)
+    got = edgecv.load(path, on=on).run(x)[0]
+    assert_close(got, mxnet_forward(symbol, params, x)[0], name=f"packed on {profile}")

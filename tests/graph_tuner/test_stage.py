@@ -1,0 +1,79 @@
+"""The graph tuner stage: costs measured once and cached, the three modes, and `auto`
+falling back to NCHW instead of failing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import tvm
+from small_model import SHAPE, export_small_model
+
+from edgecv.frontend.importer import from_mxnet
+from edgecv.frontend.mxnet_graph import load_params, load_symbol
+from edgecv.graph_tuner import choose_layouts, stage
+from edgecv.graph_tuner.costs import COSTS_FILE
+from edgecv.pipelines import BuildOptions
+from edgecv.profiles import load_profile
+
+
+@pytest.fixture(scope="module")
+def small_mod(tmp_path_factory):
+    symbol, params = export_small_model(tmp_path_factory.mktemp("small") / "small")
+    return from_mxnet(load_symbol(symbol), load_params(params), {"data": SHAPE}).mod
+
+
+def _conv_layouts(mod) -> list[str]:
+    return [
+        str(b.value.attrs.out_layout)
+        for block in mod["main"].body.blocks
+        for b in block.bindings
+        if hasattr(b.value, "op") and getattr(b.value.op, "name", "") == "relax.nn.conv2d"
+    ]
+
+
+def test_auto_measures_once_then_reads_the_cache(small_mod, tmp_path):
+    profile = load_profile("cpu")
+    options = BuildOptions(layout="auto", tuning=None, layout_costs=tmp_path)
+    _, first = choose_layouts(small_mod, profile, options)
+    assert first["chosen"] == "plan", first
+    assert first["solver"] == "dp" and first["costs"].get("measured", 0) > 0
+    assert "model_mismatch" not in first
+    assert first["predicted_s"] > 0
+    saved = json.loads((tmp_path / COSTS_FILE).read_text())
+    assert saved["tvm"] == tvm.__version__ and len(saved["devices"]) == 1
+    converted, second = choose_layouts(small_mod, profile, options)
+    assert set(second["costs"]) == {"cache"}, second["costs"]  # measures nothing
+    assert second["convolutions"] == first["convolutions"]
+    assert len(_conv_layouts(converted)) == 5
+
+
+def test_nchw_leaves_the_module_alone(small_mod):
+    mod, facts = choose_layouts(small_mod, load_profile("cpu"), BuildOptions(layout="NCHW"))
+    assert mod.same_as(small_mod) and facts["chosen"] == "NCHW"
+
+
+def test_packed_packs_every_conv_that_can(small_mod):
+    mod, facts = choose_layouts(small_mod, load_profile("cpu"), BuildOptions(layout="packed"))
+    packing = facts["packings"][0]
+    # d has 4 output channels: plain in any packing of 8 or more lanes
+    assert _conv_layouts(mod) == [packing] * 4 + ["NCHW"], _conv_layouts(mod)
+
+
+def test_auto_falls_back_to_nchw_with_a_warning(small_mod, monkeypatch, tmp_path):
+    def broken(*args, **kwargs):
+        raise RuntimeError("measuring failed")
+
+    monkeypatch.setattr(stage, "_tune", broken)
+    options = BuildOptions(layout="auto", layout_costs=tmp_path)
+    with pytest.warns(UserWarning, match="graph tuner: RuntimeError: measuring failed"):
+        mod, facts = choose_layouts(small_mod, load_profile("cpu"), options)
+    assert mod.same_as(small_mod)
+    assert facts["chosen"] == "NCHW" and "measuring failed" in facts["reason"]
+
+
+def test_unknown_mode_is_refused(small_mod):
+    from edgecv.errors import EdgecvError
+
+    with pytest.raises(EdgecvError, match="--layout must be one of auto, NCHW, packed"):
+        choose_layouts(small_mod, load_profile("cpu"), BuildOptions(layout="NHWC"))
