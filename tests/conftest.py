@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -16,6 +17,21 @@ from edgecv._mxnet import import_mxnet
 os.environ["EDGECV_CACHE_DIR"] = tempfile.mkdtemp(prefix="edgecv-test-cache-")
 # Nor the user's own tuning records: deploys in tests read the shipped databases only.
 os.environ["EDGECV_TUNING_DIR"] = tempfile.mkdtemp(prefix="edgecv-test-tuning-")
+
+
+def pytest_configure(config):
+    """Tell tests/matrix.py whether heavy tests were selected (before collection)."""
+    from matrix import HEAVY_ENV
+
+    expression = config.getoption("markexpr") or ""
+    selected = "heavy" in expression and "not heavy" not in expression
+    os.environ[HEAVY_ENV] = "1" if selected else "0"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The two folders above are this session's own: remove them when it ends."""
+    for key in ("EDGECV_CACHE_DIR", "EDGECV_TUNING_DIR"):
+        shutil.rmtree(os.environ[key], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import tvm
 from conftest import needs_pocl, pocl_unusable
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from matrix import each_once, examples
 
 from edgecv.codegen.opencl import build_opencl
 from edgecv.ops.argsort import (
@@ -65,17 +66,18 @@ def offsets_of(lengths):
 
 
 @pytest.mark.parametrize(
-    "lengths",
-    [
-        [1],  # one element
-        [0, 1, 0, 2, 0],  # empty segments
-        [63], [64], [65],  # around a block
-        [300, 1, 1000, 7, 0, 33],  # segments spanning block interfaces
-        [70000],  # > 2^16 elements, 11 merge passes
-    ],
+    ("lengths", "descending", "dtype"),
+    each_once(
+        [
+            [1],  # one element
+            [0, 1, 0, 2, 0],  # empty segments
+            [63], [64], [65],  # around a block
+            [300, 1, 1000, 7, 0, 33],  # segments spanning block interfaces
+            [70000],  # > 2^16 elements, 11 merge passes
+        ],
+        [(False, "float32"), (True, "int32"), (True, "float32"), (False, "int32")],
+    ),
 )  # fmt: skip
-@pytest.mark.parametrize("descending", [False, True])
-@pytest.mark.parametrize("dtype", ["float32", "int32"])
 def test_edge_cases_match_the_stable_reference(lengths, descending, dtype):
     rng = np.random.RandomState(len(lengths) + sum(lengths))
     total = sum(lengths)
@@ -85,7 +87,7 @@ def test_edge_cases_match_the_stable_reference(lengths, descending, dtype):
     np.testing.assert_array_equal(got, segmented_argsort_reference(keys, offsets, descending))
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=examples(12), deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 200), min_size=1, max_size=12).filter(lambda x: sum(x) > 0),
     descending=st.booleans(),
@@ -102,10 +104,12 @@ def test_random_segments(lengths, descending, block, chunk, seed):
 
 
 @pytest.mark.parametrize(
-    "lengths", [[1], [0, 1, 0, 2, 0], [15], [16], [17], [300, 1, 1000, 7, 0, 33], [70000]]
+    ("lengths", "descending", "block"),
+    each_once(
+        [[1], [0, 1, 0, 2, 0], [15], [16], [17], [300, 1, 1000, 7, 0, 33], [70000]],
+        [(False, 16), (True, 256), (True, 16), (False, 256)],
+    ),
 )
-@pytest.mark.parametrize("descending", [False, True])
-@pytest.mark.parametrize("block", [16, 256])
 def test_intel_subgroup_variant_matches_the_stable_reference(lengths, descending, block):
     """Block sort exchanging within subgroups of 16 by shuffles (cl_intel_subgroups)."""
     rng = np.random.RandomState(sum(lengths) + block)
@@ -116,7 +120,7 @@ def test_intel_subgroup_variant_matches_the_stable_reference(lengths, descending
     np.testing.assert_array_equal(got, segmented_argsort_reference(keys, offsets, descending))
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=examples(6), deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 300), min_size=1, max_size=12).filter(lambda x: sum(x) > 0),
     descending=st.booleans(),
@@ -175,18 +179,20 @@ def topk_reference(keys, k, descending):
 
 
 @pytest.mark.parametrize(
-    ("rows", "n", "k", "block", "subgroup", "chunk"),
-    [
-        (1, 1, 1, 2, None, 32),
-        (1, 10, 3, 16, None, 32),
-        (2, 5, 10, 2, None, 1),  # k > n: the whole row
-        (3, 122, 7, 16, 16, 4),
-        (4, 257, 256, 64, None, 8),
-        (2, 1000, 400, 256, None, 32),
-        (1, 70000, 400, 256, 16, 32),  # > 2^16, SSD's topk
-    ],
+    ("rows", "n", "k", "block", "subgroup", "chunk", "descending"),
+    each_once(
+        [
+            (1, 1, 1, 2, None, 32),
+            (1, 10, 3, 16, None, 32),
+            (2, 5, 10, 2, None, 1),  # k > n: the whole row
+            (3, 122, 7, 16, 16, 4),
+            (4, 257, 256, 64, None, 8),
+            (2, 1000, 400, 256, None, 32),
+            (1, 70000, 400, 256, 16, 32),  # > 2^16, SSD's topk
+        ],
+        [True, False],
+    ),
 )  # fmt: skip
-@pytest.mark.parametrize("descending", [True, False])
 def test_row_topk_matches_the_stable_reference(rows, n, k, block, subgroup, chunk, descending):
     """Merge passes that keep only the first k of each merged run: the first k of each
     row's stable sort, ties by index."""

@@ -8,6 +8,7 @@ from conftest import needs_pocl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernels import run_cpu, run_opencl
+from matrix import each_once, examples
 from tvm import te
 
 from edgecv._mxnet import import_mxnet
@@ -81,8 +82,10 @@ VARIANT = pytest.mark.parametrize("subgroup", [None, 16], ids=["work-group", "in
 
 
 @needs_intel
-@VARIANT
-@pytest.mark.parametrize(("batch", "classes", "n", "attrs"), CASES)
+@pytest.mark.parametrize(
+    ("batch", "classes", "n", "attrs", "subgroup"),
+    each_once(CASES, [None, 16], ["work-group", "intel-subgroup"]),
+)
 def test_opencl_matches_mxnet(batch, classes, n, attrs, subgroup):
     data = detector_inputs(np.random.RandomState(n + classes), batch, classes, n)
     threads = 64 if subgroup is None else 256
@@ -100,7 +103,11 @@ def test_equal_scores_keep_anchor_order_and_large_inputs(subgroup):
 
 
 @needs_intel
-@VARIANT
+@pytest.mark.parametrize(
+    "subgroup",
+    [None, pytest.param(16, marks=pytest.mark.heavy)],  # the subgroup suppression: box_nms's
+    ids=["work-group", "intel-subgroup"],
+)
 def test_more_anchors_than_2_16(subgroup):
     data = detector_inputs(np.random.RandomState(4), 1, 3, 70000)
     attrs = dict(SSD, threshold=0.5)
@@ -118,7 +125,7 @@ def test_pocl_matches_mxnet(batch, classes, n, attrs):
     check(opencl(*data, 256, device="pocl", **attrs), mxnet(*data, **attrs))
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=examples(12), deadline=None)
 @given(
     seed=st.integers(0, 2**16),
     n=st.integers(1, 80),

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from tuning_kernels import export_tiny
 
 from edgecv.profiles import load_profile
@@ -51,6 +52,7 @@ def timed(log: Path) -> int:
     return log.read_text().count("rpc-server: timed")
 
 
+@pytest.mark.heavy  # two minutes of RPC round trips on 2 cores
 def test_two_servers_share_the_work_and_a_killed_one_loses_no_record(tmp_path):
     from tvm import rpc
 
