@@ -105,7 +105,7 @@ def test_equal_scores_keep_anchor_order_and_large_inputs(subgroup):
 @needs_intel
 @pytest.mark.parametrize(
     "subgroup",
-    [None, pytest.param(16, marks=pytest.mark.heavy)],  # the subgroup suppression: box_nms's
+    [None, pytest.param(16, marks=pytest.mark.heavy)],  # box_nms tests it past 2^16
     ids=["work-group", "intel-subgroup"],
 )
 def test_more_anchors_than_2_16(subgroup):
