@@ -165,11 +165,14 @@ class FleetRunner(PyRunner):
                                           max_retry=int(SESSION_WAIT_S))  # fmt: skip
             except Exception:  # no server after all: the others take the work
                 return
-            while True:
+            while True:  # until every job is answered: a failing server puts its job back
+                with lock:
+                    if left[0] == 0:
+                        return
                 try:
-                    index, (name, args) = todo.get_nowait()
-                except queue.Empty:
-                    return
+                    index, (name, args) = todo.get(timeout=0.2)
+                except queue.Empty:  # the rest are running on other servers
+                    continue
                 try:
                     answers[index] = session.get_function(name)(*args)
                 except Exception as err:  # this server is gone: the job goes back

@@ -16,7 +16,9 @@ the wrong layout.
 
 from __future__ import annotations
 
+import inspect
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,7 +96,39 @@ def postprocs(target: tvm.target.Target) -> list:
             if type(p).__name__ != "RewriteLayout"]  # fmt: skip
 
 
+def import_tensor_intrinsics() -> None:
+    """Import ``tvm.s_tir.tensor_intrin`` (TuneContext does, on first use) in seconds
+    rather than 40-140.
+
+    Each of its ~500 TVMScript functions calls ``inspect.stack()``, which looks up the
+    module of every frame; for the frames of ``<frozen importlib._bootstrap>`` the
+    lookup finds nothing after scanning every module loaded (1,700 with MXNet, more in
+    a test run). Misses by file name are remembered for the duration of the import:
+    the answer for such a file cannot change. 8 s instead of 40 s here with MXNet
+    loaded.
+    """
+    if "tvm.s_tir.tensor_intrin" in sys.modules:
+        return
+    original = inspect.getmodule
+    misses: set[str] = set()
+
+    def getmodule(obj, _filename=None):
+        if _filename is not None and _filename in misses:
+            return None
+        found = original(obj, _filename)
+        if found is None and _filename is not None:
+            misses.add(_filename)
+        return found
+
+    inspect.getmodule = getmodule
+    try:
+        import tvm.s_tir.tensor_intrin  # noqa: F401
+    finally:
+        inspect.getmodule = original
+
+
 def contexts(tasks: list[Task], target: tvm.target.Target, cores: int, per_iteration: int) -> list:
+    import_tensor_intrinsics()
     kind = "llvm" if str(target.kind.name) == "llvm" else "cuda"
     if kind == "llvm":  # MetaSchedule's parallel rules size the work by the core count
         spec = dict(target.export())

@@ -11,6 +11,7 @@ from tvm import te
 
 from edgecv.codegen.op_versions import OpVersions
 from edgecv.codegen.opencl import build_opencl
+from edgecv.errors import ProfileError
 from edgecv.ops.scan import scan_gpu
 from edgecv.profiles import _missing_vector_features, load_profile
 
@@ -35,8 +36,8 @@ def test_a_bad_subgroup_size_in_a_profile_is_named(tmp_path):
     raw["gpu"]["subgroup_size"] = 12
     path = tmp_path / "odd.json"
     path.write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match="subgroup_size must be a power of two"):
-        load_profile(path).intel_subgroup_size  # noqa: B018
+    with pytest.raises(ProfileError, match="subgroup_size must be a power of two"):
+        load_profile(path)
 
 
 def test_subgroup_variant_only_when_asked_and_on_opencl():
