@@ -31,6 +31,16 @@ class GPURule(ScheduleRule):
         copy = tvm.ir.load_json(tvm.ir.save_json(func))
         return s_tir.Schedule(copy.with_attr(SCHEDULED, True))
 
+    def start(self, func, target: Target):
+        """``(schedule, blocks, reduction blocks)`` of a copy of ``func``, or None when
+        ``func`` is not a PrimFunc or ``target`` is not a GPU (the common opening of
+        every rule's ``apply``)."""
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = self.new_schedule(func)
+        found = blocks(sch)
+        return sch, found, [b for b in found if "R" in iter_kinds(sch, b)]
+
 
 def max_threads(target: Target) -> int:
     """The work-group size limit of ``target`` (its ``max_num_threads``)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .base import GPURule, blocks, divisor_at_most, extent, inline_around, iter_kinds, max_threads
+from .base import GPURule, divisor_at_most, extent, inline_around, iter_kinds, max_threads
 
 CONV2D = "conv2d_NCHWc"  # the computes of edgecv.graph_tuner.legalize
 DEPTHWISE = "depthwise_conv2d_NCHWc"
@@ -65,11 +65,10 @@ class PackedConv2d(GPURule):
     """``conv2d_NCHWc`` and ``depthwise_conv2d_NCHWc`` with their fused neighbours."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        started = self.start(func, target)
+        if started is None:
             return None
-        sch = self.new_schedule(func)
-        found = blocks(sch)
-        reductions = [b for b in found if "R" in iter_kinds(sch, b)]
+        sch, found, reductions = started
         if len(reductions) != 1:
             return None
         conv = reductions[0]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .base import GPURule, bind_spatial, blocks, extent, inline_around, iter_kinds, max_threads
+from .base import GPURule, bind_spatial, extent, inline_around, iter_kinds, max_threads
 
 THREADS = 64  # a 1000-class layer still spreads over 16 work-groups
 UNROLL = 4
@@ -23,11 +23,10 @@ class DenseColumns(GPURule):
     """A ``matmul`` block over ``(1, N)`` outputs whose weight is ``[K, N]``."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        started = self.start(func, target)
+        if started is None:
             return None
-        sch = self.new_schedule(func)
-        found = blocks(sch)
-        reductions = [b for b in found if "R" in iter_kinds(sch, b)]
+        sch, found, reductions = started
         if len(reductions) != 1 or iter_kinds(sch, reductions[0]) != "SSR":
             return None
         dense = reductions[0]

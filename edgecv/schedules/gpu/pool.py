@@ -13,7 +13,6 @@ from tvm.target import Target
 from .base import (
     GPURule,
     bind_spatial,
-    blocks,
     extent,
     flatten_block,
     inline_around,
@@ -38,11 +37,10 @@ class Pool(GPURule):
     """One ``SSSSRR`` reduction block (a pooling window or a sum over H, W)."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        started = self.start(func, target)
+        if started is None:
             return None
-        sch = self.new_schedule(func)
-        found = blocks(sch)
-        reductions = [b for b in found if "R" in iter_kinds(sch, b)]
+        sch, found, reductions = started
         if len(reductions) != 1 or iter_kinds(sch, reductions[0]) != "SSSSRR":
             return None
         pool = reductions[0]

@@ -50,11 +50,10 @@ class RowReduction(GPURule):
     """Kernels whose reductions are short and many (see the module docstring)."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        started = self.start(func, target)
+        if started is None:
             return None
-        sch = self.new_schedule(func)
-        found = blocks(sch)
-        reductions = [b for b in found if "R" in iter_kinds(sch, b)]
+        sch, found, reductions = started
         if not reductions:
             return None
         limit = min(THREADS, max_threads(target))
