@@ -29,8 +29,12 @@ def package(tmp_path_factory):
 def test_alternate_interleaves_runs():
     calls = []
     timed = alternate({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3, 1)
-    assert calls == ["a", "b"] + ["a", "b"] * 3
+    # warm-up, then each turn: one untimed settle run and the timed one
+    assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 3
     assert [len(t.seconds) for t in timed.values()] == [3, 3]
+    calls.clear()
+    alternate({"a": lambda: calls.append("a")}, 3, 1)
+    assert calls == ["a"] * 4  # alone: nothing to settle from
 
 
 def test_bench_reports_percentiles_kernels_and_baselines(package, tmp_path):

@@ -3,6 +3,12 @@
 Runtimes compared on a shared machine are timed in ALTERNATING runs (A, B, C, A, B,
 C, ...) in one process, so a change of the machine's load hits each alike; MXNet's and
 ONNX Runtime's busy-waiting thread pools make sequential blocks misleading.
+
+Each turn of a runtime starts with one SETTLE run, untimed: the threads of the runtime
+timed before it keep spinning for a while after it returns and take the cores from the
+next one. Seen on 2 cores (mobilenet1.0, medians of 20): the edgecv package timed right
+after OpenVINO took 49-68 ms, the same package timed second 21 ms; with a settle run
+both measure 23 ms.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ def time_runs(fn: Callable[[], object], repeat: int, warmup: int = 1, name: str 
 
 
 def alternate(
-    runners: dict[str, Callable[[], object]], repeat: int, warmup: int = 1
+    runners: dict[str, Callable[[], object]], repeat: int, warmup: int = 1, settle: int = 1
 ) -> dict[str, Timings]:
     """Time each runner ``repeat`` times, interleaved run by run.
 
@@ -64,6 +70,9 @@ def alternate(
         Timed runs of each.
     warmup : int
         Untimed runs of each first (allocations, caches, lazy compilation).
+    settle : int
+        Untimed runs at the start of each turn (see the module docstring); 0 when only
+        one runner is timed.
 
     Returns
     -------
@@ -74,8 +83,11 @@ def alternate(
         for _ in range(warmup):
             fn()
     spent: dict[str, list[float]] = {name: [] for name in runners}
+    settle = settle if len(runners) > 1 else 0
     for _ in range(max(repeat, 1)):
         for name, fn in runners.items():
+            for _ in range(settle):
+                fn()
             start = time.perf_counter()
             fn()
             spent[name].append(time.perf_counter() - start)
