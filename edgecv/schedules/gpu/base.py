@@ -231,3 +231,15 @@ def flatten_block(sch: s_tir.Schedule, block) -> list | None:
 
 def is_zero(expr) -> bool:
     return isinstance(expr, tirx.IntImm) and int(expr) == 0
+
+
+def accumulate_in_registers(sch: s_tir.Schedule, conv, out, at):
+    """``conv``'s accumulators in registers (its output, or a local cache of it when
+    ``out`` is None: no fused consumer), written out under loop ``at``; returns the
+    block that writes them out."""
+    if out is None:
+        out = sch.cache_write(conv, 0, "local")
+    else:
+        sch.set_scope(conv, 0, "local")
+    sch.reverse_compute_at(out, at, preserve_unit_loops=True)
+    return out

@@ -21,6 +21,7 @@ from tvm.target import Target
 
 from .base import (
     GPURule,
+    accumulate_in_registers,
     blocks,
     divisor_at_most,
     extent,
@@ -136,11 +137,7 @@ def schedule_conv(sch: s_tir.Schedule, conv, found: list, tile: ConvTile) -> Non
     sch.bind(sch.fuse(*outer), "blockIdx.x")
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
-    if out is None:
-        out = sch.cache_write(conv, 0, "local")
-    else:
-        sch.set_scope(conv, 0, "local")
-    sch.reverse_compute_at(out, tx, preserve_unit_loops=True)
+    out = accumulate_in_registers(sch, conv, out, tx)
     # each input value (its zero-padding test included) is loaded once into a register
     # and used for every output channel of the tile
     if pad is None:

@@ -17,7 +17,15 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .base import GPURule, divisor_at_most, extent, inline_around, iter_kinds, max_threads
+from .base import (
+    GPURule,
+    accumulate_in_registers,
+    divisor_at_most,
+    extent,
+    inline_around,
+    iter_kinds,
+    max_threads,
+)
 
 CONV2D = "conv2d_NCHWc"  # the computes of edgecv.graph_tuner.legalize
 DEPTHWISE = "depthwise_conv2d_NCHWc"
@@ -50,11 +58,7 @@ def _schedule(sch: s_tir.Schedule, conv, found: list, target: Target, depthwise:
     sch.bind(sch.fuse(n, bc, y, bx), "blockIdx.x")
     sch.bind(tx, "threadIdx.y")
     sch.bind(lane, "threadIdx.x")
-    if out is None:
-        out = sch.cache_write(conv, 0, "local")
-    else:
-        sch.set_scope(conv, 0, "local")
-    sch.reverse_compute_at(out, lane, preserve_unit_loops=True)
+    out = accumulate_in_registers(sch, conv, out, lane)
     init = sch.decompose_reduction(conv, reduction[0])
     small = [loop for loop in reduction[1:] if extent(sch, loop) <= 16]
     for loop in [*small, vc, vx, *sch.get_loops(init)[5:], *sch.get_loops(out)[5:]]:
