@@ -9,7 +9,6 @@ new measurements are written to the user's folder only.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -18,16 +17,11 @@ from .costs import CostCache
 
 
 def user_costs_folder(device_key: str) -> Path:
-    """The default folder of a device's measured costs (see the module docstring)."""
-    env = os.environ.get("EDGECV_TUNING_DIR")
-    if env:
-        base = Path(env)
-    elif os.environ.get("EDGECV_CACHE_DIR"):
-        base = Path(os.environ["EDGECV_CACHE_DIR"]).parent / "tuning"
-    else:
-        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        base = cache / "edgecv" / "tuning"
-    return base / re.sub(r"[^A-Za-z0-9_.-]+", "-", device_key).strip("-")
+    """The default folder of a device's measured costs: the device's folder among the
+    user's tuning databases (:func:`edgecv.tuning.device_class.user_tuning_dir`)."""
+    from ..tuning.device_class import user_tuning_dir
+
+    return user_tuning_dir() / re.sub(r"[^A-Za-z0-9_.-]+", "-", device_key).strip("-")
 
 
 def meter_for(profile: Profile, options):

@@ -25,6 +25,7 @@ from tvm import tirx
 from ..codegen.contained import compile_contained
 from ..schedules.database import TuningDatabase
 from ..schedules.stage import ScheduleOrder
+from ..tuning.device_class import cpu_class
 from .costs import (
     CostCache,
     MeasuredCosts,
@@ -132,9 +133,8 @@ class CpuMeter:
         self.database = order.database
         self.time_limit_s = time_limit_s
         self.workers = workers
-        mcpu = str(target.attrs.get("mcpu", "generic"))
-        mattr = ",".join(sorted(str(a) for a in target.attrs.get("mattr", [])))
-        self.device_key = f"llvm:{mcpu}" + (f":{mattr}" if mattr else "")
+        # the tuning database's device class: costs sit beside its records
+        self.device_key = cpu_class(target).name
 
     def time(self, kernels: dict[str, tirx.PrimFunc], progress: Progress) -> dict[str, float]:
         names = {key: f"k{i}" for i, key in enumerate(kernels)}

@@ -48,6 +48,8 @@ def user_tuning_dir() -> Path:
     env = os.environ.get("EDGECV_TUNING_DIR")
     if env:
         return Path(env)
+    if os.environ.get("EDGECV_CACHE_DIR"):
+        return Path(os.environ["EDGECV_CACHE_DIR"]).parent / "tuning"
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
     return Path(base) / "edgecv" / "tuning"
 
