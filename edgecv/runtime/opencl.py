@@ -202,7 +202,8 @@ class OpenCLBackend(Backend):
             prepared.append((kernel, launch.global_size, launch.local_size))
         enqueue = self.cl.enqueue_nd_range_kernel
 
-        def run(_keep=workspaces) -> None:  # set_arg holds no reference: run() does
+        # set_arg holds no reference to a buffer: run() holds the step's own
+        def run(_keep=(workspaces, [t.buffer for t in tensors])) -> None:
             queue, events = self.queue, self.events  # the queue changes when profiling
             for kernel, global_size, local_size in prepared:
                 event = enqueue(queue, kernel, global_size, local_size)

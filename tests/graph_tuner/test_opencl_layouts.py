@@ -36,3 +36,22 @@ def test_packed_model_on_opencl_matches_mxnet(profile, on, tmp_path):
     x = np.random.default_rng(2).standard_normal(SHAPE).astype(np.float32)
     got = edgecv.load(path, on=on).run(x)[0]
     assert_close(got, mxnet_forward(symbol, params, x)[0], name=f"packed on {profile}")
+
+
+def test_auto_on_opencl_measures_on_the_device_and_matches_mxnet(tmp_path):
+    """`auto` on Intel's runtime times every candidate kernel on the device (no fallback
+    to NCHW: the meter's buffers live as long as its kernels) and the plan it applies
+    gives MXNet's numbers."""
+    device_or_skip("intel(r) opencl")
+    symbol, params = export_small_model(tmp_path / "small")
+    options = BuildOptions(layout="auto", layout_costs=tmp_path / "costs")
+    path = deploy(str(symbol), tmp_path / "pkg", "deeplens", params=str(params),
+                  input_shape=SHAPE, host="native", options=options)  # fmt: skip
+    layouts = json.loads((path / "manifest.json").read_text())["build"]["layouts"]
+    assert "reason" not in layouts, layouts["reason"]
+    assert layouts["costs"].get("measured", 0) > 0, layouts["costs"]
+    for conv in layouts["convolutions"]:
+        assert all(s is not None and s > 0 for s in conv["seconds"].values()), conv
+    x = np.random.default_rng(3).standard_normal(SHAPE).astype(np.float32)
+    got = edgecv.load(path, on="intel").run(x)[0]
+    assert_close(got, mxnet_forward(symbol, params, x)[0], name="auto on deeplens")
