@@ -327,10 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--layout",
         choices=("NCHW", "auto", "packed"),  # edgecv.graph_tuner.LAYOUT_MODES
-        default="NCHW",
-        help="convolution data layouts: NCHW (default), auto (the graph tuner picks NCHW "
-        "or packed per convolution from kernel and transform times measured on the device "
-        "and cached; NCHW when they cannot be had), packed (NCHW[x]c wherever possible)",
+        default="auto",
+        help="convolution data layouts: auto (default: the graph tuner picks NCHW or "
+        "packed per convolution from kernel and transform times measured on the device "
+        "and cached; NCHW when they cannot be had), NCHW, packed (NCHW[x]c wherever "
+        "possible)",
     )
     d.set_defaults(func=cmd_deploy)
 

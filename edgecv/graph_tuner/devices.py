@@ -9,6 +9,7 @@ new measurements are written to the user's folder only.
 
 from __future__ import annotations
 
+import platform
 import re
 from pathlib import Path
 
@@ -31,9 +32,13 @@ def meter_for(profile: Profile, options):
 
     database = tuning_database(options.tuning)
     if profile.runtime == "cpu":
+        from ..tuning.device_class import cpu_class
         from .measure import CpuMeter
 
         target = profile.tvm_target()
+        arch, here = cpu_class(target).key["arch"], platform.machine()
+        if arch != here:
+            return None, None, f"{arch} kernels cannot be timed on this {here} machine"
         meter = CpuMeter(target, cpu_order(target, database), options.kernel_time_limit_s,
                          options.workers)  # fmt: skip
     elif profile.runtime == "opencl":

@@ -49,8 +49,9 @@ class BuildOptions:
     workers : int or None
         Kernels compiled at once (default: the CPU count).
     layout : str
-        Data layouts of the convolutions (the graph tuner): ``NCHW`` (the default),
-        ``auto`` (chosen from measured costs, NCHW when they cannot be had), ``packed``.
+        Data layouts of the convolutions (the graph tuner): ``auto`` (the default:
+        chosen from costs measured on the device and cached, NCHW when they cannot be
+        had), ``NCHW``, ``packed``.
     layout_costs : path or None
         Where the graph tuner writes the costs it measures (None: the user's folder for
         the device, :func:`edgecv.graph_tuner.devices.user_costs_folder`).
@@ -63,10 +64,7 @@ class BuildOptions:
     tuning: Sequence[str | Path] | None = ()
     kernel_time_limit_s: float = DEFAULT_TIME_LIMIT_S
     workers: int | None = None
-    # NCHW until the tuner's choice measures faster end to end: on this machine kind
-    # `auto` predicted 34 vs 39 ms for MobileNet1.0 (cpu) but ran no faster, and its
-    # cost measurements tripled the deploy time
-    layout: str = "NCHW"
+    layout: str = "auto"
     layout_costs: str | Path | None = None
 
 

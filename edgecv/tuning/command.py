@@ -1,9 +1,12 @@
 """``edgecv tune``: tune a model's kernels for a device class and store the records.
 
     edgecv tune MODEL --device PROFILE [--on DEVICE] [--trials N | --time-budget MIN]
-                [--db DIR] [--tasks K] [--resume] [--ship] [--rpc HOST:PORT --key KEY]
+                [--db DIR] [--tasks K] [--layout auto|NCHW|packed] [--resume] [--ship]
+                [--rpc HOST:PORT --key KEY]
 
-The model is imported exactly as deploy imports it; its kernels become tasks
+The model is imported exactly as deploy imports it and its convolutions put in the
+layouts deploy would give them (the graph tuner, ``--layout`` as for deploy, costs from
+the same cache); its kernels become tasks
 (:mod:`.tasks`), each task's default schedule is measured, then MetaSchedule searches
 (:mod:`.search`) with the runner of the profile's device (:mod:`.runners`) or a fleet of
 RPC servers (:mod:`.fleet`). Records go to ``--db`` (default: the user's folder of
@@ -73,6 +76,7 @@ def tune(args: argparse.Namespace) -> int:
     say(f"device class {cls.name}; records go to {db_dir}")
     mod, name = import_model(args.model, args.params, args.input_shape,
                              not args.random_weights, args.seed, say)  # fmt: skip
+    mod = in_deploy_layouts(mod, profile, args.layout, [db_dir, cls.shipped_folder()], say)
     tasks = extract_tasks(mod, profile)
     say(f"{name}: {len(tasks)} workloads to tune for {profile.name}")
     db = open_database(db_dir)
@@ -115,6 +119,19 @@ def tune(args: argparse.Namespace) -> int:
         say(f"shipped {count} workloads to {cls.shipped_folder()}")
     _warn_if_profile_elsewhere(profile, cls, db_dir)
     return 130 if interrupted else 0
+
+
+def in_deploy_layouts(mod, profile: Profile, layout: str, folders: list[Path], say):
+    """``mod`` with its convolutions in the layouts a deploy with ``--layout layout`` and
+    these tuning folders would choose: the kernels tuned are the kernels deployed."""
+    from ..graph_tuner import choose_layouts
+    from ..pipelines import BuildOptions
+
+    options = BuildOptions(layout=layout, tuning=[str(f) for f in folders])
+    mod, facts = choose_layouts(mod, profile, options, say)
+    if facts.get("reason"):
+        say(f"layouts: NCHW ({facts['reason']})")
+    return mod
 
 
 def _measure_defaults_again(tasks: list[Task], order, builder, runner, db, say) -> None:
@@ -199,6 +216,9 @@ def add_parser(sub, common) -> None:
     t.add_argument("--db", metavar="DIR", help="database folder (default: your cache folder "
                    "of this device class, which deploy reads)")  # fmt: skip
     t.add_argument("--tasks", type=int, metavar="K", help="tune only the K heaviest workloads")
+    t.add_argument("--layout", choices=("auto", "NCHW", "packed"), default="auto",
+                   help="convolution layouts, as for deploy (default auto): tune the "
+                   "kernels a deploy with the same --layout builds")  # fmt: skip
     t.add_argument("--resume", action="store_true",
                    help="continue: trials and defaults already in --db count")  # fmt: skip
     t.add_argument("--ship", action="store_true",

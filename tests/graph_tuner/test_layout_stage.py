@@ -4,6 +4,7 @@ falling back to NCHW instead of failing."""
 from __future__ import annotations
 
 import json
+import platform
 
 import pytest
 import tvm
@@ -77,3 +78,19 @@ def test_unknown_mode_is_refused(small_mod):
 
     with pytest.raises(EdgecvError, match="--layout must be one of auto, NCHW, packed"):
         choose_layouts(small_mod, load_profile("cpu"), BuildOptions(layout="NHWC"))
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="an x86-64 machine deploying for ARM")
+def test_auto_for_another_cpu_architecture_builds_nchw_and_says_why(small_mod, tmp_path):
+    """An aarch64 CPU profile deployed from this x86-64 machine: its kernels cannot be
+    timed here, so no costs are made up and the convolutions stay NCHW."""
+    arm = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72"}
+    path = tmp_path / "arm.json"
+    path.write_text(json.dumps({"name": "arm", "runtime": "cpu", "target": arm, "host": arm,
+                                "gpu_ops": []}))  # fmt: skip
+    options = BuildOptions(layout="auto", layout_costs=tmp_path / "costs")
+    mod, facts = choose_layouts(small_mod, load_profile(str(path)), options)
+    assert mod.same_as(small_mod)
+    assert facts["chosen"] == "NCHW"
+    assert "aarch64 kernels cannot be timed on this x86_64 machine" in facts["reason"]
+    assert not (tmp_path / "costs").exists()

@@ -161,16 +161,19 @@ def test_tuning_for_cuda_without_a_gpu_is_refused_with_what_to_do(capsys):
 
 def test_a_record_for_an_opencl_profile_applies_at_deploy_and_matches_mxnet(tuned, tmp_path):
     """GPU records replay at deploy through deploy's own lowering (the replayed kernel
-    keeps its name: host/device splitting needs an entry function)."""
+    keeps its name: host/device splitting needs an entry function). The tasks are those
+    of the layouts deploy chooses (`tune` puts the model in them first)."""
     from conftest import mxnet_forward
 
     from edgecv.pipelines.orders import gpu_order
+    from edgecv.tuning.command import in_deploy_layouts
     from edgecv.tuning.tasks import default_schedules
 
     symbol, _ = tuned
     profile = load_profile("deeplens")
     target = profile.tvm_target()
     mod, _ = import_model(str(symbol), None, SHAPE, False, 0, lambda m: None)
+    mod = in_deploy_layouts(mod, profile, "auto", [tmp_path / "gpu"], lambda m: None)
     database = open_database(tmp_path / "gpu")
     order = gpu_order(target, profile.intel_subgroup_size)
     for task in extract_tasks(mod, profile):

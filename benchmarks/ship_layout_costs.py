@@ -1,0 +1,43 @@
+"""Ship the graph tuner's measured costs with edgecv: merge a ``layout_costs.json`` (a
+user's folder, or the ``--costs`` folder of ``benchmarks/graph_tuner.py``) into the
+shipped database folder of each device class it holds, so a deploy of the same models
+on the same device class measures nothing.
+
+    python benchmarks/ship_layout_costs.py /tmp/edgecv-gt-costs/cpu
+
+Only device keys that are shipped database folders (``device_profiles/tuning/<key>/``)
+are merged (the CPU meter's key is its tuning device class); entries of another edgecv
+or TVM version are not read (:class:`edgecv.graph_tuner.costs.CostCache`). Entries
+already shipped are replaced by the newer measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from edgecv.graph_tuner.costs import COSTS_FILE, CostCache
+from edgecv.profiles import profiles_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("folder", type=Path, help=f"a folder holding {COSTS_FILE}")
+    args = parser.parse_args()
+    devices = json.loads((args.folder / COSTS_FILE).read_text()).get("devices", {})
+    for device in devices:
+        shipped = profiles_dir() / "tuning" / device
+        if not shipped.is_dir():
+            print(f"{device}: no shipped database folder, skipped")
+            continue
+        source = CostCache([args.folder], None, device)
+        target = CostCache([shipped], shipped, device)
+        for key, seconds in source.entries.items():
+            target.put(key, seconds)
+        target.save()
+        print(f"{device}: {len(source.entries)} costs -> {shipped / COSTS_FILE}")
+
+
+if __name__ == "__main__":
+    main()
