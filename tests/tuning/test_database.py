@@ -19,6 +19,7 @@ from edgecv.pipelines import BuildOptions
 from edgecv.profiles import load_profile
 from edgecv.schedules.database import TuningDatabase
 from edgecv.testing import assert_close
+from edgecv.tuning.command import in_deploy_layouts
 from edgecv.tuning.device_class import cpu_class
 from edgecv.tuning.records import commit_schedule, open_database, records_of, ship
 from edgecv.tuning.tasks import extract_tasks, import_model
@@ -43,20 +44,25 @@ def tuned(tmp_path_factory):
     return symbol, db
 
 
-def tiny_tasks(symbol):
+def tiny_tasks(symbol, db=None):
+    """The tasks of the tiny model in the layouts `tune --db db` chose (its layout costs
+    are cached in ``db``, so the graph tuner plans the same again); NCHW without ``db``."""
     mod, _ = import_model(str(symbol), None, SHAPE, False, 0, lambda m: None)
-    return extract_tasks(mod, load_profile("cpu"))
+    profile = load_profile("cpu")
+    if db is not None:
+        mod = in_deploy_layouts(mod, profile, "auto", [db], lambda m: None)
+    return extract_tasks(mod, profile)
 
 
 def test_records_are_found_by_structure_whatever_the_kernel_is_named(tuned):
     symbol, db = tuned
     target = load_profile("cpu").tvm_target()
     database = TuningDatabase([db])
-    for task in tiny_tasks(symbol):
+    for task in tiny_tasks(symbol, db):
         renamed = task.mod["main"].with_attr("global_symbol", "another_name")
         assert database.query(renamed, target) is not None, task.name
         assert len(records_of(open_database(db), task.mod)) >= 1
-    searched = max(len(records_of(open_database(db), t.mod)) for t in tiny_tasks(symbol))
+    searched = max(len(records_of(open_database(db), t.mod)) for t in tiny_tasks(symbol, db))
     assert searched >= 5  # its default and 4 trials
     assert database.query(matmul_task().mod["main"], target) is None
     meta = json.loads((db / "edgecv_database.json").read_text())
@@ -70,7 +76,7 @@ def test_shipping_keeps_the_best_record_of_each_workload(tuned, tmp_path):
     symbol, db = tuned
     target = load_profile("cpu").tvm_target()
     count = ship(db, tmp_path / "shipped", cpu_class(target), {})
-    tasks = tiny_tasks(symbol)
+    tasks = tiny_tasks(symbol, db)
     assert count == len(tasks)
     lines = (tmp_path / "shipped" / "database_tuning_record.json").read_text().splitlines()
     assert len(lines) == len(tasks)
@@ -110,7 +116,7 @@ def test_a_stale_record_warns_and_the_default_rule_builds_it(tuned, tmp_path):
     commit_schedule(stale, conv.mod, serial(matmul_task(), gpu=False), [1e-9], target)
     with pytest.warns(UserWarning, match="stale cannot be read"):
         path = deploy(str(symbol), tmp_path / "pkg", "cpu", input_shape=SHAPE,
-                      options=BuildOptions(tuning=[tmp_path / "stale"]))  # fmt: skip
+                      options=BuildOptions(tuning=[tmp_path / "stale"], layout="NCHW"))  # fmt: skip
     kernels = json.loads((path / "manifest.json").read_text())["build"]["schedules"]["cpu"]
     entry = kernels["kernels"][conv.name]
     assert entry["rule"] == "cpu.Conv2D"

@@ -34,22 +34,24 @@ def _is_window(name: str) -> bool:
 
 
 class Pool(GPURule):
-    """One ``SSSSRR`` reduction block (a pooling window or a sum over H, W)."""
+    """One ``SSSSRR`` reduction block (a pooling window or a sum over H, W), or
+    ``SSSSSRR`` for the same in a packed layout (``NCHW16c``: the graph tuner's
+    pools follow their convolutions' packing)."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         started = self.start(func, target)
         if started is None:
             return None
         sch, found, reductions = started
-        if len(reductions) != 1 or iter_kinds(sch, reductions[0]) != "SSSSRR":
+        if len(reductions) != 1 or iter_kinds(sch, reductions[0]) not in ("SSSSRR", "SSSSSRR"):
             return None
         pool = reductions[0]
         if not _is_window(sch.get(pool).name_hint):
             return None
         loops = sch.get_loops(pool)
-        window = extent(sch, loops[4]) * extent(sch, loops[5])
+        window = extent(sch, loops[-2]) * extent(sch, loops[-1])
         outputs = 1
-        for loop in loops[:4]:
+        for loop in loops[:-2]:
             outputs *= extent(sch, loop)
         if window > SERIAL_LIMIT and outputs < THREADS:
             return None
