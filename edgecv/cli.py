@@ -34,6 +34,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.kernel_time_limit <= 0:
         raise EdgecvError(f"--kernel-time-limit must be positive, got {args.kernel_time_limit}")
+    if args.db:  # the graph tuner writes its measured costs there
+        from .tuning.records import check_database_folder
+
+        check_database_folder(Path(args.db))
     options = BuildOptions(
         cpu_ops=[op.strip() for op in (args.cpu_ops or "").split(",") if op.strip()],
         gpu_only=args.gpu_only,

@@ -59,6 +59,29 @@ def test_refuses_a_file(tiny_model, tmp_path):
     assert target.read_text() == "keep me"
 
 
+@pytest.mark.parametrize("command", ["deploy", "tune"])
+def test_a_database_folder_that_is_not_one_is_refused(tiny_model, tmp_path, command):
+    """`--db` takes the tuning records and the graph tuner's costs: a file, or a folder
+    of the user's own, is refused before anything is measured, and left as it was."""
+    documents = tmp_path / "Documents"
+    documents.mkdir()
+    (documents / "thesis.txt").write_text("five years of work")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me")
+    for db, why in ((documents, "not an edgecv tuning database"), (notes, "is a file")):
+        args = ["--input-shape", "1,2,5,5", "--db", str(db)]
+        if command == "deploy":
+            args += ["-o", str(tmp_path / "pkg")]
+        else:
+            args += ["--device", "cpu", "--trials", "1"]
+        result = run_cli(command, tiny_model, *args)
+        assert why in assert_one_error_line(result, str(db))
+    assert sorted(p.name for p in documents.iterdir()) == ["thesis.txt"]
+    assert (documents / "thesis.txt").read_text() == "five years of work"
+    assert notes.read_text() == "keep me"
+    assert not (tmp_path / "pkg").exists()
+
+
 def test_replacing_a_package_takes_force(tiny_model, pool_model, tmp_path):
     out = tmp_path / "pkg"
     assert run_cli(*deploy_args(tiny_model, out)).returncode == 0

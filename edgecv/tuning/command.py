@@ -27,7 +27,7 @@ from ..errors import EdgecvError
 from ..profiles import Profile, load_profile
 from ..schedules.database import write_meta
 from .device_class import DeviceClass, cpu_class, opencl_class
-from .records import best_seconds, open_database, ship
+from .records import best_seconds, check_database_folder, open_database, ship
 from .search import Budget, measure_defaults, search
 from .tasks import Task, extract_tasks, import_model
 
@@ -73,6 +73,7 @@ def tune(args: argparse.Namespace) -> int:
         raise EdgecvError("--rpc needs --key KEY: the device key the servers registered with")
     cls, order, compiler, runner = _runner_setup(profile, args.on, args.rpc, args.key)
     db_dir = Path(args.db) if args.db else cls.user_folder()
+    check_database_folder(db_dir)
     say(f"device class {cls.name}; records go to {db_dir}")
     mod, name = import_model(args.model, args.params, args.input_shape,
                              not args.random_weights, args.seed, say)  # fmt: skip

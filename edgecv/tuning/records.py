@@ -30,6 +30,28 @@ from .device_class import DeviceClass
 FAILED_S = 1e9  # MetaSchedule stores a failed measurement as 1e10 s
 
 
+def check_database_folder(folder: Path) -> None:
+    """Refuse a ``--db`` that edgecv must not write into: a file, or a folder holding
+    other files than a tuning database's (``~/Documents`` by a slip of the keyboard)."""
+    from ..errors import EdgecvError
+    from ..graph_tuner.costs import COSTS_FILE
+
+    if folder.exists() and not folder.is_dir():
+        raise EdgecvError(f"--db {folder} is a file, not a folder: name a folder for the "
+                          "tuning records (it is created when missing)")  # fmt: skip
+    ours = {WORKLOADS, RECORDS, META, COSTS_FILE}
+    if folder.is_dir():
+        # a costs file is written beside itself then renamed (``layout_costs.<pid>.tmp``)
+        others = sorted(p.name for p in folder.iterdir()
+                        if p.name not in ours and not p.name.startswith("layout_costs."))  # fmt: skip
+        if others:
+            raise EdgecvError(
+                f"--db {folder} holds files that are not an edgecv tuning database "
+                f"({', '.join(others[:3])}{' ...' if len(others) > 3 else ''}); edgecv will "
+                "not write into it: name a new or empty folder, or an earlier --db folder"
+            )
+
+
 def open_database(folder: Path) -> ms.database.JSONDatabase:
     """The JSON database in ``folder`` (created when missing)."""
     folder.mkdir(parents=True, exist_ok=True)
