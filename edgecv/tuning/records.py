@@ -42,8 +42,8 @@ def check_database_folder(folder: Path) -> None:
     ours = {WORKLOADS, RECORDS, META, COSTS_FILE}
     if folder.is_dir():
         # a costs file is written beside itself then renamed (``layout_costs.<pid>.tmp``)
-        others = sorted(p.name for p in folder.iterdir()
-                        if p.name not in ours and not p.name.startswith("layout_costs."))  # fmt: skip
+        names = [p.name for p in folder.iterdir()]
+        others = sorted(n for n in names if n not in ours and not n.startswith("layout_costs."))
         if others:
             raise EdgecvError(
                 f"--db {folder} holds files that are not an edgecv tuning database "
