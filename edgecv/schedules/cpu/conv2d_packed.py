@@ -161,8 +161,17 @@ def schedule_depthwise_nchwc(
     placed = set()
     for producer in producers:
         sch.compute_at(producer, parallel)
+        _vector_lanes(sch, producer)
         placed.add(sch.get(producer).name_hint)
     return placed
+
+
+def _vector_lanes(sch: s_tir.Schedule, producer: SBlockRV) -> None:
+    """A padding nest copied a channel-block vector at a time: its condition is the
+    same for every lane (the pad is spatial), so the copy is one vector load or a zero
+    vector; element by element, the pad cost more than the stride-2 depthwise conv
+    it fed (0.15 of 0.22 ms, 64 channels at 112x112 on AVX-512)."""
+    sch.vectorize(sch.get_loops(producer)[-1])
 
 
 def _pad_rows(sch: s_tir.Schedule, conv: SBlockRV) -> set[str]:
@@ -174,6 +183,7 @@ def _pad_rows(sch: s_tir.Schedule, conv: SBlockRV) -> set[str]:
         if len(loops) != 5:
             continue
         sch.parallel(sch.fuse(*loops[:3]))
+        _vector_lanes(sch, producer)
         placed.add(sch.get(producer).name_hint)
     return placed
 
