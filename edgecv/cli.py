@@ -76,19 +76,12 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def tuning_folders(device: str, user_db: str | None) -> list[str]:
-    """Tuning databases for a deploy, highest priority first: the user's own (``--db``,
-    by default their cache folder of the device class), then the one shipped for the
-    profile's device class (``device_profiles/tuning/<class>/``, when it exists)."""
+    """Tuning databases for a deploy for the profile named ``device``: see
+    :func:`edgecv.tuning.device_class.tuning_folders`."""
     from .profiles import load_profile
-    from .tuning.device_class import profile_class
+    from .tuning.device_class import tuning_folders as folders_of
 
-    device_class = profile_class(load_profile(device))
-    folders = [user_db] if user_db else []
-    if device_class is not None:
-        if not user_db:
-            folders.append(str(device_class.user_folder()))
-        folders.append(str(device_class.shipped_folder()))
-    return folders
+    return folders_of(load_profile(device), user_db)
 
 
 def explain_layouts(manifest: dict) -> None:

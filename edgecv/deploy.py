@@ -62,7 +62,9 @@ def deploy(
     options : BuildOptions, optional
         What the build may change: ``--cpu-ops``, ``--gpu-only``, the device check, the
         GPU versions of edgecv's operators, tuning databases, the time limit per kernel
-        (see :class:`edgecv.pipelines.BuildOptions`).
+        (see :class:`edgecv.pipelines.BuildOptions`). Without it, the build reads the
+        tuning databases ``edgecv deploy`` reads (the user's folder of the device
+        class, then the shipped one).
     cpu_ops, gpu_only, check_on
         Shorthands for the same fields of ``options`` when ``options`` is not given.
     force : bool
@@ -98,7 +100,11 @@ def deploy(
         weights = load_params(source.params_path) if source.params_path else {}
         imported = from_mxnet(graph, weights, {"data": source.input_shape})
         timings["import_s"] = time.perf_counter() - t
-    options = options or BuildOptions(list(cpu_ops), gpu_only, check_on)
+    if options is None:  # the databases the CLI reads: the user's, then the shipped one
+        from .tuning.device_class import tuning_folders
+
+        options = BuildOptions(list(cpu_ops), gpu_only, check_on,
+                               tuning=tuning_folders(profile, None))  # fmt: skip
     built = pipeline_for(profile.runtime).build(imported.mod, profile, options, progress)
     timings.update(built.timings)
     plan = built.plan

@@ -127,6 +127,19 @@ def profile_class(profile: Profile) -> DeviceClass | None:
     return None
 
 
+def tuning_folders(profile: Profile, user_db: str | Path | None) -> list[str]:
+    """Tuning databases for a deploy, highest priority first: the user's own (``--db``,
+    by default their cache folder of the device class), then the one shipped for the
+    profile's device class (``device_profiles/tuning/<class>/``, when it exists)."""
+    device_class = profile_class(profile)
+    folders = [str(user_db)] if user_db else []
+    if device_class is not None:
+        if not user_db:
+            folders.append(str(device_class.user_folder()))
+        folders.append(str(device_class.shipped_folder()))
+    return folders
+
+
 def read_class(folder: Path) -> dict | None:
     """The class key recorded in a database folder (None when absent or unreadable)."""
     try:

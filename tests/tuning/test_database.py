@@ -104,6 +104,19 @@ def test_a_tuned_deploy_gives_the_numbers_of_the_default_build_and_mxnet(tuned, 
     assert_close(load(without).run(x)[0], reference)
 
 
+def test_python_deploy_reads_the_databases_the_cli_reads(tuned, tmp_path, monkeypatch):
+    """`edgecv.deploy()` without options finds the records in the user's folder of this
+    device class, as `edgecv deploy` does (it used to build the defaults only)."""
+    import shutil
+
+    symbol, db = tuned
+    monkeypatch.setenv("EDGECV_TUNING_DIR", str(tmp_path / "tuning"))
+    shutil.copytree(db, cpu_class(load_profile("cpu").tvm_target()).user_folder())
+    path = deploy(str(symbol), tmp_path / "pkg", "cpu", input_shape=SHAPE)
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert set(manifest["build"]["schedules"]["cpu"]["rules"]) == {"tuned"}
+
+
 def test_a_stale_record_warns_and_the_default_rule_builds_it(tuned, tmp_path):
     from conftest import mxnet_forward
 
