@@ -17,14 +17,39 @@ from .errors import EdgecvError, ShapeError, foreign_message
 from .outputs import check_image_path, check_output_folder, save_arrays, save_image
 
 
-def _shape(text: str) -> tuple[int, ...]:
+def _shape(text: str):
+    """``N,C,H,W`` (the model's one input), or ``NAME=N,C,H,W`` (one of several)."""
+    name, _, dims = text.rpartition("=")
     try:
-        shape = tuple(int(v) for v in text.replace("x", ",").split(","))
+        shape = tuple(int(v) for v in dims.replace("x", ",").split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N,C,H,W integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected N,C,H,W or NAME=N,C,H,W integers, got {text!r}"
+        ) from None
     if len(shape) != 4 or min(shape) <= 0:
         raise argparse.ArgumentTypeError(f"expected 4 positive integers N,C,H,W, got {text!r}")
-    return shape
+    return (name, shape) if name else shape
+
+
+def input_shapes(values: list | None):
+    """The ``--input-shape`` options given: None, one shape, or a shape per named input."""
+    if not values:
+        return None
+    named = [v for v in values if isinstance(v[0], str)]
+    if not named and len(values) == 1:
+        return values[0]
+    if len(named) != len(values):
+        raise EdgecvError(
+            "--input-shape: a model with several inputs takes one NAME=N,C,H,W per input "
+            "(e.g. --input-shape data0=1,3,127,127 --input-shape data1=1,3,287,287)"
+        )
+    return dict(named)
+
+
+SHAPE_HELP = (
+    "N,C,H,W (default: the model's usual size); NAME=N,C,H,W once per input for a model "
+    "with several inputs"
+)
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -52,7 +77,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         output=args.output,
         device=args.device,
         params=args.params,
-        input_shape=args.input_shape,
+        input_shape=input_shapes(args.input_shape),
         pretrained=not args.random_weights,
         seed=args.seed,
         progress=progress.say,
@@ -138,16 +163,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     images = list(args.images)
     if args.sample:
         images.append(sample_image(args.sample))
-    if not images and args.input is None:
+    if not images and not args.input:
         raise EdgecvError("nothing to run: give image files, --sample NAME or --input X.npy")
-    if args.input is not None:
-        try:
-            x = np.load(args.input)
-        except (OSError, ValueError) as err:
-            raise EdgecvError(f"cannot read --input {args.input}: {err}") from None
-        if not isinstance(x, np.ndarray):
-            raise ShapeError(f"--input {args.input} must hold one array (.npy), not an archive")
-        outputs, latency = _timed(model.run, x, repeat=args.repeat)
+    if images:
+        model.require_one_input("run IMAGE")
+    names = [i["name"] for i in model.manifest["inputs"]]
+    if args.input:
+        if len(args.input) != len(names):
+            raise ShapeError(
+                f"{args.package} takes {len(names)} input(s) ({', '.join(names)}); "
+                f"--input was given {len(args.input)} time(s)"
+            )
+        xs = [_load_array(path) for path in args.input]
+        outputs, latency = _timed(lambda _: model.run(*xs), None, repeat=args.repeat)
         _report_outputs(model, outputs, args.output)
         print(f"latency: {latency * 1e3:.2f} ms (median of {args.repeat})")
     for image_path in images:
@@ -205,6 +233,16 @@ def sample_image(name: str) -> str:
     path = Path(tempfile.gettempdir()) / f"edgecv-sample-{name}.jpg"
     cv2.imwrite(str(path), np.ascontiguousarray(rgb[:, :, :3][:, :, ::-1]))
     return str(path)
+
+
+def _load_array(path: str) -> np.ndarray:
+    try:
+        x = np.load(path)
+    except (OSError, ValueError) as err:
+        raise EdgecvError(f"cannot read --input {path}: {err}") from None
+    if not isinstance(x, np.ndarray):
+        raise ShapeError(f"--input {path} must hold one array (.npy), not an archive")
+    return x
 
 
 def _timed(fn, x, repeat: int):
@@ -274,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("model", help="zoo name/alias (ssd_mobilenet, resnet50, ...) or *-symbol.json")
     d.add_argument("--params", help="weights file (.params)")
     d.add_argument("--device", default="cpu", help="device profile (see `edgecv profiles`)")
-    d.add_argument("--input-shape", type=_shape, help="N,C,H,W (default: the model's usual size)")
+    d.add_argument("--input-shape", type=_shape, action="append", help=SHAPE_HELP)
     d.add_argument("-o", "--output", help="package folder (default ./MODEL-DEVICE)")
     d.add_argument(
         "--random-weights",
@@ -335,7 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", parents=[common], help="run a package on images or a tensor")
     r.add_argument("package", help="package folder or .tar.gz")
     r.add_argument("images", nargs="*", help="image files")
-    r.add_argument("--input", help="raw input tensor (.npy), no preprocessing")
+    r.add_argument("--input", action="append", help="raw input tensor (.npy), no "
+                   "preprocessing; once per input, in order, for a model with several")  # fmt: skip
     r.add_argument(
         "--sample", choices=SAMPLES, help="also run on a real photo shipped inside scikit-image"
     )

@@ -123,6 +123,7 @@ def cmd_demo(args) -> int:
             raise EdgecvError(f"-o {args.output}: the demo writes .mp4 video")
         check_output_folder(args.output)
     model = load(args.package, on=args.on)
+    model.require_one_input("demo")
     out = VideoOut(args.output, args.fps) if args.output else None
     fps, count = None, 0
     try:

@@ -28,7 +28,7 @@ def deploy(
     output: str | Path | None = None,
     device: str = "cpu",
     params: str | None = None,
-    input_shape: tuple[int, ...] | None = None,
+    input_shape: tuple[int, ...] | dict[str, tuple[int, ...]] | None = None,
     pretrained: bool = True,
     seed: int = 0,
     progress: Callable[[str], None] = lambda message: None,
@@ -52,8 +52,9 @@ def deploy(
     params : str, optional
         Weights: export-style ``.params`` for a symbol file, ``save_parameters`` style
         for a zoo model.
-    input_shape : tuple, optional
-        NCHW input shape; the model's usual size by default.
+    input_shape : tuple or dict, optional
+        NCHW input shape; the model's usual size by default. A model with several
+        inputs takes one shape per input name (``{"data0": ..., "data1": ...}``).
     progress : callable
         Receives one line per stage (the CLI prints them).
     host : str, optional
@@ -98,7 +99,7 @@ def deploy(
         t = time.perf_counter()
         graph = load_symbol(source.symbol_path)
         weights = load_params(source.params_path) if source.params_path else {}
-        imported = from_mxnet(graph, weights, {"data": source.input_shape})
+        imported = from_mxnet(graph, weights, source.graph_inputs)
         timings["import_s"] = time.perf_counter() - t
     if options is None:  # the databases the CLI reads: the user's, then the shipped one
         from .tuning.device_class import tuning_folders

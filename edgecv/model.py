@@ -72,6 +72,17 @@ class DeployedModel:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.manifest["inputs"][0]["shape"])
 
+    def require_one_input(self, command: str) -> None:
+        """Refuse ``command`` (which feeds one image or tensor) for a model with several
+        inputs (a tracker's template and search image)."""
+        names = [i["name"] for i in self.manifest["inputs"]]
+        if len(names) > 1:
+            raise PackageError(
+                f"{self.root} takes {len(names)} inputs ({', '.join(names)}); `edgecv "
+                f"{command}` feeds one: run it with `edgecv run {self.root} --input A.npy "
+                "--input B.npy`, or `edgecv.load(path).run(a, b)` from Python"
+            )
+
     @property
     def classes(self) -> list[str]:
         return self.manifest.get("classes", [])

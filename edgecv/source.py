@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import ModelNotFoundError
+from .errors import ModelNotFoundError, ShapeError
 from .frontend import zoo
 from .frontend.importer import check_supported
 from .frontend.mxnet_graph import load_symbol
@@ -19,7 +19,7 @@ def resolve_source(
     model: str,
     work_dir: Path,
     params: str | None = None,
-    input_shape: tuple[int, ...] | None = None,
+    input_shape: tuple[int, ...] | dict[str, tuple[int, ...]] | None = None,
     pretrained: bool = True,
     seed: int = 0,
     notify: Callable[[str], None] = lambda message: None,
@@ -30,6 +30,8 @@ def resolve_source(
     unsupported ones in one error), then its parameters (none needed when every variable
     is the ``data`` input), then the input shape (the one assumed is said via
     ``notify``). ``params_path`` is None for a graph without parameters.
+    ``input_shape`` is one shape, or a shape per input name for a graph with several
+    inputs (``{"data0": ..., "data1": ...}``).
     """
     if not model.endswith(".json"):
         return zoo.export(
@@ -45,9 +47,10 @@ def resolve_source(
         raise ModelNotFoundError(f"symbol file {symbol} does not exist")
     graph = load_symbol(symbol)
     check_supported(graph)
+    named = dict(input_shape) if isinstance(input_shape, dict) else None
     if params is None:
         guess = Path(str(symbol).removesuffix("-symbol.json") + "-0000.params")
-        needed = [n for n in graph.variable_names() if n != "data"]
+        needed = [n for n in graph.variable_names() if n not in (named or {"data": None})]
         if guess.is_file():
             params = str(guess)
         elif needed:
@@ -57,7 +60,15 @@ def resolve_source(
                 f"given; {guess.name} is not beside it: pass --params FILE"
             )
     name = symbol.name.removesuffix(".json").removesuffix("-symbol")
-    if input_shape:
+    if named:
+        missing = [n for n in named if n not in graph.variable_names()]
+        if missing:
+            raise ShapeError(
+                f"--input-shape names {', '.join(missing)}, which {symbol.name} has no input "
+                f"called; its inputs and parameters are: {', '.join(graph.variable_names()[:8])}"
+            )
+        shape = next(iter(named.values()))
+    elif input_shape:
         shape = tuple(input_shape)
     else:
         shape = _declared_data_shape(graph) or (1, 3, 224, 224)
@@ -69,7 +80,7 @@ def resolve_source(
     task = "detection" if _looks_like_detector(symbol) else "classification"
     params_path = Path(params) if params is not None else None
     weights = "params-file" if params_path else "none"
-    return zoo.ExportedModel(name, task, symbol, params_path, shape, [], weights)
+    return zoo.ExportedModel(name, task, symbol, params_path, shape, [], weights, named)
 
 
 def _declared_data_shape(graph) -> tuple[int, ...] | None:
@@ -97,6 +108,7 @@ def source_record(source: zoo.ExportedModel, model: str, params: str | None, see
             "symbol": absolute(source.symbol_path),
             "params": absolute(source.params_path),
             "input_shape": list(source.input_shape),
+            "input_shapes": {k: list(v) for k, v in source.graph_inputs.items()},
         }
     return {
         "kind": "zoo",
@@ -105,6 +117,7 @@ def source_record(source: zoo.ExportedModel, model: str, params: str | None, see
         "seed": seed,
         "params": absolute(params),
         "input_shape": list(source.input_shape),
+        "input_shapes": {k: list(v) for k, v in source.graph_inputs.items()},
     }
 
 

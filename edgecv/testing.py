@@ -49,6 +49,46 @@ def assert_close(
     )
 
 
+def match_detections(
+    ours: list[np.ndarray], ref: list[np.ndarray], loosen: float = 1.0, box_scale: float = 1.0
+) -> int:
+    """Compare (ids, scores, boxes); return the number of valid detections compared.
+
+    Rows are walked in MXNet's order. A run of rows whose reference scores are equal
+    within the float32 tolerance is a tie: MXNet's sort and ours may order it
+    differently without either being wrong, so within the run the rows are matched as
+    a set (sorted by id then box). Everything else must match position by position.
+    Boxes are decoded from pixel-sized anchors (``corner = anchor + offset``), so
+    their rounding is relative to ``box_scale`` (the input size), not to the corner's
+    own value, which can be near 0 after cancellation.
+    """
+    ids, scores, boxes = (o[0].reshape(o.shape[1], -1) for o in ours)
+    rids, rscores, rboxes = (o[0].reshape(o.shape[1], -1) for o in ref)
+    rtol, atol = TOLERANCES["float32"]
+    rows = ids.shape[0]
+    i = 0
+    while i < rows:
+        j = i + 1
+        tie = loosen * (atol + rtol * abs(rscores[i, 0]))
+        while j < rows and abs(rscores[j, 0] - rscores[i, 0]) <= tie:
+            j += 1
+        ours_rows = np.concatenate([ids[i:j], scores[i:j], boxes[i:j]], axis=1)
+        ref_rows = np.concatenate([rids[i:j], rscores[i:j], rboxes[i:j]], axis=1)
+        if j - i > 1:
+            ours_rows = ours_rows[np.lexsort(ours_rows[:, ::-1].T)]
+            ref_rows = ref_rows[np.lexsort(ref_rows[:, ::-1].T)]
+        np.testing.assert_array_equal(ours_rows[:, 0], ref_rows[:, 0], err_msg=f"ids, rows {i}:{j}")
+        assert_close(ours_rows[:, 1:2], ref_rows[:, 1:2], f"scores, rows {i}:{j}", loosen)
+        # Box sizes are exp(std * d) * anchor: a relative error e in the regression d
+        # becomes std * |d| * e in the box, on top of the corner = center +- size/2
+        # cancellation; boxes get 10x the tolerance of the scores for that.
+        assert_close(
+            ours_rows[:, 2:], ref_rows[:, 2:], f"boxes, rows {i}:{j}", 10 * loosen, box_scale
+        )
+        i = j
+    return int((rids[:, 0] >= 0).sum())
+
+
 def detector_inputs(rng, batch, classes, n, levels=None):
     """Softmax-like class probabilities, regressions, anchors inside the unit square."""
     if levels is None:

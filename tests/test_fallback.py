@@ -200,10 +200,11 @@ def test_detector_with_nms_on_the_cpu_matches_all_gpu_and_mxnet(tmp_path, export
     --cpu-ops box_nms give the same detections, and both match MXNet."""
     from conftest import random_input
     from test_opencl import device_or_skip
-    from test_parity import depth_loosening, match_detections
+    from test_parity import depth_loosening
 
     from edgecv.deploy import deploy
     from edgecv.model import load
+    from edgecv.testing import match_detections
 
     device_or_skip("intel(r) opencl")
     model = exported(name)

@@ -216,10 +216,10 @@ def test_detector_deployed_all_on_opencl_matches_mxnet(tmp_path, exported, name,
     import json
 
     from conftest import pocl_unusable
-    from test_parity import match_detections
 
     from edgecv.deploy import deploy
     from edgecv.model import load
+    from edgecv.testing import match_detections
 
     device_or_skip(device)
     if device.startswith("portable") and pocl_unusable():

@@ -147,6 +147,7 @@ def cmd_bench(args) -> int:
     start = time.perf_counter()
     model = load(args.package, on=args.on)
     load_s = time.perf_counter() - start
+    model.require_one_input("bench")
     x = bench_input(model)
     ours = model.run(x)
     kernels = profile_steps(model, x, repeat=min(args.repeat, 10))

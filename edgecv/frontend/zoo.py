@@ -72,6 +72,12 @@ class ExportedModel:
     # every input by its graph name; {"data": input_shape} for single-input models
     input_shapes: dict[str, tuple[int, ...]] | None = None
 
+    @property
+    def graph_inputs(self) -> dict[str, tuple[int, ...]]:
+        """Each graph input's shape by name (``data``; ``data0``, ``data1``, ... for a
+        net with several inputs, as ``HybridBlock.export`` names them)."""
+        return dict(self.input_shapes) if self.input_shapes else {"data": self.input_shape}
+
 
 def zoo_models() -> dict[str, ZooModel]:
     """The models edgecv resolves by name, keyed by canonical GluonCV name."""
@@ -167,11 +173,20 @@ def input_shapes_of(model: ZooModel, net, input_shape: tuple[int, ...] | None):
     else the family default; segmentation nets resize to their crop size inside the
     graph, so their input must be that size."""
     shapes = model.input_shapes
+    if isinstance(input_shape, dict):
+        names = list(graph_input_names(shapes))
+        if sorted(input_shape) != sorted(names):
+            raise ModelNotFoundError(
+                f"{model.name} takes the inputs {', '.join(names)}; --input-shape named "
+                f"{', '.join(input_shape)}"
+            )
+        return {k: tuple(input_shape[n]) for k, n in zip(shapes, names, strict=True)}
     if input_shape is not None:
         if len(shapes) != 1:
             raise ModelNotFoundError(
-                f"{model.name} has {len(shapes)} inputs ({', '.join(shapes)}); one "
-                f"--input-shape {tuple(input_shape)} cannot describe them"
+                f"{model.name} has {len(shapes)} inputs ({', '.join(graph_input_names(shapes))});"
+                f" one --input-shape {tuple(input_shape)} cannot describe them: give "
+                "NAME=N,C,H,W for each"
             )
         return {next(iter(shapes)): tuple(input_shape)}
     crop = getattr(net, "crop_size", None)

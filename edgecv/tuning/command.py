@@ -67,6 +67,8 @@ def _runner_setup(profile: Profile, on: str | None, rpc: str | None, key: str | 
 
 def tune(args: argparse.Namespace) -> int:
     """Run ``edgecv tune`` (see the module docstring); returns the exit status."""
+    from ..cli import input_shapes
+
     say = progress.say
     profile = load_profile(args.device)
     if args.rpc and not args.key:
@@ -75,7 +77,7 @@ def tune(args: argparse.Namespace) -> int:
     db_dir = Path(args.db) if args.db else cls.user_folder()
     check_database_folder(db_dir)
     say(f"device class {cls.name}; records go to {db_dir}")
-    mod, name = import_model(args.model, args.params, args.input_shape,
+    mod, name = import_model(args.model, args.params, input_shapes(args.input_shape),
                              not args.random_weights, args.seed, say)  # fmt: skip
     mod = in_deploy_layouts(mod, profile, args.layout, [db_dir, cls.shipped_folder()], say)
     tasks = extract_tasks(mod, profile)
@@ -204,9 +206,9 @@ def add_parser(sub, common) -> None:
     t.add_argument("model", help="zoo name/alias or *-symbol.json, as for deploy")
     t.add_argument("--params", help="weights file (.params)")
     t.add_argument("--device", default="cpu", help="device profile (see `edgecv profiles`)")
-    from ..cli import _shape
+    from ..cli import SHAPE_HELP, _shape
 
-    t.add_argument("--input-shape", type=_shape, help="N,C,H,W (default: the model's usual size)")
+    t.add_argument("--input-shape", type=_shape, action="append", help=SHAPE_HELP)
     t.add_argument("--random-weights", action="store_true", help="seeded random weights")
     t.add_argument("--seed", type=int, default=0, help="seed of random weights")
     t.add_argument("--on", help="OpenCL device to time on: part of its name (intel, pocl)")

@@ -74,7 +74,7 @@ def import_model(model: str, params: str | None, input_shape, pretrained: bool, 
         source = resolve_source(model, Path(tmp), params, input_shape, pretrained, seed, progress)
         graph = load_symbol(source.symbol_path)
         weights = load_params(source.params_path) if source.params_path else {}
-        imported = from_mxnet(graph, weights, {"data": source.input_shape})
+        imported = from_mxnet(graph, weights, source.graph_inputs)
     return imported.mod, source.name
 
 
