@@ -201,7 +201,11 @@ def _labels(model: ZooModel, net) -> list[str]:
         from gluoncv.data.imagenet.classification import ImageNet1kAttr
 
         return list(ImageNet1kAttr().classes)
-    return list(getattr(net, "classes", []))
+    classes = getattr(net, "classes", None)
+    # some nets (Fast-SCNN) expose `classes` as a class-level property object, not a list
+    if not isinstance(classes, (list, tuple)) or not all(isinstance(c, str) for c in classes):
+        return []
+    return list(classes)
 
 
 def _try_pretrained(model: ZooModel, net, timeout_s: float) -> bool:
