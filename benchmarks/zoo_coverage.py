@@ -130,7 +130,7 @@ def _deploy_and_compare(meta: dict, profile: str, record: dict, seed: int) -> No
     from edgecv._mxnet import import_mxnet
     from edgecv.deploy import deploy
     from edgecv.frontend.random_weights import example_input
-    from edgecv.testing import assert_close, match_detections
+    from edgecv.testing import assert_close, match_detections, rounding_loosening
 
     shapes = {name: tuple(s) for name, s in meta["inputs"].items()}
     shape = next(iter(shapes.values()))
@@ -157,18 +157,25 @@ def _deploy_and_compare(meta: dict, profile: str, record: dict, seed: int) -> No
         record["latency_ms"] = round(1000 * float(np.median(times)), 2)
     mx = import_mxnet()
     net = mx.gluon.SymbolBlock.imports(meta["symbol"], list(shapes), meta["params"])
-    ref = net(*[mx.nd.array(x) for x in xs])
-    ref = [r.asnumpy() for r in (ref if isinstance(ref, (list, tuple)) else [ref])]
-    loosen = _loosening(meta["symbol"])
+
+    def forward(*arrays):
+        out = net(*[mx.nd.array(a) for a in arrays])
+        return [r.asnumpy() for r in (out if isinstance(out, (list, tuple)) else [out])]
+
+    ref = forward(*xs)
     if len(ours) != len(ref):
         raise AssertionError(f"{len(ours)} outputs, MXNet has {len(ref)}")
+    depth = _loosening(meta["symbol"])
     first = 0
     if _detections(ref):  # rows whose scores tie may come in either order: as sets
-        match_detections(ours[:3], ref[:3], loosen, max(shape[2:]))
+        match_detections(ours[:3], ref[:3], depth, max(shape[2:]))
         first = 3
+    # a model that amplifies float32 rounding (MXNet against itself) is held to that
+    loosen = [max(depth, f) for f in rounding_loosening(forward, xs)] if first < len(ref) else []
+    record["loosen"] = round(max(loosen, default=depth), 1)
     for i, (o, r) in enumerate(zip(ours, ref, strict=True)):
         if i >= first:
-            assert_close(o, r, f"output {i}", loosen=loosen)
+            assert_close(o, r, f"output {i}", loosen=loosen[i])
     record["parity"] = "ok"
 
 
