@@ -4,8 +4,15 @@ known: loosening follows the reference's own drift under rounding-level noise.""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from edgecv.testing import TOLERANCES, detection_loosening, reference_drift, rounding_loosening
+from edgecv.testing import (
+    TOLERANCES,
+    detection_loosening,
+    match_detections,
+    reference_drift,
+    rounding_loosening,
+)
 
 
 def test_a_well_conditioned_reference_keeps_the_table():
@@ -46,3 +53,18 @@ def test_detection_rows_that_swap_are_not_counted_as_drift():
     seed = next(s for s in range(50) if reference_drift(detector, [x], seed=s)[1][0] == 1.0)
     assert reference_drift(detector, [x], seed=seed)[1][2] == 40.0
     assert detection_loosening(detector, [x], box_scale=50.0, seed=seed) == 1.0
+
+
+def test_tied_detections_in_another_order_match_whatever_their_last_bits():
+    """Two rows whose scores tie, in the other order, with scores and boxes that differ
+    in their last bits the other way round: the same detections."""
+    ref = [np.array([[[4.0], [4.0]]]), np.array([[[0.5], [0.5 + 2e-7]]]),
+           np.array([[[10.0, 10, 50, 50], [200, 30, 260, 90]]])]  # fmt: skip
+    # ours ranks the first box higher, by the last bit of its score
+    ours = [ref[0].copy(), np.array([[[0.5 + 2e-7], [0.5]]]),
+            np.array([[[10, 10, 50, 50.0001], [200.0001, 30, 260, 90]]])]  # fmt: skip
+    ref, ours = ([a.astype(np.float32) for a in x] for x in (ref, ours))
+    assert match_detections(ours, ref, box_scale=300.0) == 2
+    wrong = [ref[0], ours[1], np.array([[[200.0, 30, 260, 90], [10, 10, 50, 80]]], np.float32)]
+    with pytest.raises(AssertionError):
+        match_detections(wrong, ref, box_scale=300.0)
