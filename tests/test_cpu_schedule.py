@@ -90,6 +90,7 @@ def compare_kernels(mod) -> int:
         ((1, 8, 17, 17), 16, 5, 1, 1),  # 5x5 onto a prime width
         ((1, 3, 31, 31), 16, 7, 2, 1),  # 7x7 stride 2 onto 13 (prime) columns
         ((1, 8, 13, 13), 8, 5, 1, 8),  # 5x5 depthwise, prime width
+        ((1, 8, 38, 38), 32, 3, 1, 1),  # width 38 = 2 x 19: 2-pixel tiles of a row
     ],
 )
 def test_convolution_schedules_match(shape, out_channels, kernel, stride, groups):
@@ -121,3 +122,21 @@ def test_dense_schedule_matches():
 )
 def test_pooling_schedules_match(pool):
     compare_kernels(conv_module((1, 8, 14, 14), 8, 1, 1, 1, pool=pool))
+
+
+def test_a_pixel_tile_holds_part_of_one_row_or_whole_rows():
+    """Never part of a row and part of the next (the write-back would redo whole rows
+    per tile): VGG's 38-wide maps get 2 pixels of a row, 3-wide maps whole rows."""
+    from edgecv.schedules.cpu.conv2d import pixel_tile
+
+    for max_pixels in (4, 8, 16):
+        for height in range(1, 80):
+            for width in range(1, 80):
+                pixels, across = pixel_tile(height, width, max_pixels)
+                assert 1 <= pixels <= max_pixels
+                if across:
+                    assert pixels % width == 0 and height % (pixels // width) == 0
+                else:
+                    assert width % pixels == 0
+    assert pixel_tile(38, 38, 8) == (2, False)
+    assert pixel_tile(6, 3, 8) == (6, True)
