@@ -17,7 +17,8 @@ conv      its chosen layout: input in that layout when the input channels divide
           output in that layout
 follow    one tensor input (elementwise, pooling, spatial reductions): its layout
 binary    elementwise with two tensor inputs (residual add): a packed input's
-          layout wins; the other input is transformed
+          layout wins; the other input is transformed (invalid when its channels do
+          not divide into the block: a channel-wise sum kept as 1 channel)
 concat    every input's layout when they all agree, else plain NCHW for all
 fixed     anything else (reshape, transpose, dense, detection operators, outputs):
           every input plain
@@ -153,7 +154,7 @@ class LayoutGraph:
             layout = input_layouts[0]
             return (layout, *plain_inputs[1:]), with_rank(layout, node.rank)
         if node.kind == "binary":
-            return _binary(input_layouts, ranks, node.rank)
+            return _binary(input_layouts, [nodes[i].shape for i in node.inputs], node.rank)
         if node.kind == "concat":
             layout = _concat(input_layouts, node.rank)
             if layout == INVALID:
@@ -162,13 +163,18 @@ class LayoutGraph:
         return plain_inputs, plain(node.rank)
 
 
-def _binary(layouts: Sequence[str], ranks: Sequence[int], out_rank: int):
+def _binary(layouts: Sequence[str], shapes: Sequence[tuple[int, ...]], out_rank: int):
     """Relax's rule for broadcasting elementwise ops with two tensor inputs."""
-    (a, b), (ra, rb) = layouts, ranks
+    (a, b), (ra, rb) = layouts, [len(s) for s in shapes]
     if is_packed(a) and is_packed(b) and a != b:
         return (a, b), INVALID
     if (is_packed(a) or is_packed(b)) and ra == rb:
         winner = a if is_packed(a) else b
+        if any(len(s) > 1 and s[1] % block_of(winner) for s in shapes):
+            # a channel axis the block does not divide, broadcast against the packed
+            # one (an L2 normalization's sum over channels, kept as 1): Relax cannot
+            # pack it and ConvertLayout fails ("Cannot broadcast from 5 to 4")
+            return (a, b), INVALID
         return (winner, winner), winner
     if ra == 0:
         return (a, b), b

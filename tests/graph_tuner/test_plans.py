@@ -107,3 +107,52 @@ def test_every_plan_matches_nchw_and_mxnet(small, packing):
         named = {graph.nodes[i].name: lay for i, lay in layouts.items()}
         assert_close(ours, nchw, f"{named} vs NCHW")
         assert_close(ours, expected, f"{named} vs MXNet")
+
+
+def test_a_channel_sum_broadcast_against_its_input_keeps_that_input_plain(tmp_path):
+    """SSD-VGG's L2 normalization divides a tensor by its sum over channels (kept as one
+    channel): Relax cannot convert that divide with the tensor packed. The graph calls
+    exactly those plans invalid; every other plan converts, inserts the transforms it
+    predicts and computes what MXNet computes."""
+    from conftest import mxnet_forward
+
+    from edgecv._mxnet import import_mxnet
+
+    mx = import_mxnet()
+    S = mx.sym
+    shape = (1, 8, 6, 6)
+    first = S.Convolution(S.var("data"), kernel=(3, 3), pad=(1, 1), num_filter=16, name="a")
+    normed = S.L2Normalization(first, mode="channel")
+    net = S.Convolution(S.relu(normed), kernel=(1, 1), num_filter=16, name="b")
+    arg_shapes, _, _ = net.infer_shape(data=shape)
+    rng = np.random.RandomState(0)
+    params = {}
+    for name, arg_shape in zip(net.list_arguments(), arg_shapes, strict=True):
+        if name != "data":
+            params[name] = rng.normal(size=arg_shape).astype(np.float32)
+    prefix = tmp_path / "l2"
+    net.save(f"{prefix}-symbol.json")
+    mx.nd.save(f"{prefix}-0000.params", {f"arg:{k}": mx.nd.array(v) for k, v in params.items()})
+    x = rng.normal(size=shape).astype(np.float32)
+    expected = mxnet_forward(f"{prefix}-symbol.json", f"{prefix}-0000.params", x)[0]
+    mod = from_mxnet(load_symbol(f"{prefix}-symbol.json"), params, {"data": shape}).mod
+    prepared = relax.transform.FoldConstant()(mod)
+    extracted = extract(prepared, conv_candidates(["NCHW8c"]))
+    graph = extracted.graph
+    first_conv = graph.convs()[0]  # in binding order: a, then b
+    valid = []
+    for layouts in _plans(graph):
+        named = {graph.nodes[i].name: lay for i, lay in layouts.items()}
+        predicted = evaluate(graph, layouts, Unit()).total
+        a_packed = layouts[first_conv] == "NCHW8c"
+        assert (predicted == float("inf")) == a_packed, named
+        if a_packed:
+            with pytest.raises(Exception, match="broadcast"):
+                convert_layouts(extracted, layouts)
+        else:
+            converted = convert_layouts(extracted, layouts)
+            assert len(inserted_transforms(converted)) == predicted, named
+            valid.append(converted)
+    assert len(valid) == 2
+    for ours in _run_all(valid, x):
+        assert_close(ours, expected, "plan vs MXNet")
