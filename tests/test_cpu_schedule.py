@@ -91,6 +91,8 @@ def compare_kernels(mod) -> int:
         ((1, 3, 31, 31), 16, 7, 2, 1),  # 7x7 stride 2 onto 13 (prime) columns
         ((1, 8, 13, 13), 8, 5, 1, 8),  # 5x5 depthwise, prime width
         ((1, 8, 38, 38), 32, 3, 1, 1),  # width 38 = 2 x 19: 2-pixel tiles of a row
+        ((1, 16, 13, 13), 255, 1, 1, 1),  # YOLOv3's head: 15-lane vectors
+        ((1, 8, 10, 10), 84, 3, 1, 1),  # SSD's class head: 14-lane vectors
     ],
 )
 def test_convolution_schedules_match(shape, out_channels, kernel, stride, groups):
@@ -140,3 +142,19 @@ def test_a_pixel_tile_holds_part_of_one_row_or_whole_rows():
                     assert width % pixels == 0
     assert pixel_tile(38, 38, 8) == (2, False)
     assert pixel_tile(6, 3, 8) == (6, True)
+
+
+@pytest.mark.parametrize("out_channels", [84, 126, 255])
+def test_detection_heads_take_the_conv_rule(out_channels):
+    """SSD's and YOLOv3's heads (channels no power of two divides) are convolutions
+    like the others: they went to the row and window rules at 4-26 GFLOP/s."""
+    from edgecv.schedules.cpu import default_rules, safe_rule
+    from edgecv.schedules.stage import ScheduleOrder
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    mod = conv_module((1, 32, 10, 10), out_channels, 3, 1, 1)
+    (conv,) = [f for gv, f in lower(mod).kernels.functions.items() if "conv2d" in gv.name_hint]
+    order = ScheduleOrder(target, default_rules(target), safe_rule())
+    with target:
+        chosen = next(c for c in order.attempts(conv.without_attr("global_symbol")) if c.func)
+    assert chosen.rule == "cpu.Conv2D"

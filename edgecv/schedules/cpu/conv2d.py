@@ -20,6 +20,7 @@ from .loop_nest import (
     read_index,
     unroll,
     uses,
+    vector_width,
 )
 
 
@@ -45,9 +46,11 @@ def schedule_conv2d(
     if uses([r.min for r in data.region], stmt.iter_vars[1].var):
         raise NotApplicable("grouped convolution: input channels depend on the output channel")
     out_channels, height, width = extent(sch, co), extent(sch, h), extent(sch, w)
-    lanes = simd.lanes
-    if out_channels % lanes:
-        raise NotApplicable(f"{out_channels} output channels are no multiple of {lanes}")
+    # Detection heads have channel counts no power of two divides (SSD 84 and 126, YOLOv3
+    # 255): their vectors take the largest divisor that fits a register (14, 15 lanes).
+    lanes = vector_width(out_channels, simd)
+    if lanes < 4:
+        raise NotApplicable(f"{out_channels} output channels leave vectors of {lanes} lanes")
     rows = 2 if out_channels % (2 * lanes) == 0 else 1
     block_channels = rows * lanes
     # Half the registers accumulate: the rest hold weights, the broadcast input, addresses.
