@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .graph import INVALID, LayoutGraph, Node, convertible, plain
+from .graph import INVALID, LayoutGraph, Node, convertible, is_packed, plain
 
 # States at one step beyond which the DP gives way to iterated greedy. ResNet-50 needs
 # 9, SSD's heads a few hundred; tens of thousands would take seconds in Python.
@@ -164,14 +164,57 @@ def _dynamic_programming(
 
 
 def uniform_plans(graph: LayoutGraph) -> dict[str, dict[int, str]]:
-    """Per layout: every convolution in it where it is a candidate, in its first
-    candidate (plain, where plain is one) elsewhere."""
+    """Per layout: every convolution in it where it is a candidate and Relax can apply
+    it (:func:`repaired`), in its first candidate (plain, where plain is one) elsewhere."""
     convs = graph.convs()
     names = sorted({c for i in convs for c in graph.choices(i)}, key=lambda c: (len(c), c))
     return {
-        name: {i: name if name in graph.choices(i) else graph.choices(i)[0] for i in convs}
+        name: repaired(
+            graph, {i: name if name in graph.choices(i) else graph.choices(i)[0] for i in convs}
+        )
         for name in names
     }
+
+
+def repaired(graph: LayoutGraph, layouts: dict[int, str]) -> dict[int, str]:
+    """``layouts`` with the packed convolutions nearest above each node Relax could not
+    convert (:data:`~.graph.INVALID`) put back in their first candidate, until none is
+    left: an SSD-VGG packed everywhere but before its L2 normalization."""
+    layouts = dict(layouts)
+    while (bad := first_invalid(graph, layouts)) is not None:
+        above = _packed_convs_above(graph, layouts, bad)
+        if not above:
+            break
+        for index in above:
+            layouts[index] = graph.choices(index)[0]
+    return layouts
+
+
+def first_invalid(graph: LayoutGraph, layouts: dict[int, str]) -> int | None:
+    """The first node (in topological order) whose layout ``layouts`` makes invalid."""
+    out: list[str] = []
+    for index, node in enumerate(graph.nodes):
+        choice = layouts.get(index, plain(node.rank)) if node.kind == "conv" else ""
+        _, layout = graph.resolve(index, [out[i] for i in node.inputs], choice)
+        if layout == INVALID:
+            return index
+        out.append(layout)
+    return None
+
+
+def _packed_convs_above(graph: LayoutGraph, layouts: dict[int, str], index: int) -> set[int]:
+    found, seen, stack = set(), set(), list(graph.nodes[index].inputs)
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        if graph.nodes[i].kind == "conv":
+            if is_packed(layouts.get(i, "")):
+                found.add(i)
+        else:
+            stack.extend(graph.nodes[i].inputs)
+    return found
 
 
 def iterated_greedy(

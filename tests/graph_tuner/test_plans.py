@@ -18,7 +18,7 @@ from edgecv.frontend.mxnet_graph import load_params, load_symbol
 from edgecv.graph_tuner.activations import rewrite_activations
 from edgecv.graph_tuner.apply import convert_layouts, inserted_transforms
 from edgecv.graph_tuner.extract import extract
-from edgecv.graph_tuner.solver import evaluate
+from edgecv.graph_tuner.solver import evaluate, uniform_plans
 from edgecv.graph_tuner.stage import conv_candidates
 from edgecv.lowering import lower
 from edgecv.runtime.cpu import CPUBackend
@@ -154,5 +154,9 @@ def test_a_channel_sum_broadcast_against_its_input_keeps_that_input_plain(tmp_pa
             assert len(inserted_transforms(converted)) == predicted, named
             valid.append(converted)
     assert len(valid) == 2
+    # the uniform packed plan (`--layout packed`, and the plan the costs are measured
+    # in) packs what Relax can convert: b, not a
+    second_conv = graph.convs()[1]
+    assert uniform_plans(graph)["NCHW8c"] == {first_conv: "NCHW", second_conv: "NCHW8c"}
     for ours in _run_all(valid, x):
         assert_close(ours, expected, "plan vs MXNet")
