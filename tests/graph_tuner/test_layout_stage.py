@@ -94,3 +94,24 @@ def test_auto_for_another_cpu_architecture_builds_nchw_and_says_why(small_mod, t
     assert facts["chosen"] == "NCHW"
     assert "aarch64 kernels cannot be timed on this x86_64 machine" in facts["reason"]
     assert not (tmp_path / "costs").exists()
+
+
+def test_a_convolutions_candidates_come_from_one_source():
+    """Database times only for a convolution whose every candidate has a record (and
+    for a kernel two convolutions share, only if both are complete): a database time
+    beside a measured one compares two different timers."""
+    from edgecv.graph_tuner.measure import _from_database
+
+    class Database:
+        def best_seconds(self, func, target):
+            return {"a1": 1.0, "a2": 2.0, "b1": 1.0, "c1": 1.0}.get(func)
+
+    class Meter:
+        database, target = Database(), None
+
+    wanted = {"ka1": "a1", "ka2": "a2", "kb1": "b1", "kb2": "b2", "kc1": "c1"}
+    convs = [("a", "NCHW", "ka1"), ("a", "NCHW8c", "ka2"),
+             ("b", "NCHW", "kb1"), ("b", "NCHW8c", "kb2"), ("c", "NCHW", "kc1")]  # fmt: skip
+    assert _from_database(wanted, convs, Meter()) == {"ka1", "ka2", "kc1"}
+    shared = [*convs, ("d", "NCHW", "ka1"), ("d", "NCHW8c", "kb2")]
+    assert _from_database(wanted, shared, Meter()) == {"kc1"}
