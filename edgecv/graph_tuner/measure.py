@@ -120,12 +120,15 @@ def _from_database(wanted: dict, convs: list[tuple[str, str, str]], meter: Meter
     for name, _, key in convs:
         keys_of.setdefault(name, []).append(key)
         users.setdefault(key, []).append(name)
-    recorded = {key: _database_seconds(meter, wanted[key]) for key in users}
-
-    def complete(name: str) -> bool:
-        return all(recorded[k] is not None for k in keys_of[name])
-
-    return {key for key, names in users.items() if all(complete(n) for n in names)}
+    chosen = {key for key in users if _database_seconds(meter, wanted[key]) is not None}
+    changed = True
+    while changed:  # a kernel two convolutions share leaves the database for both
+        changed = False
+        for keys in keys_of.values():
+            if not all(k in chosen for k in keys) and any(k in chosen for k in keys):
+                chosen.difference_update(keys)
+                changed = True
+    return chosen
 
 
 def _database_seconds(meter: Meter, func: tirx.PrimFunc) -> float | None:
