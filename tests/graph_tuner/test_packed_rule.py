@@ -29,6 +29,8 @@ CASES = [
     (16, 16, 9, 3, 1, 16, 8),  # depthwise
     (16, 16, 9, 3, 2, 16, 8),  # depthwise, strided
     (32, 32, 6, 5, 1, 32, 16),  # depthwise 5x5, two registers per block
+    (8, 16, 23, 3, 1, 1, 8),  # prime width wider than a tile: its last tile predicated
+    (3, 16, 37, 7, 2, 1, 8),  # a stem onto a prime width (squeezenet's 109, smaller)
 ]
 
 

@@ -43,6 +43,10 @@ def _pixels(height: int, width: int, cap: int) -> tuple[int, int]:
         rows = largest_divisor(height, cap // columns)
         best = max(best, (rows * columns, columns), key=lambda t: (t[0], t[1]))
     pixels, columns = best
+    if 2 * pixels < cap <= width:
+        # a prime width (squeezenet's 109) leaves one pixel a tile: a full tile of
+        # columns instead, the last one of each row predicated
+        return 1, cap
     return pixels // columns, columns
 
 
