@@ -108,7 +108,6 @@ def source_record(source: zoo.ExportedModel, model: str, params: str | None, see
             "symbol": absolute(source.symbol_path),
             "params": absolute(source.params_path),
             "input_shape": list(source.input_shape),
-            "input_shapes": {k: list(v) for k, v in source.graph_inputs.items()},
         }
     return {
         "kind": "zoo",
@@ -117,7 +116,6 @@ def source_record(source: zoo.ExportedModel, model: str, params: str | None, see
         "seed": seed,
         "params": absolute(params),
         "input_shape": list(source.input_shape),
-        "input_shapes": {k: list(v) for k, v in source.graph_inputs.items()},
     }
 
 

@@ -80,8 +80,8 @@ def measure_costs(
         transforms[(shape, src, dst)] = key = transform_key(shape, src, dst)
         wanted.setdefault(key, None)  # built only when it has to be measured
     times: dict[str, float] = {}
-    for key in _from_database(wanted, convs, meter):
-        times[key] = _database_seconds(meter, wanted[key])
+    for key, seconds in _from_database(wanted, convs, meter).items():
+        times[key] = seconds
         costs.sources["database"] = costs.sources.get("database", 0) + 1
     for key in wanted:
         cached = cache.get(key) if key not in times else None
@@ -109,8 +109,10 @@ def measure_costs(
     return costs
 
 
-def _from_database(wanted: dict, convs: list[tuple[str, str, str]], meter: Meter) -> set[str]:
-    """The kernel keys whose time comes from the tuning database: those of each
+def _from_database(
+    wanted: dict, convs: list[tuple[str, str, str]], meter: Meter
+) -> dict[str, float]:
+    """The kernel keys whose time comes from the tuning database, with that time: those of each
     convolution whose every candidate layout has a record there. A convolution's
     candidates are compared like with like: the tuning runner times single calls, the
     meter averages many, and a packed time from the database beside a measured NCHW
@@ -120,7 +122,8 @@ def _from_database(wanted: dict, convs: list[tuple[str, str, str]], meter: Meter
     for name, _, key in convs:
         keys_of.setdefault(name, []).append(key)
         users.setdefault(key, []).append(name)
-    chosen = {key for key in users if _database_seconds(meter, wanted[key]) is not None}
+    recorded = {key: _database_seconds(meter, wanted[key]) for key in users}
+    chosen = {key for key, seconds in recorded.items() if seconds is not None}
     changed = True
     while changed:  # a kernel two convolutions share leaves the database for both
         changed = False
@@ -128,7 +131,7 @@ def _from_database(wanted: dict, convs: list[tuple[str, str, str]], meter: Meter
             if not all(k in chosen for k in keys) and any(k in chosen for k in keys):
                 chosen.difference_update(keys)
                 changed = True
-    return chosen
+    return {key: recorded[key] for key in chosen}
 
 
 def _database_seconds(meter: Meter, func: tirx.PrimFunc) -> float | None:

@@ -112,6 +112,6 @@ def test_a_convolutions_candidates_come_from_one_source():
     wanted = {"ka1": "a1", "ka2": "a2", "kb1": "b1", "kb2": "b2", "kc1": "c1"}
     convs = [("a", "NCHW", "ka1"), ("a", "NCHW8c", "ka2"),
              ("b", "NCHW", "kb1"), ("b", "NCHW8c", "kb2"), ("c", "NCHW", "kc1")]  # fmt: skip
-    assert _from_database(wanted, convs, Meter()) == {"ka1", "ka2", "kc1"}
+    assert _from_database(wanted, convs, Meter()) == {"ka1": 1.0, "ka2": 2.0, "kc1": 1.0}
     shared = [*convs, ("d", "NCHW", "ka1"), ("d", "NCHW8c", "kb2")]
-    assert _from_database(wanted, shared, Meter()) == {"kc1"}  # a then d: both leave
+    assert _from_database(wanted, shared, Meter()) == {"kc1": 1.0}  # a then d: both leave
