@@ -195,13 +195,16 @@ def test_a_record_for_an_opencl_profile_applies_at_deploy_and_matches_mxnet(tune
     mod = in_deploy_layouts(mod, profile, "auto", [tmp_path / "gpu"], lambda m: None)
     database = open_database(tmp_path / "gpu")
     order = gpu_order(target, profile.intel_subgroup_size)
-    for task in extract_tasks(mod, profile):
+    tasks = extract_tasks(mod, profile)
+    for task in tasks:
         _, sch = next(default_schedules(task, order))
         commit_schedule(database, task.mod, sch, [1e-4], target)
     path = deploy(str(symbol), tmp_path / "pkg", "deeplens", input_shape=SHAPE, host="native",
                   options=BuildOptions(tuning=[tmp_path / "gpu"]))  # fmt: skip
     rules = json.loads((path / "manifest.json").read_text())["build"]["schedules"]["gpu"]["rules"]
-    assert rules == {"tuned": 3}
+    # every GPU kernel of the plan takes its record (how many there are depends on the
+    # layouts the measured costs chose: 3 or 4 on Intel's runtime)
+    assert rules == {"tuned": sum(len(t.kernels) for t in tasks)}
     x = tiny_input()
     reference = mxnet_forward(symbol, symbol.with_name("tiny-0000.params"), x)[0]
     assert_close(load(path, on="intel").run(x)[0], reference)
