@@ -115,27 +115,13 @@ def _import(meta: dict):
     return from_mxnet(graph, params, shapes)
 
 
-def _loosening(symbol: str) -> float:
-    # as tests/test_parity.py: float32 rounding differences compound with depth, so a
-    # network gets the per-operator tolerance times (its weighted layers / 10)
-    text = Path(symbol).read_text()
-    layers = text.count('"op": "Convolution"') + text.count('"op": "FullyConnected"')
-    return max(1.0, layers / 10)
-
-
 def _deploy_and_compare(meta: dict, profile: str, record: dict, seed: int) -> None:
     import numpy as np
 
     import edgecv
-    from edgecv._mxnet import import_mxnet
     from edgecv.deploy import deploy
     from edgecv.frontend.random_weights import example_input
-    from edgecv.testing import (
-        assert_close,
-        detection_loosening,
-        match_detections,
-        rounding_loosening,
-    )
+    from edgecv.testing import compare_with_mxnet
 
     shapes = {name: tuple(s) for name, s in meta["inputs"].items()}
     shape = next(iter(shapes.values()))
@@ -160,42 +146,10 @@ def _deploy_and_compare(meta: dict, profile: str, record: dict, seed: int) -> No
             model.run(*xs)
             times.append(time.perf_counter() - t)
         record["latency_ms"] = round(1000 * float(np.median(times)), 2)
-    mx = import_mxnet()
-    net = mx.gluon.SymbolBlock.imports(meta["symbol"], list(shapes), meta["params"])
-
-    def forward(*arrays):
-        out = net(*[mx.nd.array(a) for a in arrays])
-        return [r.asnumpy() for r in (out if isinstance(out, (list, tuple)) else [out])]
-
-    ref = forward(*xs)
-    if len(ours) != len(ref):
-        raise AssertionError(f"{len(ours)} outputs, MXNet has {len(ref)}")
-    depth = _loosening(meta["symbol"])
-    first = 0
-    if _detections(ref):  # rows whose scores tie may come in either order: as sets
-        box_scale = max(shape[2:])
-        det_loosen = max(depth, detection_loosening(forward, xs, box_scale))
-        record["loosen"] = round(det_loosen, 1)
-        match_detections(ours[:3], ref[:3], det_loosen, box_scale)
-        first = 3
-    # a model that amplifies float32 rounding (MXNet against itself) is held to that
-    if first < len(ref):
-        loosen = [max(depth, f) for f in rounding_loosening(forward, xs)]
-        record["loosen"] = round(max([record.get("loosen", 1.0), *loosen[first:]]), 1)
-    for i, (o, r) in enumerate(zip(ours, ref, strict=True)):
-        if i >= first:
-            assert_close(o, r, f"output {i}", loosen=loosen[i])
+    inputs = dict(zip(shapes, xs, strict=True))
+    compared = compare_with_mxnet(ours, meta["symbol"], meta["params"], inputs)
+    record["loosen"] = round(compared["loosen"], 1)
     record["parity"] = "ok"
-
-
-def _detections(outputs: list) -> bool:
-    """(ids, scores, boxes, ...) of a detector: (1, N, 1), (1, N, 1), (1, N, 4)."""
-    if len(outputs) < 3:
-        return False
-    shapes = [o.shape for o in outputs[:3]]
-    return all(len(s) == 3 and s[:2] == shapes[0][:2] for s in shapes) and [
-        s[2] for s in shapes
-    ] == [1, 1, 4]
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -323,6 +277,17 @@ def sweep_one(name: str, family: str, args) -> dict:
     return {"model": name, "family": family, **record}
 
 
+def _earlier_rows(out: Path) -> list[dict]:
+    """The rows of an earlier run's CSV (a long sweep continues across sessions)."""
+    import csv
+
+    path = out.with_suffix(".csv")
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", help="comma-separated families (ssd,rcnn,...)")
@@ -337,6 +302,11 @@ def main() -> None:
         "--compare-with", metavar="DIR", help="also import with the edgecv package in DIR"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the rows of an earlier run's <out>.csv and sweep only the models it lacks",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--baseline", help=argparse.SUPPRESS)
     parser.add_argument("--record", help=argparse.SUPPRESS)
@@ -353,8 +323,11 @@ def main() -> None:
     names = args.models.split(",") if args.models else zoo.gluoncv_names()
     wanted = set(args.families.split(",")) if args.families else None
     per_family: dict[str, int] = {}
-    rows = []
+    rows = _earlier_rows(args.out) if args.resume else []
+    done = {r["model"] for r in rows}
     for name in names:
+        if name in done:
+            continue
         rule = zoo.family_of(name)
         if wanted and rule.family not in wanted:
             continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -24,10 +25,10 @@ log = logging.getLogger(__name__)
 
 
 def deploy(
-    model: str,
+    model: str | Path,
     output: str | Path | None = None,
     device: str = "cpu",
-    params: str | None = None,
+    params: str | Path | None = None,
     input_shape: tuple[int, ...] | dict[str, tuple[int, ...]] | None = None,
     pretrained: bool = True,
     seed: int = 0,
@@ -43,13 +44,13 @@ def deploy(
 
     Parameters
     ----------
-    model : str
+    model : str or Path
         A zoo name or alias (``ssd_mobilenet``) or a path to ``*-symbol.json``.
     output : path, optional
         The package folder; ``./<model>-<device>`` by default.
     device : str
         A device profile name (see ``edgecv profiles``).
-    params : str, optional
+    params : str or Path, optional
         Weights: export-style ``.params`` for a symbol file, ``save_parameters`` style
         for a zoo model.
     input_shape : tuple or dict, optional
@@ -77,6 +78,8 @@ def deploy(
     Path
         The package folder.
     """
+    model = os.fspath(model)  # a pathlib.Path from Python callers
+    params = None if params is None else os.fspath(params)
     if output is not None:
         check_destination(output, force)  # before minutes of compiling, not after
     profile = load_profile(device)

@@ -19,22 +19,13 @@ from edgecv.frontend.mxnet_graph import load_params, load_symbol
 from edgecv.lowering import lower
 from edgecv.runtime.cpu import CPUBackend
 from edgecv.runtime.executor import Executor
-from edgecv.testing import assert_close, match_detections
+from edgecv.testing import assert_close, match_detections, network_loosening
 
 heavy = pytest.mark.heavy
 
 
 def depth_loosening(exported) -> float:
-    """How much to loosen the float32 tolerance for a whole network, and why.
-
-    Each layer's float32 sum runs in a different order in MXNet (oneDNN) than in our
-    kernels; the rounding differences compound through the layers. The table's
-    tolerance is per operator, so a network gets it times (its weighted layers / 10):
-    ResNet-50 (54 layers) compares within ~5e-5 of its output scale.
-    """
-    text = exported.symbol_path.read_text()
-    layers = text.count('"op": "Convolution"') + text.count('"op": "FullyConnected"')
-    return max(1.0, layers / 10)
+    return network_loosening(exported.symbol_path)
 
 
 def compile_cpu(exported) -> Executor:

@@ -17,6 +17,15 @@ from tvm import relax
 from .extract import Extracted
 from .graph import block_of, is_packed
 
+# operators with data/kernel layouts that no packed rule implements: they keep their
+# own (plain) layouts, with a transform before them where their input is packed
+KEPT_IN_THEIR_LAYOUT = (
+    "relax.nn.conv2d_transpose",
+    "relax.nn.conv1d",
+    "relax.nn.conv1d_transpose",
+    "relax.nn.conv3d",
+)
+
 
 def desired_layouts(call: relax.Call, layout: str) -> list[str]:
     """``[data, kernel, output]`` layouts of a conv2d ``call`` run in ``layout``."""
@@ -42,9 +51,14 @@ def convert_layouts(extracted: Extracted, layouts: dict[int, str]) -> tvm.IRModu
     conv2d = tvm.ir.Op.get("relax.nn.conv2d")
 
     def layout_cb(call: relax.Call) -> dict[str, list[str]]:
-        if not call.op.same_as(conv2d):
-            return {}
-        return {"relax.nn.conv2d": wanted.get(call.__chandle__(), plain)}
+        if call.op.same_as(conv2d):
+            return {"relax.nn.conv2d": wanted.get(call.__chandle__(), plain)}
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in KEPT_IN_THEIR_LAYOUT:
+            # Relax would give it its packed input's layout, which its layout inference
+            # cannot map onto its own 4-D attributes ("Layouts must have the same size")
+            attrs = call.attrs
+            return {call.op.name: [str(attrs.data_layout), str(attrs.kernel_layout)]}
+        return {}
 
     passes = tvm.transform.Sequential(
         [

@@ -21,6 +21,7 @@ repacks its weights as it runs. Plain convolutions keep TVM's own legalization.
 
 from __future__ import annotations
 
+import tvm
 from tvm import relax, te, topi
 
 CONV2D = "conv2d_NCHWc"
@@ -28,8 +29,23 @@ DEPTHWISE = "depthwise_conv2d_NCHWc"
 
 
 def legalize_map() -> dict:
-    """The ``customize_legalize_map`` for ``LegalizeOps``: packed conv2d only."""
-    return {"relax.nn.conv2d": legalize_conv2d}
+    """The ``customize_legalize_map`` for ``LegalizeOps``: packed conv2d, and layout
+    transforms of boolean tensors."""
+    return {"relax.nn.conv2d": legalize_conv2d, "relax.layout_transform": legalize_layout_transform}
+
+
+def legalize_layout_transform(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """TVM's legalization of ``layout_transform``, except for boolean tensors (a mask
+    computed between packed convolutions, as monodepth2's decoder does): TVM pads every
+    dtype without "int" in its name with float 0.0, which TIR refuses for a bool buffer
+    ("fills padding with ... float32"). A bool tensor moves as int8 instead."""
+    default = tvm.ir.Op.get("relax.layout_transform").get_attr("FLegalize")
+    data = call.args[0]
+    if str(data.ty.dtype) != "bool":
+        return default(bb, call)
+    as_int = bb.emit(bb.call_te(topi.cast, data, "int8", primfunc_name_hint="cast"))
+    moved = default(bb, bb.normalize(relax.Call(call.op, [as_int], call.attrs)))
+    return bb.call_te(topi.cast, bb.emit(moved), "bool", primfunc_name_hint="cast")
 
 
 def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:

@@ -160,3 +160,49 @@ def test_a_channel_sum_broadcast_against_its_input_keeps_that_input_plain(tmp_pa
     assert uniform_plans(graph)["NCHW8c"] == {first_conv: "NCHW", second_conv: "NCHW8c"}
     for ours in _run_all(valid, x):
         assert_close(ours, expected, "plan vs MXNet")
+
+
+def _export_symbol(net, shape, prefix):
+    from edgecv._mxnet import import_mxnet
+
+    mx = import_mxnet()
+    arg_shapes, _, _ = net.infer_shape(data=shape)
+    rng = np.random.RandomState(0)
+    params = {
+        name: rng.normal(scale=0.5, size=arg_shape).astype(np.float32)
+        for name, arg_shape in zip(net.list_arguments(), arg_shapes, strict=True)
+        if name != "data"
+    }
+    net.save(f"{prefix}-symbol.json")
+    mx.nd.save(f"{prefix}-0000.params", {f"arg:{k}": mx.nd.array(v) for k, v in params.items()})
+    return f"{prefix}-symbol.json", f"{prefix}-0000.params", params
+
+
+def test_a_deconvolution_and_a_boolean_mask_between_packed_convolutions(tmp_path):
+    """Pose and depth decoders: an ELU (a boolean mask picks the branch) and a
+    Deconvolution between convolutions. Relax gave the Deconvolution its packed input's
+    layout ("Layouts must have the same size") and TVM's legalization padded the boolean
+    mask with float 0 (TIR refuses it): each made `--layout auto` fall back to NCHW for
+    simple_pose and monodepth2. Every plan converts and computes what MXNet computes."""
+    from conftest import mxnet_forward
+
+    from edgecv._mxnet import import_mxnet
+
+    S = import_mxnet().sym
+    shape = (1, 8, 6, 6)
+    a = S.Convolution(S.var("data"), kernel=(3, 3), pad=(1, 1), num_filter=16, name="a")
+    c = S.Convolution(S.LeakyReLU(a, act_type="elu"), kernel=(1, 1), num_filter=16, name="c")
+    up = S.Deconvolution(S.relu(c), kernel=(4, 4), stride=(2, 2), pad=(1, 1), num_filter=8,
+                         no_bias=True, name="up")  # fmt: skip
+    net = S.Convolution(S.LeakyReLU(up, act_type="elu"), kernel=(1, 1), num_filter=8, name="b")
+    symbol, params_path, params = _export_symbol(net, shape, tmp_path / "decoder")
+    x = np.random.RandomState(1).normal(size=shape).astype(np.float32)
+    expected = mxnet_forward(symbol, params_path, x)[0]
+    mod = from_mxnet(load_symbol(symbol), params, {"data": shape}).mod
+    prepared = relax.transform.FoldConstant()(rewrite_activations(mod))
+    extracted = extract(prepared, conv_candidates(["NCHW8c"]))
+    plans = list(_plans(extracted.graph))
+    assert len(plans) == 8  # a, c and b, each plain or packed
+    converted = [convert_layouts(extracted, layouts) for layouts in plans]
+    for layouts, ours in zip(plans, _run_all(converted, x), strict=True):
+        assert_close(ours, expected, f"{layouts} vs MXNet")

@@ -1,0 +1,50 @@
+"""One model of every GluonCV family deploys for ``cpu`` and matches MXNet.
+
+The seven zoo models edgecv was built around cover classification and SSD in
+tests/test_parity.py; each other family gets its smallest member here, deployed
+through the user's path (``edgecv.deploy``, default layout choice), loaded as a
+package and compared with MXNet's forward pass of the same exported graph by
+``edgecv.testing.compare_with_mxnet`` (as ``benchmarks/zoo_coverage.py`` compares
+every model of the zoo). Two inputs (SiamRPN) are covered by tests/test_multi_input.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import edgecv
+from edgecv.deploy import deploy
+from edgecv.frontend import zoo
+from edgecv.frontend.random_weights import example_input
+from edgecv.testing import compare_with_mxnet
+
+FAMILIES = [
+    ("yolo3", "yolo3_mobilenet0.25_coco"),
+    ("rcnn", "faster_rcnn_resnet50_v1b_voc"),
+    ("centernet", "center_net_resnet18_v1b_voc"),
+    ("pose", "simple_pose_resnet18_v1b"),
+    ("segmentation", "fastscnn_citys"),
+    ("other", "monodepth2_resnet18_kitti_mono_640x192"),
+]
+
+
+@pytest.mark.parametrize(("family", "name"), FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_family_member_deploys_for_cpu_and_matches_mxnet(exported, tmp_path, family, name):
+    assert zoo.family_of(name).family == family
+    model = exported(name)
+    package = deploy(
+        model.symbol_path,
+        tmp_path / "pkg",
+        device="cpu",
+        params=model.params_path,
+        input_shape=model.input_shape,
+        pretrained=False,
+    )
+    x = example_input(model.input_shape, 0)
+    ours = edgecv.load(package).run(x)
+    compared = compare_with_mxnet(ours, model.symbol_path, model.params_path, {"data": x})
+    if compared["detections"] is not None:
+        assert compared["detections"] > 0, "no valid detections: the comparison proves nothing"
+    else:
+        assert max(float(np.abs(o).max()) for o in ours) > 1e-3, "outputs carry no signal"
