@@ -17,6 +17,7 @@ for transforms, shape and layouts; a second deploy measures nothing.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterable
@@ -143,19 +144,48 @@ def conv_kernels(extracted: Extracted, layout: str) -> dict[str, tirx.PrimFunc]:
         raise RuntimeError(
             f"{len(convs)} convolutions became {len(steps)} convolution kernels in {layout}"
         )
+    # Kernels run in the plan's order, which on parallel branches (Fast-SCNN's) is not
+    # the graph's: each convolution takes the first unclaimed kernel of its signature.
+    unclaimed = list(steps)
     found = {}
-    for index, kernel in zip(convs, steps, strict=True):
-        node = graph.nodes[index]
-        out_shape = [int(d) for d in functions[kernel].params[-1].shape]
-        if layouts[index] == layout and _logical(out_shape, layout) == list(node.shape):
-            found[node.name] = functions[kernel]
+    for index in convs:
+        signature = _conv_signature(extracted, index)
+        kernel = next(
+            (k for k in unclaimed if _kernel_signature(functions[k], signature) == signature),
+            None,
+        )
+        if kernel is None:
+            continue
+        unclaimed.remove(kernel)
+        if layouts[index] == layout:
+            found[graph.nodes[index].name] = functions[kernel]
     return found
 
 
-def _logical(shape: list[int], layout: str) -> list[int]:
-    if not is_packed(layout) or len(shape) != 5:
-        return shape
-    return [shape[0], shape[1] * shape[4], *shape[2:4]]
+def _conv_signature(extracted: Extracted, index: int) -> tuple:
+    """(output, data) logical shapes, weight elements and kernel size of conv ``index``."""
+    call = extracted.calls[index]
+    data, weight = (tuple(int(d) for d in a.ty.shape.values) for a in call.args[:2])
+    node = extracted.graph.nodes[index]
+    return (tuple(node.shape), data, math.prod(weight), weight[2:4])
+
+
+def _kernel_signature(func: tirx.PrimFunc, wanted: tuple) -> tuple:
+    """The signature :func:`_conv_signature` would give the convolution in ``func``, as
+    far as ``func``'s parameters show it (the output last; data and weight among the
+    others, the weight's kernel size at axes 2-3 in every layout)."""
+    shapes = [[int(d) for d in p.shape] for p in func.params]
+
+    def logical(shape: list[int]) -> tuple[int, ...]:  # NCHW[x]c -> NCHW
+        return tuple(shape if len(shape) != 5 else [shape[0], shape[1] * shape[4], *shape[2:4]])
+
+    out = logical(shapes[-1])
+    datas = [logical(s) for s in shapes[:-1]]
+    weights = [(math.prod(s), tuple(s[2:4])) for s in shapes[:-1] if len(s) >= 4]
+    _, data, numel, size = wanted
+    has_data = data in datas
+    has_weight = (numel, size) in weights
+    return (out, data if has_data else None, *((numel, size) if has_weight else (None, None)))
 
 
 def transform_kernel(shape: tuple[int, ...], src: str, dst: str) -> tirx.PrimFunc:

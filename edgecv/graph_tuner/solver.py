@@ -148,6 +148,8 @@ def _dynamic_programming(
                 if new not in new_states or total < new_states[new]:
                     new_states[new] = total
                     back[new] = (state, choice)
+        if not new_states:  # every plan up to here is inapplicable or has no cost
+            raise RuntimeError(f"no layout plan can reach {node.kind} node {node.name}")
         most = max(most, len(new_states))
         if len(new_states) > max_states:
             return None, most
