@@ -15,6 +15,7 @@ import tvm
 from tvm import relax
 
 from .extract import Extracted
+from .fold import fold_constant_transforms
 from .graph import block_of, is_packed
 
 # operators with data/kernel layouts that no packed rule implements: they keep their
@@ -64,6 +65,11 @@ def convert_layouts(extracted: Extracted, layouts: dict[int, str]) -> tvm.IRModu
         [
             relax.transform.ConvertLayout({}, layout_cb),
             relax.transform.Normalize(),
+            tvm.ir.transform.module_pass(
+                lambda mod, ctx: fold_constant_transforms(mod),
+                opt_level=0,
+                name="FoldConstantTransforms",
+            ),  # fmt: skip
             relax.transform.OptimizeLayoutTransform(),
             relax.transform.DeadCodeElimination(["main"]),
         ]
