@@ -7,7 +7,7 @@ from pathlib import Path
 
 import tvm
 
-from ..schedules.database import TuningDatabase
+from ..schedules.database import RECORDS, WORKLOADS, TuningDatabase
 from ..schedules.stage import ScheduleOrder
 
 
@@ -29,5 +29,31 @@ def gpu_order(
 
 
 def tuning_database(folders: Sequence[str | Path] | None) -> TuningDatabase | None:
-    """The layered database of ``folders`` (first wins); None when tuning is off."""
-    return None if folders is None else TuningDatabase(folders)
+    """The layered database of ``folders`` (first wins); None when tuning is off.
+
+    Read once per process while its files stay as they are: parsing the shipped
+    AVX-512 database (24 MB) takes 9 s, and a deploy asks for it twice (the graph
+    tuner's meter, then the kernel compiles). A file rewritten since (``edgecv tune``
+    in the same process) changes the key and is read again."""
+    if folders is None:
+        return None
+    key = tuple((str(f), *_stamp(Path(f))) for f in folders)
+    if key not in _DATABASES:
+        _DATABASES.clear()  # one layered database at a time is all a process needs
+        _DATABASES[key] = TuningDatabase(folders)
+    return _DATABASES[key]
+
+
+_DATABASES: dict[tuple, TuningDatabase] = {}
+
+
+def _stamp(folder: Path) -> tuple:
+    """What changes when a database folder's files are rewritten."""
+    stamps = []
+    for name in (WORKLOADS, RECORDS):
+        try:
+            stat = (folder / name).stat()
+            stamps.append((stat.st_mtime_ns, stat.st_size))
+        except OSError:
+            stamps.append(None)
+    return tuple(stamps)
