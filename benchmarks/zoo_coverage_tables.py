@@ -39,6 +39,8 @@ def write_tables(rows: list[dict], out: Path, import_only: bool) -> None:
         "import_s",
         "compile_s",
         "latency_ms",
+        "loosen",
+        "cut_tie_rows",
         "error",
         "error_before",
     ]

@@ -57,14 +57,46 @@ def test_detection_rows_that_swap_are_not_counted_as_drift():
 
 def test_tied_detections_in_another_order_match_whatever_their_last_bits():
     """Two rows whose scores tie, in the other order, with scores and boxes that differ
-    in their last bits the other way round: the same detections."""
-    ref = [np.array([[[4.0], [4.0]]]), np.array([[[0.5], [0.5 + 2e-7]]]),
-           np.array([[[10.0, 10, 50, 50], [200, 30, 260, 90]]])]  # fmt: skip
+    in their last bits the other way round: the same detections. (A third row is
+    invalid: the output is not full, so the tie was not cut by its length.)"""
+    none = [-1.0, -1, -1, -1]
+    ref = [np.array([[[4.0], [4.0], [-1]]]), np.array([[[0.5], [0.5 + 2e-7], [-1]]]),
+           np.array([[[10.0, 10, 50, 50], [200, 30, 260, 90], none]])]  # fmt: skip
     # ours ranks the first box higher, by the last bit of its score
-    ours = [ref[0].copy(), np.array([[[0.5 + 2e-7], [0.5]]]),
-            np.array([[[10, 10, 50, 50.0001], [200.0001, 30, 260, 90]]])]  # fmt: skip
+    ours = [ref[0].copy(), np.array([[[0.5 + 2e-7], [0.5], [-1]]]),
+            np.array([[[10, 10, 50, 50.0001], [200.0001, 30, 260, 90], none]])]  # fmt: skip
     ref, ours = ([a.astype(np.float32) for a in x] for x in (ref, ours))
     assert match_detections(ours, ref, box_scale=300.0) == 2
-    wrong = [ref[0], ours[1], np.array([[[200.0, 30, 260, 90], [10, 10, 50, 80]]], np.float32)]
+    wrong = [ref[0], ours[1], np.array([[[200.0, 30, 260, 90], [10, 10, 50, 80], none]])]
     with pytest.raises(AssertionError):
-        match_detections(wrong, ref, box_scale=300.0)
+        match_detections([a.astype(np.float32) for a in wrong], ref, box_scale=300.0)
+
+
+def test_a_tie_cut_at_the_end_of_a_full_output_is_compared_by_score():
+    """Every row valid and the last three tie: the output was cut inside the tie, and
+    which tied candidates made it in is rounding's choice. Those rows compare by
+    score only (and are counted); rows before them still compare exactly."""
+    scores = np.array([[[0.9], [0.5], [0.5], [0.5]]])
+    ref = [
+        np.array([[[1.0], [2.0], [3.0], [4.0]]]),
+        scores,
+        np.array([[[0, 0, 9, 9], [10, 10, 50, 50], [60, 60, 90, 90], [5, 5, 8, 8]]]),
+    ]
+    ours = [
+        np.array([[[1.0], [7.0], [2.0], [3.0]]]),
+        scores.copy(),
+        np.array([[[0, 0, 9, 9], [1, 1, 5, 5], [10, 10, 50, 50], [60, 60, 90, 90]]]),
+    ]
+    ref, ours = ([a.astype(np.float32) for a in x] for x in (ref, ours))
+    cut: list[int] = []
+    assert match_detections(ours, ref, box_scale=300.0, cut=cut) == 4
+    assert cut == [3]
+    wrong_first = [ours[0], ours[1], ours[2].copy()]
+    wrong_first[2][0, 0] = [1, 0, 9, 9]
+    with pytest.raises(AssertionError, match="rows 0:1"):
+        match_detections(wrong_first, ref, box_scale=300.0)
+    # not full (the last row invalid): the tie was not cut, its rows must match as a set
+    ref[0][0, 3], ours[0][0, 3] = -1.0, -1.0
+    ref[1][0, 3], ours[1][0, 3] = -1.0, -1.0
+    with pytest.raises(AssertionError):
+        match_detections(ours, ref, box_scale=300.0)
