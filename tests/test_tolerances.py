@@ -94,9 +94,11 @@ def test_a_tie_cut_at_the_end_of_a_full_output_is_compared_by_score():
     wrong_first = [ours[0], ours[1], ours[2].copy()]
     wrong_first[2][0, 0] = [1, 0, 9, 9]
     with pytest.raises(AssertionError, match="rows 0:1"):
-        match_detections(wrong_first, ref, box_scale=300.0)
+        match_detections(wrong_first, ref, box_scale=300.0, cut=[])
+    with pytest.raises(AssertionError, match="rows 1:4"):  # strict unless asked
+        match_detections(ours, ref, box_scale=300.0)
     # not full (the last row invalid): the tie was not cut, its rows must match as a set
     ref[0][0, 3], ours[0][0, 3] = -1.0, -1.0
     ref[1][0, 3], ours[1][0, 3] = -1.0, -1.0
     with pytest.raises(AssertionError):
-        match_detections(ours, ref, box_scale=300.0)
+        match_detections(ours, ref, box_scale=300.0, cut=[])
