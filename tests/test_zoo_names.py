@@ -57,3 +57,9 @@ def test_multi_input_and_deferred_init_models_export_and_import(name, inputs, tm
     graph = load_symbol(exported.symbol_path)
     imported = from_mxnet(graph, load_params(exported.params_path), exported.input_shapes)
     assert imported.input_names == list(inputs)
+
+
+def test_a_classifier_that_raises_warning_on_unknown_keywords_builds():
+    """darknet53 rejects `pretrained_base` by raising `Warning`, not TypeError."""
+    net = zoo.build_net(zoo.resolve("darknet53"))
+    assert type(net).__name__ == "DarknetV3"

@@ -163,6 +163,9 @@ def build_net(model: ZooModel):
     except TypeError as err:
         if "pretrained_base" not in str(err):
             raise
+    except Warning as err:  # darknet53 raises Warning on a keyword it does not take
+        if "kwargs" not in str(err):
+            raise
     # classifiers pass unknown keywords down to a Block, which rejects them
     kwargs.pop("pretrained_base")
     return gcv.model_zoo.get_model(model.name, pretrained=False, **kwargs)
