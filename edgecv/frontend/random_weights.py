@@ -100,12 +100,18 @@ def random_init(net, seed: int, shapes: list[tuple[int, ...]], calibrate: bool =
         frozen = [(b, b._kwargs.get("use_global_stats", False)) for b in batch_norms]
         for block, _ in frozen:  # keep the hook-calibrated statistics as they are
             block._kwargs["use_global_stats"] = True
-        for _ in range(30):
-            with mx.autograd.record(train_mode=True):
-                out = net(*calibration)
-                heads = [o for o in _flatten(out) if o.dtype == np.float32]
-                loss = mx.nd.add_n(*[h.sum() for h in heads])
-            loss.backward()
+        try:
+            for _ in range(30):
+                with mx.autograd.record(train_mode=True):
+                    out = net(*calibration)
+                    heads = [o for o in _flatten(out) if o.dtype == np.float32]
+                    loss = mx.nd.add_n(*[h.sum() for h in heads])
+                loss.backward()
+        except mx.base.MXNetError:
+            # a net whose training forward needs labels (Faster R-CNN with FPN samples
+            # its training targets from ground-truth boxes) keeps those statistics
+            # as initialized: still seeded, only less well scaled
+            pass
         for block, value in frozen:
             block._kwargs["use_global_stats"] = value
     for param in symbolic:
