@@ -74,8 +74,8 @@ def match_detections(
     whose rows differ is compared by its scores only and its row count appended to
     ``cut``; without it (the zoo models' parity tests) every row must match.
     """
-    ids, scores, boxes = (o[0].reshape(o.shape[1], -1) for o in ours)
-    rids, rscores, rboxes = (o[0].reshape(o.shape[1], -1) for o in ref)
+    ids, scores = (o[0].reshape(o.shape[1], -1) for o in ours[:2])
+    rids, rscores = (o[0].reshape(o.shape[1], -1) for o in ref[:2])
     rtol, atol = TOLERANCES["float32"]
     rows = ids.shape[0]
     i = 0

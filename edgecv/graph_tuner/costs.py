@@ -151,7 +151,7 @@ def conv_kernels(extracted: Extracted, layout: str) -> dict[str, tirx.PrimFunc]:
     for index in convs:
         signature = _conv_signature(extracted, index)
         kernel = next(
-            (k for k in unclaimed if _kernel_signature(functions[k], signature) == signature),
+            (k for k in unclaimed if _holds(functions[k], signature)),
             None,
         )
         if kernel is None:
@@ -170,22 +170,22 @@ def _conv_signature(extracted: Extracted, index: int) -> tuple:
     return (tuple(node.shape), data, math.prod(weight), weight[2:4])
 
 
-def _kernel_signature(func: tirx.PrimFunc, wanted: tuple) -> tuple:
-    """The signature :func:`_conv_signature` would give the convolution in ``func``, as
-    far as ``func``'s parameters show it (the output last; data and weight among the
-    others, the weight's kernel size at axes 2-3 in every layout)."""
+def _holds(func: tirx.PrimFunc, signature: tuple) -> bool:
+    """Whether ``func``'s parameters fit the :func:`_conv_signature` ``signature``: the
+    output last, the data and the weight (kernel size at axes 2-3 in every layout)
+    among the others; packed shapes compared in NCHW."""
+    out, data, numel, size = signature
     shapes = [[int(d) for d in p.shape] for p in func.params]
 
     def logical(shape: list[int]) -> tuple[int, ...]:  # NCHW[x]c -> NCHW
         return tuple(shape if len(shape) != 5 else [shape[0], shape[1] * shape[4], *shape[2:4]])
 
-    out = logical(shapes[-1])
-    datas = [logical(s) for s in shapes[:-1]]
-    weights = [(math.prod(s), tuple(s[2:4])) for s in shapes[:-1] if len(s) >= 4]
-    _, data, numel, size = wanted
-    has_data = data in datas
-    has_weight = (numel, size) in weights
-    return (out, data if has_data else None, *((numel, size) if has_weight else (None, None)))
+    inputs = shapes[:-1]
+    return (
+        logical(shapes[-1]) == out
+        and data in [logical(s) for s in inputs]
+        and (numel, size) in [(math.prod(s), tuple(s[2:4])) for s in inputs if len(s) >= 4]
+    )
 
 
 def transform_kernel(shape: tuple[int, ...], src: str, dst: str) -> tirx.PrimFunc:
