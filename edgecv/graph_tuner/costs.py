@@ -33,10 +33,16 @@ from ..lowering import lower
 from .apply import convert_layouts
 from .extract import Extracted
 from .graph import block_of, is_packed, packed, plain
+from .legalize import WINOGRAD
 from .solver import uniform_plans
+from .winograd import SIDES, eligible
+from .winograd import signature as call_signature
 
 COSTS_FILE = "layout_costs.json"
-CONV_OPS = ("conv2d", "conv2d_NCHWc", "depthwise_conv2d_NCHWc")
+# What the cached times mean; entries of another version are measured again. 2: the
+# CPU meter times kernels with their weights out of cache, as in a model (1: warm).
+COSTS_VERSION = 2
+CONV_OPS = ("conv2d", "conv2d_NCHWc", "depthwise_conv2d_NCHWc", "winograd_conv2d_NCHWc")
 
 Progress = Callable[[str], None]
 
@@ -51,6 +57,18 @@ class Kernel:
     source: str = ""  # "cache", "database", "measured", "failed"
 
 
+DIRECT = "direct"
+
+
+def winograd_algorithm(side: int) -> str:
+    return f"winograd{side}"
+
+
+def winograd_side(algorithm: str) -> int | None:
+    """The output tile side of a Winograd algorithm's name; None for direct."""
+    return int(algorithm.removeprefix("winograd")) if algorithm.startswith("winograd") else None
+
+
 @dataclass
 class MeasuredCosts:
     """:class:`~.solver.Costs` from measurements: seconds per (convolution node name,
@@ -60,9 +78,23 @@ class MeasuredCosts:
     kernels: dict[tuple[str, str], float] = field(default_factory=dict)
     transforms: dict[tuple[tuple[int, ...], str, str], float] = field(default_factory=dict)
     sources: dict[str, int] = field(default_factory=dict)
+    # (convolution, layout) -> its time by each algorithm measured ("direct",
+    # "winograd2", "winograd4"); ``kernels`` holds the fastest
+    algorithms: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
 
     def kernel(self, node, layout: str) -> float:
         return self.kernels.get((node.name, layout), float("inf"))
+
+    def add(self, name: str, layout: str, algorithm: str, seconds: float) -> None:
+        """One algorithm's time for a convolution in ``layout``; the fastest counts."""
+        times = self.algorithms.setdefault((name, layout), {})
+        times[algorithm] = seconds
+        self.kernels[(name, layout)] = min(times.values())
+
+    def algorithm(self, name: str, layout: str) -> str:
+        """The fastest algorithm measured for ``name`` in ``layout``."""
+        times = self.algorithms.get((name, layout), {})
+        return min(times, key=times.get) if times else DIRECT
 
     def transform(self, shape, src: str, dst: str) -> float:
         return self.transforms.get((tuple(shape), src, dst), float("inf"))
@@ -70,7 +102,8 @@ class MeasuredCosts:
 
 class CostCache:
     """``layout_costs.json`` files: read from every folder given (first wins), written
-    to ``writable`` only. Entries from another edgecv or TVM version are ignored."""
+    to ``writable`` only. Entries from another edgecv or TVM version, or of another
+    :data:`COSTS_VERSION`, are ignored."""
 
     def __init__(self, folders: Iterable[str | Path], writable: str | Path | None, device: str):
         self.device = device
@@ -85,7 +118,7 @@ class CostCache:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             return {}
-        if data.get("edgecv") != __version__ or data.get("tvm") != tvm.__version__:
+        if not _current(data):
             return {}
         return {k: float(v) for k, v in data.get("devices", {}).get(self.device, {}).items()}
 
@@ -104,15 +137,23 @@ class CostCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             data = json.loads(path.read_text())
-            if data.get("edgecv") != __version__ or data.get("tvm") != tvm.__version__:
+            if not _current(data):
                 data = {}
         except (OSError, ValueError):
             data = {}
-        data.update({"edgecv": __version__, "tvm": tvm.__version__})
+        data.update({"edgecv": __version__, "tvm": tvm.__version__, "version": COSTS_VERSION})
         data.setdefault("devices", {}).setdefault(self.device, {}).update(self.new)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         tmp.replace(path)
+
+
+def _current(data: dict) -> bool:
+    return (data.get("edgecv"), data.get("tvm"), data.get("version")) == (
+        __version__,
+        tvm.__version__,
+        COSTS_VERSION,
+    )
 
 
 def kernel_key(func: tirx.PrimFunc) -> str:
@@ -126,13 +167,26 @@ def transform_key(shape: tuple[int, ...], src: str, dst: str) -> str:
     return f"transform:{'x'.join(map(str, shape))}:{src}->{dst}"
 
 
-def conv_kernels(extracted: Extracted, layout: str) -> dict[str, tirx.PrimFunc]:
+def conv_kernels(
+    extracted: Extracted, layout: str, winograd: int | None = None
+) -> dict[str, tirx.PrimFunc]:
     """Per convolution node (by name) that can run in ``layout``, the fused kernel
-    holding it when the whole model is converted to ``layout`` and lowered."""
+    holding it when the whole model is converted to ``layout`` and lowered; with
+    ``winograd`` (an output tile side), only the convolutions that then run by
+    Winograd's algorithm (:mod:`.winograd`)."""
     graph = extracted.graph
     plans = uniform_plans(graph)
     layouts = plans.get(layout, {i: plain(4) for i in graph.convs()})
-    lowered = lower(convert_layouts(extracted, layouts))
+    chosen = None
+    if winograd is not None:
+        chosen = {
+            call_signature(extracted.calls[i]): winograd
+            for i in graph.convs()
+            if is_packed(layouts[i]) and eligible(extracted.calls[i])
+        }
+        if not chosen:
+            return {}
+    lowered = lower(convert_layouts(extracted, layouts), chosen)
     functions = {gv.name_hint: f for gv, f in lowered.kernels.functions.items()}
     steps = [
         s.kernel
@@ -157,7 +211,9 @@ def conv_kernels(extracted: Extracted, layout: str) -> dict[str, tirx.PrimFunc]:
         if kernel is None:
             continue
         unclaimed.remove(kernel)
-        if layouts[index] == layout:
+        if layouts[index] != layout:
+            continue
+        if winograd is None or WINOGRAD in lowered.kernel_ops.get(kernel, []):
             found[graph.nodes[index].name] = functions[kernel]
     return found
 
@@ -180,12 +236,23 @@ def _holds(func: tirx.PrimFunc, signature: tuple) -> bool:
     def logical(shape: list[int]) -> tuple[int, ...]:  # NCHW[x]c -> NCHW
         return tuple(shape if len(shape) != 5 else [shape[0], shape[1] * shape[4], *shape[2:4]])
 
+    def weights(shape: list[int]) -> tuple[int, tuple[int, ...]]:
+        if len(shape) == 5 and _transformed(shape) and size == (3, 3):
+            # Winograd's weights, [a*a, O/ob, C/ib, ib, ob]: 9 per a*a of them
+            return math.prod(shape[1:]) * 9, size
+        return math.prod(shape), tuple(shape[2:4])
+
     inputs = shapes[:-1]
     return (
         logical(shapes[-1]) == out
         and data in [logical(s) for s in inputs]
-        and (numel, size) in [(math.prod(s), tuple(s[2:4])) for s in inputs if len(s) >= 4]
+        and (numel, size) in [weights(s) for s in inputs if len(s) >= 4]
     )
+
+
+def _transformed(shape: list[int]) -> bool:
+    alpha = math.isqrt(shape[0])
+    return alpha * alpha == shape[0] and alpha - 2 in SIDES
 
 
 def transform_kernel(shape: tuple[int, ...], src: str, dst: str) -> tirx.PrimFunc:

@@ -17,6 +17,7 @@ def describe(facts: dict | None) -> list[str]:
         f"layouts ({facts['mode']}): {facts['solver']} over {len(facts['convolutions'])} "
         f"convolutions, predicted {_ms(facts['predicted_s'])} ({uniform}); costs: {sources}"
     ]
+    winograd = {name: c["side"] for c in facts.get("winograd", []) for name in c["convolutions"]}
     for conv in facts["convolutions"]:
         shape = "x".join(map(str, conv["shape"]))
         times = ", ".join(f"{k} {_ms(v)}" for k, v in conv["seconds"].items())
@@ -24,6 +25,12 @@ def describe(facts: dict | None) -> list[str]:
             f"  {conv['name']:<8} {conv.get('op', ''):<16} {shape:<16} {conv['layout']:<8} "
             f"({times})"
         )
+        side = winograd.get(conv["name"])
+        if side:
+            lines.append(f"  {'':<8} runs Winograd F({side}x{side}, 3x3)")
+        for layout, algorithms in conv.get("algorithms", {}).items():
+            times = ", ".join(f"{k} {_ms(v)}" for k, v in algorithms.items())
+            lines.append(f"  {'':<8} {layout} by algorithm: {times}")
     lines.append(f"transforms inserted: {facts['inserted_transforms']}")
     for t in facts["transforms"]:
         shape = "x".join(map(str, t["shape"]))

@@ -24,14 +24,27 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te, topi
 
+from .winograd import eligible, transform_weights, winograd_conv2d_nchwc
+from .winograd import signature as winograd_signature
+
 CONV2D = "conv2d_NCHWc"
 DEPTHWISE = "depthwise_conv2d_NCHWc"
+WINOGRAD = "winograd_conv2d_NCHWc"
 
 
-def legalize_map() -> dict:
+def legalize_map(winograd: dict | None = None) -> dict:
     """The ``customize_legalize_map`` for ``LegalizeOps``: packed conv2d, and layout
-    transforms of boolean tensors."""
-    return {"relax.nn.conv2d": legalize_conv2d, "relax.layout_transform": legalize_layout_transform}
+    transforms of boolean tensors.
+
+    ``winograd`` maps a convolution's :func:`~.winograd.signature` to the output tile
+    side ``m`` it runs with in Winograd's algorithm (:mod:`.winograd`); a packed
+    convolution not in it runs direct."""
+    chosen = dict(winograd or {})
+
+    def conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        return legalize_conv2d(bb, call, chosen)
+
+    return {"relax.nn.conv2d": conv2d, "relax.layout_transform": legalize_layout_transform}
 
 
 def legalize_layout_transform(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -48,9 +61,12 @@ def legalize_layout_transform(bb: relax.BlockBuilder, call: relax.Call) -> relax
     return bb.call_te(topi.cast, bb.emit(moved), "bool", primfunc_name_hint="cast")
 
 
-def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+def legalize_conv2d(
+    bb: relax.BlockBuilder, call: relax.Call, winograd: dict | None = None
+) -> relax.Expr:
     """A ``relax.nn.conv2d`` call as a ``call_tir``: TVM's legalization for plain
-    layouts, :func:`conv2d_nchwc` / :func:`depthwise_conv2d_nchwc` for packed ones."""
+    layouts, :func:`conv2d_nchwc` / :func:`depthwise_conv2d_nchwc` for packed ones, or
+    Winograd's (:func:`.winograd.winograd_conv2d_nchwc`) for those in ``winograd``."""
     attrs = call.attrs
     layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
     if layouts == ("NCHW", "OIHW", "NCHW"):
@@ -66,11 +82,32 @@ def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         if out_dtype not in ("", "void", "None")
         else str(call.args[0].ty.dtype),
     )
+    weight = _bound_value(bb, call.args[1])
+    packed = len(call.args[0].ty.shape) == 5
+    side = None
+    if winograd and packed and eligible(call, weight):
+        side = winograd.get(winograd_signature(call))
+    if side:
+        weights = transform_weights(weight.value.numpy(), side)
+        return bb.call_te(winograd_conv2d_nchwc, call.args[0], relax.const(weights),
+                          padding=args["padding"], m=side, out_dtype=args["out_dtype"],
+                          primfunc_name_hint=WINOGRAD)  # fmt: skip
     if int(attrs.groups) == 1:
         return bb.call_te(conv2d_nchwc, call.args[0], call.args[1], **args,
                           primfunc_name_hint=CONV2D)  # fmt: skip
     return bb.call_te(depthwise_conv2d_nchwc, call.args[0], call.args[1], **args,
                       primfunc_name_hint=DEPTHWISE)  # fmt: skip
+
+
+def _bound_value(bb: relax.BlockBuilder, expr: relax.Expr) -> relax.Expr:
+    """What a variable is bound to, through chains of variables (the packed weights are
+    a constant bound to a variable once the graph tuner folded their transform)."""
+    while isinstance(expr, relax.Var):
+        bound = bb.lookup_binding(expr)
+        if bound is None:
+            break
+        expr = bound
+    return expr
 
 
 def _default_conv2d(bb, call):

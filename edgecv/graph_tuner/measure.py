@@ -28,6 +28,7 @@ from ..schedules.database import TuningDatabase
 from ..schedules.stage import ScheduleOrder
 from ..tuning.device_class import cpu_class
 from .costs import (
+    DIRECT,
     CostCache,
     MeasuredCosts,
     conv_kernels,
@@ -35,6 +36,7 @@ from .costs import (
     needed_transforms,
     transform_kernel,
     transform_key,
+    winograd_algorithm,
     work_folder,
 )
 from .extract import Extracted
@@ -42,10 +44,14 @@ from .graph import plain
 
 Progress = Callable[[str], None]
 
-# Each kernel: the fastest of ROUNDS timings, each averaging as many calls as fill
-# MIN_REPEAT_MS (a 20 us transform is called hundreds of times, a 10 ms conv twice).
+# Each kernel: the fastest of ROUNDS timings, each the median of COLD_CALLS calls.
 ROUNDS = 7
-MIN_REPEAT_MS = 10
+COLD_CALLS = 5
+# Before each call every argument but the first (the data, which the kernel before
+# wrote) leaves the cache, as the weights have in a model: ResNet-50's 100 MB of weights
+# stream from memory layer after layer. Timed warm, a Winograd kernel whose 9.4 MB of
+# transformed weights sat in cache ran at 0.18 ms alone and 0.38 ms in the model.
+FLUSH = "cache_flush_cpu_non_first_arg"
 
 
 class Meter(Protocol):
@@ -64,17 +70,24 @@ def measure_costs(
     meter: Meter,
     cache: CostCache,
     progress: Progress = lambda message: None,
+    winograd: tuple[int, ...] = (),
 ) -> MeasuredCosts:
     """Every candidate convolution kernel and every transform a plan may need: a
     convolution's candidates from the tuning database when it holds them all
-    (:func:`_from_database`), else each from the cache, else measured (then cached)."""
+    (:func:`_from_database`), else each from the cache, else measured (then cached).
+
+    ``winograd``: the output tile sides to offer packed stride-1 3x3 convolutions as
+    well (targets whose rules schedule Winograd's kernels); a packed convolution's cost
+    is its fastest algorithm, and :meth:`MeasuredCosts.algorithm` tells which."""
     costs = MeasuredCosts()
     wanted: dict[str, tirx.PrimFunc | None] = {}
-    convs: list[tuple[str, str, str]] = []
-    for layout in [plain(4), *packings]:
-        for name, func in conv_kernels(extracted, layout).items():
+    convs: list[tuple[str, str, str, str]] = []  # name, layout, algorithm, kernel key
+    variants = [(plain(4), None)] + [(p, side) for p in packings for side in (None, *winograd)]
+    for layout, side in variants:
+        algorithm = DIRECT if side is None else winograd_algorithm(side)
+        for name, func in conv_kernels(extracted, layout, side).items():
             key = kernel_key(func)
-            convs.append((name, layout, key))
+            convs.append((name, layout, algorithm, key))
             wanted.setdefault(key, func)
     transforms = {}
     for shape, src, dst in sorted(needed_transforms(extracted, packings)):
@@ -103,15 +116,15 @@ def measure_costs(
                 cache.put(key, seconds)
         costs.sources["measured"] = costs.sources.get("measured", 0) + len(measured)
         cache.save()
-    for name, layout, key in convs:
-        costs.kernels[(name, layout)] = times[key]
+    for name, layout, algorithm, key in convs:
+        costs.add(name, layout, algorithm, times[key])
     for transform, key in transforms.items():
         costs.transforms[transform] = times[key]
     return costs
 
 
 def _from_database(
-    wanted: dict, convs: list[tuple[str, str, str]], meter: Meter
+    wanted: dict, convs: list[tuple[str, str, str, str]], meter: Meter
 ) -> dict[str, float]:
     """The kernel keys whose time comes from the tuning database, with that time: those of each
     convolution whose every candidate layout has a record there. A convolution's
@@ -120,7 +133,7 @@ def _from_database(
     one chose NCHW for 8 of mobilenet1.0's convolutions, 11% slower than all-packed."""
     keys_of: dict[str, list[str]] = {}
     users: dict[str, list[str]] = {}
-    for name, _, key in convs:
+    for name, _, _, key in convs:
         keys_of.setdefault(name, []).append(key)
         users.setdefault(key, []).append(name)
     recorded = {key: _database_seconds(meter, wanted[key]) for key in users}
@@ -194,6 +207,5 @@ def _timer(library, name: str, func: tirx.PrimFunc) -> Callable[[], float]:
         shape = [int(d) for d in param.shape]
         args.append(tvm.runtime.tensor(rng.uniform(-1, 1, shape).astype(str(param.dtype)), device))
     library[name](*args)  # warm up: first-touch pages, thread pool
-    timer = library.time_evaluator(name, device, number=1, repeat=1,
-                                   min_repeat_ms=MIN_REPEAT_MS)  # fmt: skip
-    return lambda: float(timer(*args).mean)
+    timer = library.time_evaluator(name, device, number=1, repeat=COLD_CALLS, f_preproc=FLUSH)
+    return lambda: float(np.median(timer(*args).results))

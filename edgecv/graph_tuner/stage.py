@@ -46,6 +46,52 @@ def packings_for(profile: Profile) -> list[str]:
     return []
 
 
+def winograd_sides(profile: Profile) -> tuple[int, ...]:
+    """The Winograd tiles the graph tuner offers packed 3x3 convolutions: on CPUs, whose
+    rules schedule them (:mod:`edgecv.schedules.cpu.winograd`); none on GPUs yet."""
+    from .winograd import SIDES
+
+    return SIDES if profile.runtime == "cpu" else ()
+
+
+def winograd_plan(facts: dict) -> dict:
+    """The ``winograd`` argument of :func:`edgecv.lowering.lower` from the facts
+    :func:`choose_layouts` recorded: signature -> output tile side."""
+    return {
+        tuple(tuple(part) if isinstance(part, list) else part for part in choice["signature"]):
+        choice["side"]
+        for choice in facts.get("winograd", [])
+    }  # fmt: skip
+
+
+def _winograd_choices(extracted, plan: Plan, costs) -> list[dict]:
+    """The packed convolutions whose fastest algorithm was Winograd's, each with its
+    signature (how legalization finds it again) and tile side. Convolutions of one
+    signature take the side that is fastest for them together."""
+    from .costs import winograd_side
+    from .winograd import signature
+
+    by_signature: dict[tuple, dict[str, float]] = {}
+    names: dict[tuple, list[str]] = {}
+    for index, layout in plan.layouts.items():
+        times = costs.algorithms.get((extracted.graph.nodes[index].name, layout), {})
+        if len(times) < 2:
+            continue
+        key = signature(extracted.calls[index])
+        total = by_signature.setdefault(key, {})
+        for algorithm, seconds in times.items():
+            total[algorithm] = total.get(algorithm, 0.0) + seconds
+        names.setdefault(key, []).append(extracted.graph.nodes[index].name)
+    choices = []
+    for key, totals in by_signature.items():
+        side = winograd_side(min(totals, key=totals.get))
+        if side is not None:
+            data, weight, padding = key
+            choices.append({"convolutions": names[key], "side": side,
+                            "signature": [list(data), list(weight), list(padding)]})  # fmt: skip
+    return choices
+
+
 def conv_candidates(packings: list[str]) -> Candidates:
     """Plain, and each packing whose block divides the output channels (depthwise:
     one input channel per output channel; other grouped convolutions stay plain)."""
@@ -106,10 +152,12 @@ def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule
             return mod, {**facts, "chosen": "NCHW", "reason": why_not}
         from .measure import measure_costs
 
-        costs = measure_costs(extracted, packings, meter, cache, progress)
+        sides = winograd_sides(profile)
+        costs = measure_costs(extracted, packings, meter, cache, progress, sides)
         plan = solve(graph, costs)
         layouts = plan.layouts
         facts.update(_plan_facts(graph, plan, costs, packings))
+        facts["winograd"] = _winograd_choices(extracted, plan, costs)
     progress(f"graph tuner: {_summary(graph, layouts)}")
     converted = convert_layouts(extracted, layouts)
     found = inserted_transforms(converted)
@@ -139,6 +187,12 @@ def _plan_facts(graph, plan: Plan, costs, packings: list[str]) -> dict:
     for index, layout in sorted(plan.layouts.items()):
         node = graph.nodes[index]
         times = {c: _finite(costs.kernel(node, c)) for c in graph.choices(index)}
+        # per candidate layout timed by several algorithms, each algorithm's time
+        algorithms = {
+            c: {a: _finite(t) for a, t in costs.algorithms[(node.name, c)].items()}
+            for c in graph.choices(index)
+            if len(costs.algorithms.get((node.name, c), {})) > 1
+        }
         convolutions.append(
             {
                 "name": node.name,
@@ -146,6 +200,7 @@ def _plan_facts(graph, plan: Plan, costs, packings: list[str]) -> dict:
                 "shape": list(node.shape),
                 "layout": layout,
                 "seconds": times,
+                **({"algorithms": algorithms} if algorithms else {}),
             }
         )
     transforms = [

@@ -44,14 +44,15 @@ def relax_passes() -> tvm.transform.Pass:
     return tvm.transform.Sequential([fusion_passes(), kernel_passes()])
 
 
-def fusion_passes() -> tvm.transform.Pass:
+def fusion_passes(winograd: dict | None = None) -> tvm.transform.Pass:
     """Legalize every op to a PrimFunc (convolutions the graph tuner packed by its own
-    legalization), then group them (FuseOps) into kernels-to-be."""
+    legalization, those in ``winograd`` by Winograd's algorithm), then group them
+    (FuseOps) into kernels-to-be."""
     from ..graph_tuner.legalize import legalize_map
 
     return tvm.transform.Sequential(
         [
-            relax.transform.LegalizeOps(customize_legalize_map=legalize_map()),
+            relax.transform.LegalizeOps(customize_legalize_map=legalize_map(winograd)),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
@@ -100,11 +101,13 @@ def _fused_ops(mod: tvm.IRModule) -> dict[str, list[str]]:
 MAX_FUSION_DEPTH = 16
 
 
-def lower(mod: tvm.IRModule) -> Lowered:
-    """Run the Relax passes and extract the static plan (target independent)."""
+def lower(mod: tvm.IRModule, winograd: dict | None = None) -> Lowered:
+    """Run the Relax passes and extract the static plan (target independent but for
+    ``winograd``: the packed convolutions the graph tuner chose to run by Winograd's
+    algorithm, which only CPU rules schedule; see :func:`fusion_passes`)."""
     start = time.perf_counter()
     with tvm.transform.PassContext(config={"relax.FuseOps.max_depth": MAX_FUSION_DEPTH}):
-        mod = fusion_passes()(mod)
+        mod = fusion_passes(winograd)(mod)
     groups = _fused_ops(mod)
     mod = kernel_passes()(mod)
     passes_s = time.perf_counter() - start

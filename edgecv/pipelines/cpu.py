@@ -17,6 +17,7 @@ import time
 import tvm
 
 from ..graph_tuner import choose_layouts
+from ..graph_tuner.stage import winograd_plan
 from ..lowering import lower
 from ..profiles import Profile
 from .steps import BuildOptions, Built, Progress, compile_cpu_kernels
@@ -26,7 +27,7 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     """Compile the imported Relax module ``mod`` for a CPU profile."""
     mod, layouts = choose_layouts(mod, profile, options, progress)  # 1
     progress("lowering (Relax passes, fusion, memory plan)")
-    lowered = lower(mod)  # 2
+    lowered = lower(mod, winograd_plan(layouts))  # 2
     target = profile.tvm_target()
     progress(f"scheduling and compiling {len(lowered.kernels.functions)} kernels for "
              f"{target.attrs.get('mcpu', 'the CPU')}")  # fmt: skip

@@ -13,7 +13,7 @@ from small_model import SHAPE, export_small_model
 from edgecv.frontend.importer import from_mxnet
 from edgecv.frontend.mxnet_graph import load_params, load_symbol
 from edgecv.graph_tuner import choose_layouts, stage
-from edgecv.graph_tuner.costs import COSTS_FILE
+from edgecv.graph_tuner.costs import COSTS_FILE, COSTS_VERSION
 from edgecv.pipelines import BuildOptions
 from edgecv.profiles import load_profile
 
@@ -43,9 +43,18 @@ def test_auto_measures_once_then_reads_the_cache(small_mod, tmp_path):
     assert first["predicted_s"] > 0
     saved = json.loads((tmp_path / COSTS_FILE).read_text())
     assert saved["tvm"] == tvm.__version__ and len(saved["devices"]) == 1
+    assert saved["version"] == COSTS_VERSION
+    # b, the one packable stride-1 3x3 conv, was timed by every algorithm in the packing
+    (b,) = [c for c in first["convolutions"] if "algorithms" in c]
+    (packing,) = first["packings"]
+    assert set(b["algorithms"][packing]) == {"direct", "winograd2", "winograd4"}, b
+    assert all(t > 0 for t in b["algorithms"][packing].values())
+    winograd = stage.winograd_plan(first)
+    assert len(winograd) <= 1 and all(side in (2, 4) for side in winograd.values())
     converted, second = choose_layouts(small_mod, profile, options)
     assert set(second["costs"]) == {"cache"}, second["costs"]  # measures nothing
     assert second["convolutions"] == first["convolutions"]
+    assert stage.winograd_plan(second) == winograd
     assert len(_conv_layouts(converted)) == 5
 
 
@@ -110,8 +119,9 @@ def test_a_convolutions_candidates_come_from_one_source():
         database, target = Database(), None
 
     wanted = {"ka1": "a1", "ka2": "a2", "kb1": "b1", "kb2": "b2", "kc1": "c1"}
-    convs = [("a", "NCHW", "ka1"), ("a", "NCHW8c", "ka2"),
-             ("b", "NCHW", "kb1"), ("b", "NCHW8c", "kb2"), ("c", "NCHW", "kc1")]  # fmt: skip
+    convs = [("a", "NCHW", "direct", "ka1"), ("a", "NCHW8c", "direct", "ka2"),
+             ("b", "NCHW", "direct", "kb1"), ("b", "NCHW8c", "direct", "kb2"),
+             ("c", "NCHW", "direct", "kc1")]  # fmt: skip
     assert _from_database(wanted, convs, Meter()) == {"ka1": 1.0, "ka2": 2.0, "kc1": 1.0}
-    shared = [*convs, ("d", "NCHW", "ka1"), ("d", "NCHW8c", "kb2")]
+    shared = [*convs, ("d", "NCHW", "direct", "ka1"), ("d", "NCHW8c", "direct", "kb2")]
     assert _from_database(wanted, shared, Meter()) == {"kc1": 1.0}  # a then d: both leave

@@ -54,9 +54,11 @@ def _run(mod, x):
     return _run_all([mod], x)[0]
 
 
-def _run_all(mods, x):
-    """Run each module; kernels the modules share (most, between plans) compile once."""
-    lowered_all = [lower(mod) for mod in mods]
+def _run_all(mods, x, winograd=None):
+    """Run each module (lowered with its ``winograd`` choices, when given); kernels the
+    modules share (most, between plans) compile once."""
+    choices = winograd or [None] * len(mods)
+    lowered_all = [lower(mod, w) for mod, w in zip(mods, choices, strict=True)]
     unique: dict[int, str] = {}
     functions = {}
     for lowered in lowered_all:

@@ -54,13 +54,34 @@ def tiny_tasks(symbol, db=None):
     return extract_tasks(mod, profile)
 
 
-def test_records_are_found_by_structure_whatever_the_kernel_is_named(tuned):
+def search_won_everywhere(db, destination):
+    """A copy of ``db`` whose summary says the search beat the default rule on every
+    workload: deploy then replays every record (with 4 trials the search rarely wins)."""
+    import shutil
+
+    shutil.copytree(db, destination)
+    meta_path = destination / "edgecv_database.json"
+    meta = json.loads(meta_path.read_text())
+    for entry in meta["workloads"].values():
+        entry["best_s"] = entry["default_s"] / 2
+    meta_path.write_text(json.dumps(meta))
+    return destination
+
+
+def test_records_are_found_by_structure_whatever_the_kernel_is_named(tuned, tmp_path):
     symbol, db = tuned
     target = load_profile("cpu").tvm_target()
     database = TuningDatabase([db])
+    meta = json.loads((db / "edgecv_database.json").read_text())
+    won = TuningDatabase([search_won_everywhere(db, tmp_path / "won")])
     for task in tiny_tasks(symbol, db):
         renamed = task.mod["main"].with_attr("global_symbol", "another_name")
-        assert database.query(renamed, target) is not None, task.name
+        assert database.best_seconds(renamed, target) is not None, task.name
+        assert won.query(renamed, target) is not None, task.name
+        # replayed only where the search beat the default rule; else the rule schedules it
+        facts = meta["workloads"][str(task.key)]
+        searched_won = facts["best_s"] < facts["default_s"]
+        assert (database.query(renamed, target) is not None) == searched_won, task.name
         assert len(records_of(open_database(db), task.mod)) >= 1
     searched = max(len(records_of(open_database(db), t.mod)) for t in tiny_tasks(symbol, db))
     assert searched >= 5  # its default and 4 trials
@@ -92,6 +113,7 @@ def test_a_tuned_deploy_gives_the_numbers_of_the_default_build_and_mxnet(tuned, 
     from conftest import mxnet_forward
 
     symbol, db = tuned
+    db = search_won_everywhere(db, tmp_path / "won")
     with_db = deploy(str(symbol), tmp_path / "tuned", "cpu", input_shape=SHAPE,
                      options=BuildOptions(tuning=[db]))  # fmt: skip
     without = deploy(str(symbol), tmp_path / "default", "cpu", input_shape=SHAPE,
@@ -107,11 +129,10 @@ def test_a_tuned_deploy_gives_the_numbers_of_the_default_build_and_mxnet(tuned, 
 def test_python_deploy_reads_the_databases_the_cli_reads(tuned, tmp_path, monkeypatch):
     """`edgecv.deploy()` without options finds the records in the user's folder of this
     device class, as `edgecv deploy` does (it used to build the defaults only)."""
-    import shutil
 
     symbol, db = tuned
     monkeypatch.setenv("EDGECV_TUNING_DIR", str(tmp_path / "tuning"))
-    shutil.copytree(db, cpu_class(load_profile("cpu").tvm_target()).user_folder())
+    search_won_everywhere(db, cpu_class(load_profile("cpu").tvm_target()).user_folder())
     path = deploy(str(symbol), tmp_path / "pkg", "cpu", input_shape=SHAPE)
     manifest = json.loads((path / "manifest.json").read_text())
     assert set(manifest["build"]["schedules"]["cpu"]["rules"]) == {"tuned"}

@@ -3,6 +3,8 @@
 =========================================  ==============================================
 kernel (main block)                        rule
 =========================================  ==============================================
+Winograd conv2d in NCHW[x]c (the graph     :class:`.winograd.Winograd`: transforms in
+tuner's choice for some 3x3 convolutions)  vectors, products as packed 1x1 convs
 conv2d / depthwise in NCHW[x]c (the graph  :class:`.conv2d_packed.PackedConv2D`: register
 tuner's packed layouts)                    tiles of channel-block vectors
 conv2d NCHW, groups 1                      :class:`.conv2d.Conv2D`: register tiles
@@ -35,11 +37,12 @@ from .loop_nest import Simd
 from .reduction import Rows
 from .safe import SafeParallel
 from .window import Window
+from .winograd import Winograd
 
 
 def default_rules(target: tvm.target.Target) -> list[dlight.ScheduleRule]:
     """The CPU rules for ``target``, in the order the schedule stage tries them."""
-    return [PackedConv2D(), Conv2D(), Window(), Dense(), Injective(), Rows()]
+    return [Winograd(), PackedConv2D(), Conv2D(), Window(), Dense(), Injective(), Rows()]
 
 
 def safe_rule() -> dlight.ScheduleRule:
@@ -64,6 +67,7 @@ __all__ = [
     "SafeParallel",
     "Simd",
     "Window",
+    "Winograd",
     "default_rules",
     "safe_rule",
     "schedule_cpu",

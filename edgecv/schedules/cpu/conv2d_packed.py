@@ -97,7 +97,11 @@ def _rows_outer(sch: s_tir.Schedule, conv: SBlockRV, blocks: int) -> bool:
 
 
 def schedule_conv2d_nchwc(
-    sch: s_tir.Schedule, conv: SBlockRV, epilogue: SBlockRV | None, simd: Simd
+    sch: s_tir.Schedule,
+    conv: SBlockRV,
+    epilogue: SBlockRV | None,
+    simd: Simd,
+    pad_rows: bool = True,
 ) -> set[str]:
     """``conv2d_NCHWc``: a tile of ``P`` output pixels times one or two channel blocks.
 
@@ -106,9 +110,13 @@ def schedule_conv2d_nchwc(
     and broadcasts one input scalar per pixel, each feeding every weight vector. Threads
     split the batch, the output channel blocks and the output rows, in the order that
     re-reads less memory (:func:`_rows_outer`).
+
+    The same nest without kernel axes (``SSSSSRR``: Winograd's products, whose batch axis
+    is the tile position) takes the same tile; ``pad_rows`` False leaves its producers
+    to the caller.
     """
     kinds = iter_kinds(sch, conv)
-    if kinds not in ("SSSSSRRRR", "SSSSSRRR"):
+    if kinds not in ("SSSSSRRRR", "SSSSSRRR", "SSSSSRR"):
         raise NotApplicable(f"not a conv2d_NCHWc nest: {kinds}")
     n, co, h, w, lane, *reduction = sch.get_loops(conv)
     write_back = accumulate_locally(sch, conv, epilogue)
@@ -131,7 +139,7 @@ def schedule_conv2d_nchwc(
     sch.vectorize(sch.get_loops(init)[-1])
     sch.reverse_compute_at(write_back, w_o)
     _store_vectors(sch, write_back, simd)
-    return _pad_rows(sch, conv)
+    return _pad_rows(sch, conv) if pad_rows else set()
 
 
 def schedule_depthwise_nchwc(

@@ -56,12 +56,19 @@ def schedule_window(
     sch.vectorize(sch.get_loops(init)[-1])
     sch.reverse_compute_at(write_back, w_o)
     sch.vectorize(sch.get_loops(write_back)[-1])
+    lane_extent = int(sch.get(block).writes[0].source.shape[-1])
     placed = set()
     for producer in reversed(producers):
         try:
             sch.compute_at(producer, parallel)
         except Exception:  # not a per-channel producer: the caller schedules it apart
             continue
+        innermost = sch.get_loops(producer)[-1]
+        if spatial == 5 and extent(sch, innermost) == lane_extent <= 4 * simd.lanes:
+            # NCHW[x]c: the padding's condition is the same for every lane of the channel
+            # block (the innermost axis, never padded), so it copies vectors (element by
+            # element it took 0.27 of the 0.30 ms of ResNet-50's packed 3x3/2 max pool)
+            sch.vectorize(innermost)
         placed.add(sch.get(producer).name_hint)
     return placed
 

@@ -1,0 +1,103 @@
+"""CPU rule: Winograd convolution in the packed layout, the kernel
+:mod:`edgecv.graph_tuner.winograd` legalizes a stride-1 3x3 packed conv2d to.
+
+Four nests, each in parallel over its own outer axes:
+
+- the padded input, rows in parallel, channel blocks in vectors;
+- the input transform: per tile and channel block, all ``a * a`` positions unrolled
+  (each position's ``Select`` folds to its sum), the channel block in vectors;
+- the products: the register tile of a 1x1 ``conv2d_NCHWc``
+  (:func:`.conv2d_packed.schedule_conv2d_nchwc`), one product per position;
+- the output transform with the fused epilogue: per tile, its ``m x m`` pixels
+  unrolled, the channel block in vectors.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir
+from tvm.s_tir import dlight
+from tvm.s_tir.schedule import SBlockRV
+
+from .conv2d_packed import _vector, _vector_lanes, schedule_conv2d_nchwc
+from .loop_nest import NotApplicable, Simd, extent, unroll
+
+# The block names of edgecv.graph_tuner.winograd (not imported: rules stay free of the
+# graph tuner).
+INPUT = "winograd_input"
+GEMM = "winograd_gemm"
+OUTPUT = "winograd_output"
+
+
+class Winograd(dlight.ScheduleRule):
+    """The kernels holding a ``winograd_gemm`` block."""
+
+    def apply(self, func, target, tunable):
+        sch = s_tir.Schedule(func)
+        blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+        names = [sch.get(b).name_hint for b in blocks]
+        if GEMM not in names or INPUT not in names or OUTPUT not in names:
+            return None
+        simd = Simd.of(target)
+        at = names.index(OUTPUT)
+        shape = [int(d) for d in sch.get(blocks[at]).writes[0].source.shape]
+        epilogue = []
+        for block in blocks[at + 1 :]:
+            if [int(d) for d in sch.get(block).writes[0].source.shape] != shape:
+                return None  # a reshaping consumer: not this rule's kernel
+            epilogue.append(block)
+        try:
+            for block in epilogue:
+                sch.reverse_compute_inline(block)
+            gemm = sch.get_sblock(GEMM)
+            side = _side(sch, gemm)
+            schedule_conv2d_nchwc(sch, gemm, None, simd, pad_rows=False)
+            _schedule_input(sch, sch.get_sblock(INPUT), simd)
+            _schedule_output(sch, sch.get_sblock(OUTPUT), side, simd)
+            for name in names[: names.index(INPUT)]:
+                _schedule_pad(sch, sch.get_sblock(name))
+        except NotApplicable:
+            return None
+        return sch
+
+
+def _side(sch: s_tir.Schedule, gemm: SBlockRV) -> int:
+    """``m``, the side of an output tile: ``a * a`` positions with ``a = m + 2``."""
+    positions = int(sch.get(gemm).writes[0].source.shape[0])
+    alpha = round(positions**0.5)
+    if alpha * alpha != positions or alpha < 3:
+        raise NotApplicable(f"{positions} positions is no square Winograd tile")
+    return alpha - 2
+
+
+def _schedule_input(sch: s_tir.Schedule, block: SBlockRV, simd: Simd) -> None:
+    t, c, row, col, lane = sch.get_loops(block)
+    sch.reorder(c, row, col, t, lane)
+    sch.parallel(sch.fuse(c, row))
+    lane_rows, vec, _ = _vector(sch, lane, simd)
+    sch.unroll(t)
+    unroll(sch, lane_rows)
+    sch.vectorize(vec)
+
+
+def _schedule_output(sch: s_tir.Schedule, block: SBlockRV, side: int, simd: Simd) -> None:
+    n, o, y, x, lane = sch.get_loops(block)
+    if extent(sch, y) < side or extent(sch, x) < side:
+        raise NotApplicable("output smaller than one tile")
+    y_o, y_i = sch.split(y, [None, side])
+    x_o, x_i = sch.split(x, [None, side])
+    sch.reorder(n, o, y_o, x_o, y_i, x_i, lane)
+    sch.parallel(sch.fuse(n, o, y_o))
+    lane_rows, vec, _ = _vector(sch, lane, simd)
+    for loop in (y_i, x_i, lane_rows):
+        sch.unroll(loop)
+    sch.vectorize(vec)
+
+
+def _schedule_pad(sch: s_tir.Schedule, block: SBlockRV) -> None:
+    loops = sch.get_loops(block)
+    if len(loops) == 5:
+        sch.parallel(sch.fuse(*loops[:3]))
+        _vector_lanes(sch, block)
+
+
+__all__ = ["Winograd"]

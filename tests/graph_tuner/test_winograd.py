@@ -1,0 +1,138 @@
+"""Winograd convolution in the packed layout: the kernel and its CPU rule against a
+NumPy convolution, and the small model with its 3x3 convolutions run by Winograd's
+algorithm against NCHW and MXNet."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, te, topi
+
+from edgecv.graph_tuner import winograd
+from edgecv.profiles import load_profile
+from edgecv.schedules.cpu import Winograd, schedule_cpu
+from edgecv.testing import assert_close
+
+
+def reference_conv(x, w, bias, pad):
+    """NumPy NCHW conv2d (3x3, stride 1) + bias + ReLU, summed in float64."""
+    n, c, h, wd = x.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = h + 2 * pad - 2, wd + 2 * pad - 2
+    out = np.zeros((n, w.shape[0], oh, ow))
+    for ky in range(3):
+        for kx in range(3):
+            patch = xp[:, :, ky : ky + oh, kx : kx + ow]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, ky, kx].astype(np.float64))
+    return np.maximum(out + bias.reshape(1, -1, 1, 1), 0.0).astype(np.float32)
+
+
+def pack(x, block):  # NCHW -> NCHW{block}c
+    n, c, h, w = x.shape
+    return x.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2).copy()
+
+
+def unpack(x):  # NCHW{b}c -> NCHW
+    n, c, h, w, b = x.shape
+    return x.transpose(0, 1, 4, 2, 3).reshape(n, c * b, h, w)
+
+
+def pack_weights(w, block):  # OIHW -> OIHW{block}i{block}o
+    o, i, kh, kw = w.shape
+    blocks = w.reshape(o // block, block, i // block, block, kh, kw)
+    return blocks.transpose(0, 2, 4, 5, 3, 1).copy()
+
+
+@pytest.mark.parametrize("side", winograd.SIDES)
+@pytest.mark.parametrize(
+    "channels, outputs, height, width, pad",
+    [(16, 32, 7, 7, 1), (32, 16, 13, 10, 1), (16, 16, 9, 11, 0)],
+    ids=["7x7", "13x10-uneven-tiles", "no-padding"],
+)
+def test_the_kernel_matches_a_numpy_convolution(side, channels, outputs, height, width, pad):
+    """Outputs that tiles do not divide (7, 13, 10 by 4), no padding, bias and ReLU fused
+    after the output transform; scheduled by the Winograd rule at this CPU's target."""
+    block = 8
+    target = load_profile("cpu").tvm_target()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, channels, height, width)).astype(np.float32)
+    w = (rng.standard_normal((outputs, channels, 3, 3)) / np.sqrt(9 * channels)).astype(np.float32)
+    bias = rng.standard_normal(outputs).astype(np.float32)
+    u = winograd.transform_weights(pack_weights(w, block), side)
+    assert u.shape == ((side + 2) ** 2, outputs // block, channels // block, block, block)
+    data = te.placeholder((1, channels // block, height, width, block), name="data")
+    weights = te.placeholder(u.shape, name="u")
+    shift = te.placeholder((1, outputs // block, 1, 1, block), name="bias")
+    conv = winograd.winograd_conv2d_nchwc(data, weights, (pad,) * 4, side, "float32")
+    out = topi.nn.relu(conv + shift)
+    func = te.create_prim_func([data, weights, shift, out]).with_attr("global_symbol", "main")
+    assert Winograd().apply(func, target, False) is not None  # the rule takes it
+    library = tvm.compile(tvm.IRModule({"main": schedule_cpu(func, target)}), target=target)
+    dev = tvm.cpu()
+    result = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], np.float32), dev)
+    args = [pack(x, block), u, pack(bias.reshape(1, -1, 1, 1), block)]
+    library["main"](*[tvm.runtime.tensor(a, dev) for a in args], result)
+    assert_close(unpack(result.numpy()), reference_conv(x, w, bias, pad), f"F({side}, 3)")
+
+
+def test_only_stride_1_3x3_convolutions_with_constant_weights_are_eligible():
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))
+    w3 = relax.const(np.zeros((16, 16, 3, 3), np.float32))
+    w1 = relax.const(np.zeros((16, 16, 1, 1), np.float32))
+    weight_var = relax.Var("w", relax.TensorType((16, 16, 3, 3), "float32"))
+    conv = relax.op.nn.conv2d
+    assert winograd.eligible(conv(x, w3, padding=1))
+    assert not winograd.eligible(conv(x, w3, strides=2, padding=1))
+    assert not winograd.eligible(conv(x, w3, padding=2, dilation=2))
+    assert not winograd.eligible(conv(x, w1))
+    assert not winograd.eligible(conv(x, weight_var, padding=1))  # weights not known
+    assert winograd.eligible(conv(x, weight_var, padding=1), weight=w3)  # ... until bound
+    # a signature names the convolution in any layout
+    packed = conv(relax.Var("p", relax.TensorType((1, 2, 8, 8, 8), "float32")),
+                  relax.const(np.zeros((2, 2, 3, 3, 8, 8), np.float32)), padding=1,
+                  data_layout="NCHW8c", kernel_layout="OIHW8i8o")  # fmt: skip
+    assert winograd.signature(packed) == winograd.signature(conv(x, w3, padding=1))
+
+
+@pytest.mark.parametrize("side", winograd.SIDES)
+def test_the_small_model_with_winograd_matches_nchw_and_mxnet(side, tmp_path):
+    """Every packable stride-1 3x3 convolution of the small model (b in 8c; b and d in
+    4c) run by Winograd's algorithm, lowered as a deploy lowers it."""
+    from conftest import mxnet_forward
+    from small_model import SHAPE, export_small_model
+    from test_plans import _run_all
+
+    from edgecv.frontend.importer import from_mxnet
+    from edgecv.frontend.mxnet_graph import load_params, load_symbol
+    from edgecv.graph_tuner.activations import rewrite_activations
+    from edgecv.graph_tuner.apply import convert_layouts
+    from edgecv.graph_tuner.extract import extract
+    from edgecv.graph_tuner.solver import uniform_plans
+    from edgecv.graph_tuner.stage import conv_candidates
+    from edgecv.lowering import lower
+
+    symbol, params = export_small_model(tmp_path / "small")
+    x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
+    expected = mxnet_forward(symbol, params, x)[0]
+    mod = from_mxnet(load_symbol(symbol), load_params(params), {"data": SHAPE}).mod
+    prepared = relax.transform.FoldConstant()(rewrite_activations(mod))
+    modules, plans = [mod], [None]
+    for packing, count in (("NCHW8c", 1), ("NCHW4c", 2)):
+        extracted = extract(prepared, conv_candidates([packing]))
+        layouts = uniform_plans(extracted.graph)[packing]
+        chosen = {
+            winograd.signature(extracted.calls[i]): side
+            for i, layout in layouts.items()
+            if layout == packing and winograd.eligible(extracted.calls[i])
+        }
+        converted = convert_layouts(extracted, layouts)
+        ops = [op for ops in lower(converted, chosen).kernel_ops.values() for op in ops]
+        assert ops.count("winograd_conv2d_NCHWc") == count, packing
+        modules.append(converted)
+        plans.append(chosen)
+    nchw, *packed = _run_all(modules, x, plans)
+    assert_close(nchw, expected, "NCHW vs MXNet")
+    for ours in packed:
+        assert_close(ours, nchw, f"F({side}, 3) vs NCHW")
+        assert_close(ours, expected, f"F({side}, 3) vs MXNet")
