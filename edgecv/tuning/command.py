@@ -79,8 +79,10 @@ def tune(args: argparse.Namespace) -> int:
     say(f"device class {cls.name}; records go to {db_dir}")
     mod, name = import_model(args.model, args.params, input_shapes(args.input_shape),
                              not args.random_weights, args.seed, say)  # fmt: skip
-    mod = in_deploy_layouts(mod, profile, args.layout, [db_dir, cls.shipped_folder()], say)
-    tasks = extract_tasks(mod, profile)
+    mod, winograd = in_deploy_layouts(
+        mod, profile, args.layout, [db_dir, cls.shipped_folder()], say
+    )
+    tasks = extract_tasks(mod, profile, winograd)
     say(f"{name}: {len(tasks)} workloads to tune for {profile.name}")
     db = open_database(db_dir)
     summary = _read_summary(db_dir) if args.resume else {}
@@ -126,15 +128,17 @@ def tune(args: argparse.Namespace) -> int:
 
 def in_deploy_layouts(mod, profile: Profile, layout: str, folders: list[Path], say):
     """``mod`` with its convolutions in the layouts a deploy with ``--layout layout`` and
-    these tuning folders would choose: the kernels tuned are the kernels deployed."""
+    these tuning folders would choose, and the convolutions it would run by Winograd's
+    algorithm (``lower``'s ``winograd``): the kernels tuned are the kernels deployed."""
     from ..graph_tuner import choose_layouts
+    from ..graph_tuner.stage import winograd_plan
     from ..pipelines import BuildOptions
 
     options = BuildOptions(layout=layout, tuning=[str(f) for f in folders])
     mod, facts = choose_layouts(mod, profile, options, say)
     if facts.get("reason"):
         say(f"layouts: NCHW ({facts['reason']})")
-    return mod
+    return mod, winograd_plan(facts)
 
 
 def _measure_defaults_again(tasks: list[Task], order, builder, runner, db, say) -> None:

@@ -78,12 +78,14 @@ def import_model(model: str, params: str | None, input_shape, pretrained: bool, 
     return imported.mod, source.name
 
 
-def extract_tasks(mod: tvm.IRModule, profile: Profile) -> list[Task]:
-    """The tasks of the Relax module ``mod`` for ``profile``, in order of first launch."""
+def extract_tasks(mod: tvm.IRModule, profile: Profile, winograd: dict | None = None) -> list[Task]:
+    """The tasks of the Relax module ``mod`` for ``profile`` (its convolutions in
+    ``winograd`` by Winograd's algorithm, as the graph tuner chose), in order of first
+    launch."""
     from ..codegen.op_versions import OpVersions
     from ..lowering import lower
 
-    lowered = lower(mod)
+    lowered = lower(mod, winograd)
     kernels = lowered.kernels
     if profile.runtime != "cpu":
         target = profile.tvm_target()

@@ -15,8 +15,9 @@ from edgecv.schedules.cpu import Winograd, schedule_cpu
 from edgecv.testing import assert_close
 
 
-def reference_conv(x, w, bias, pad):
-    """NumPy NCHW conv2d (3x3, stride 1) + bias + ReLU, summed in float64."""
+def reference_conv(x, w, bias, pad, leaky=False):
+    """NumPy NCHW conv2d (3x3, stride 1) + bias + ReLU (or LeakyReLU 0.1), summed in
+    float64."""
     n, c, h, wd = x.shape
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
     oh, ow = h + 2 * pad - 2, wd + 2 * pad - 2
@@ -25,7 +26,8 @@ def reference_conv(x, w, bias, pad):
         for kx in range(3):
             patch = xp[:, :, ky : ky + oh, kx : kx + ow]
             out += np.einsum("nchw,oc->nohw", patch, w[:, :, ky, kx].astype(np.float64))
-    return np.maximum(out + bias.reshape(1, -1, 1, 1), 0.0).astype(np.float32)
+    out = out + bias.reshape(1, -1, 1, 1)
+    return np.maximum(out, 0.1 * out if leaky else 0.0).astype(np.float32)
 
 
 def pack(x, block):  # NCHW -> NCHW{block}c
@@ -46,13 +48,16 @@ def pack_weights(w, block):  # OIHW -> OIHW{block}i{block}o
 
 @pytest.mark.parametrize("side", winograd.SIDES)
 @pytest.mark.parametrize(
-    "channels, outputs, height, width, pad",
-    [(16, 32, 7, 7, 1), (32, 16, 13, 10, 1), (16, 16, 9, 11, 0)],
-    ids=["7x7", "13x10-uneven-tiles", "no-padding"],
+    "channels, outputs, height, width, pad, leaky",
+    [(16, 32, 7, 7, 1, False), (32, 16, 13, 10, 1, True), (16, 16, 9, 11, 0, False)],
+    ids=["7x7", "13x10-uneven-tiles-leaky", "no-padding"],
 )
-def test_the_kernel_matches_a_numpy_convolution(side, channels, outputs, height, width, pad):
-    """Outputs that tiles do not divide (7, 13, 10 by 4), no padding, bias and ReLU fused
-    after the output transform; scheduled by the Winograd rule at this CPU's target."""
+def test_the_kernel_matches_a_numpy_convolution(side, channels, outputs, height, width, pad, leaky):
+    """Outputs that tiles do not divide (7, 13, 10 by 4), no padding, an epilogue fused
+    after the output transform: bias and ReLU, or YOLO's LeakyReLU as max(y, 0.1 y) (y
+    read twice: the nest that slowed YOLOv3's heads 8x before it was inlined as the
+    one-reduction rules inline theirs); scheduled by the Winograd rule at this CPU's
+    target."""
     block = 8
     target = load_profile("cpu").tvm_target()
     rng = np.random.default_rng(0)
@@ -65,7 +70,8 @@ def test_the_kernel_matches_a_numpy_convolution(side, channels, outputs, height,
     weights = te.placeholder(u.shape, name="u")
     shift = te.placeholder((1, outputs // block, 1, 1, block), name="bias")
     conv = winograd.winograd_conv2d_nchwc(data, weights, (pad,) * 4, side, "float32")
-    out = topi.nn.relu(conv + shift)
+    biased = conv + shift
+    out = topi.maximum(biased, biased * 0.1) if leaky else topi.nn.relu(biased)
     func = te.create_prim_func([data, weights, shift, out]).with_attr("global_symbol", "main")
     assert Winograd().apply(func, target, False) is not None  # the rule takes it
     library = tvm.compile(tvm.IRModule({"main": schedule_cpu(func, target)}), target=target)
@@ -73,7 +79,8 @@ def test_the_kernel_matches_a_numpy_convolution(side, channels, outputs, height,
     result = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], np.float32), dev)
     args = [pack(x, block), u, pack(bias.reshape(1, -1, 1, 1), block)]
     library["main"](*[tvm.runtime.tensor(a, dev) for a in args], result)
-    assert_close(unpack(result.numpy()), reference_conv(x, w, bias, pad), f"F({side}, 3)")
+    expected = reference_conv(x, w, bias, pad, leaky)
+    assert_close(unpack(result.numpy()), expected, f"F({side}, 3)")
 
 
 def test_only_stride_1_3x3_convolutions_with_constant_weights_are_eligible():

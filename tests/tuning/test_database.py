@@ -50,7 +50,8 @@ def tiny_tasks(symbol, db=None):
     mod, _ = import_model(str(symbol), None, SHAPE, False, 0, lambda m: None)
     profile = load_profile("cpu")
     if db is not None:
-        mod = in_deploy_layouts(mod, profile, "auto", [db], lambda m: None)
+        mod, winograd = in_deploy_layouts(mod, profile, "auto", [db], lambda m: None)
+        return extract_tasks(mod, profile, winograd)
     return extract_tasks(mod, profile)
 
 
@@ -213,7 +214,7 @@ def test_a_record_for_an_opencl_profile_applies_at_deploy_and_matches_mxnet(tune
     profile = load_profile("deeplens")
     target = profile.tvm_target()
     mod, _ = import_model(str(symbol), None, SHAPE, False, 0, lambda m: None)
-    mod = in_deploy_layouts(mod, profile, "auto", [tmp_path / "gpu"], lambda m: None)
+    mod, _ = in_deploy_layouts(mod, profile, "auto", [tmp_path / "gpu"], lambda m: None)
     database = open_database(tmp_path / "gpu")
     order = gpu_order(target, profile.intel_subgroup_size)
     tasks = extract_tasks(mod, profile)

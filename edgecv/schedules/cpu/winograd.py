@@ -46,8 +46,12 @@ class Winograd(dlight.ScheduleRule):
                 return None  # a reshaping consumer: not this rule's kernel
             epilogue.append(block)
         try:
-            for block in epilogue:
-                sch.reverse_compute_inline(block)
+            # one epilogue nest (as the one-reduction rules make it), applied to each
+            # output pixel as the output transform writes it
+            for block in epilogue[:-1]:
+                sch.compute_inline(block)
+            if epilogue:
+                sch.reverse_compute_inline(epilogue[-1])
             gemm = sch.get_sblock(GEMM)
             side = _side(sch, gemm)
             schedule_conv2d_nchwc(sch, gemm, None, simd, pad_rows=False)
