@@ -41,7 +41,7 @@ MODELS = [
 ]
 DEVICE_OF = {"cpu": None, "deeplens": "intel", "aisage": "pocl"}
 LAYOUTS = ("NCHW", "packed", "auto")
-CONV_OPS = {"conv2d", "conv2d_NCHWc", "depthwise_conv2d_NCHWc"}
+CONV_OPS = {"conv2d", "conv2d_NCHWc", "depthwise_conv2d_NCHWc", "winograd_conv2d_NCHWc"}
 
 
 def tuned_ms(model, x, repeat: int = 5) -> float:

@@ -179,8 +179,9 @@ def _summary(graph, layouts: dict[int, str]) -> str:
 
 def _plan_facts(graph, plan: Plan, costs, packings: list[str]) -> dict:
     """What the manifest and ``--explain`` show of a plan."""
+    # the uniform plans as `--layout NCHW|packed` build them: direct convolutions
     uniform = {
-        name: _finite(evaluate(graph, layouts, costs).total)
+        name: _finite(evaluate(graph, layouts, _Direct(costs)).total)
         for name, layouts in uniform_plans(graph).items()
     }
     convolutions = []
@@ -223,6 +224,20 @@ def _plan_facts(graph, plan: Plan, costs, packings: list[str]) -> dict:
         "convolutions": convolutions,
         "transforms": transforms,
     }
+
+
+class _Direct:
+    """The costs of the direct convolutions only (what `--layout packed` builds)."""
+
+    def __init__(self, costs):
+        self.costs = costs
+
+    def kernel(self, node, layout: str) -> float:
+        times = self.costs.algorithms.get((node.name, layout), {})
+        return times.get("direct", self.costs.kernel(node, layout))
+
+    def transform(self, shape, src: str, dst: str) -> float:
+        return self.costs.transform(shape, src, dst)
 
 
 def _finite(seconds: float) -> float | None:
