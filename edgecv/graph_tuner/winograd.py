@@ -9,14 +9,17 @@ independent matrix products, which is where the time goes; they do
 ``m * m * 9 / (a * a)`` of the direct convolution's multiply-adds: 4x fewer for
 ``m = 4``, 2.25x for ``m = 2``.
 
-Three loop nests in one kernel, named for the CPU rule that schedules them
+The loop nests of the kernel, named for the CPU rule that schedules them
 (:mod:`edgecv.schedules.cpu.winograd`):
 
-- ``winograd_input`` ``[a*a, C/ib, N*TH, TW, ib]``: the transformed input tiles;
+- ``winograd_input_rows`` ``[a, C/ib, N*TH, TW, a, ib]`` and ``winograd_input``
+  ``[a*a, C/ib, N*TH, TW, ib]``: the transformed input tiles, one axis of the tile at a
+  time (``2 a^3`` terms a tile instead of ``a^4``);
 - ``winograd_gemm`` ``[a*a, O/ob, N*TH, TW, ob]``: per ``a*a`` position, tiles x input
   channels times input x output channels, in the shape of a 1x1 ``conv2d_NCHWc``;
-- ``winograd_output`` ``[N, O/ob, OH, OW, ob]``: the output, where the fused epilogue
-  (bias, activation, residual add) follows.
+- ``winograd_output_cols`` ``[O/ob, N*TH, TW, a, m, ob]`` and ``winograd_output``
+  ``[N, O/ob, OH, OW, ob]``: the output transform likewise, then the output, where the
+  fused epilogue (bias, activation, residual add) follows.
 
 The transforms are written out as sums of the nonzero terms of ``B`` and ``A``, one
 expression per position, chosen by ``Select`` on the position: once the rule unrolls the
@@ -31,8 +34,10 @@ import numpy as np
 import tvm
 from tvm import relax, te, tirx, topi
 
+INPUT_ROWS = "winograd_input_rows"
 INPUT = "winograd_input"
 GEMM = "winograd_gemm"
+OUTPUT_COLS = "winograd_output_cols"
 OUTPUT = "winograd_output"
 
 
@@ -134,19 +139,27 @@ def winograd_conv2d_nchwc(data: te.Tensor, u: te.Tensor, padding, m: int, out_dt
         [0, 0, th * m + 2 - height - top, tw * m + 2 - width - left, 0],
         name="data_pad",
     )
-    bt = b_mat.T  # V = B^T d B: V[e, v] = sum_ij bt[e, i] d[i, j] bt[v, j]
+    # V = B^T d B in two halves, each a sum over one axis of the tile:
+    # rows[e, j] = sum_i bt[e, i] d[i, j], then V[e, v] = sum_j bt[v, j] rows[e, j]
+    bt = b_mat.T
+
+    def input_rows(e, c, row, col, j, lane):
+        b, y = row // th, row % th
+        return _by_position(
+            e,
+            alpha,
+            lambda pe: _terms(bt[pe], lambda i: padded[b, c, y * m + i, col * m + j, lane]),
+        )
+
+    rows = te.compute(
+        (alpha, chunks, n * th, tw, alpha, block), input_rows, name=INPUT_ROWS, tag=INPUT_ROWS
+    )
 
     def input_tile(t, c, row, col, lane):
-        b, y = row // th, row % th
-        e, v = t // alpha, t % alpha
-
-        def inner(pe, pv):
-            return _terms(
-                bt[pe],
-                lambda i: _terms(bt[pv], lambda j: padded[b, c, y * m + i, col * m + j, lane]),
-            )
-
-        return _by_position(e, alpha, lambda pe: _by_position(v, alpha, lambda pv: inner(pe, pv)))
+        e = t // alpha
+        return _by_position(
+            t % alpha, alpha, lambda pv: _terms(bt[pv], lambda j: rows[e, c, row, col, j, lane])
+        )
 
     v = te.compute((positions, chunks, n * th, tw, block), input_tile, name=INPUT, tag=INPUT)
     rco = te.reduce_axis((0, chunks), name="rco")
@@ -160,17 +173,23 @@ def winograd_conv2d_nchwc(data: te.Tensor, u: te.Tensor, padding, m: int, out_dt
         name=GEMM,
         tag=GEMM,
     )
-    at = a_mat.T  # Y = A^T M A: Y[i, j] = sum_ev at[i, e] M[e, v] at[j, v]
+    # Y = A^T M A likewise: cols[e, j] = sum_v M[e, v] at[j, v], Y[i, j] = sum_e at[i, e] cols[e, j]
+    at = a_mat.T
+
+    def output_cols(o, row, col, e, j, lane):
+        return _by_position(
+            j, m, lambda pj: _terms(at[pj], lambda w: gemm[e * alpha + w, o, row, col, lane])
+        )
+
+    cols = te.compute(
+        (out_chunks, n * th, tw, alpha, m, out_block), output_cols, name=OUTPUT_COLS,
+        tag=OUTPUT_COLS,
+    )  # fmt: skip
 
     def output_pixel(b, o, y, x, lane):
         row, col = b * th + y // m, x // m
-
-        def inner(pi, pj):
-            return _terms(
-                at[pi],
-                lambda e: _terms(at[pj], lambda w: gemm[e * alpha + w, o, row, col, lane]),
-            )
-
-        return _by_position(y % m, m, lambda pi: _by_position(x % m, m, lambda pj: inner(pi, pj)))
+        return _by_position(
+            y % m, m, lambda pi: _terms(at[pi], lambda e: cols[o, row, col, e, x % m, lane])
+        )
 
     return te.compute((n, out_chunks, oh, ow, out_block), output_pixel, name=OUTPUT, tag=OUTPUT)

@@ -4,12 +4,13 @@
 Four nests, each in parallel over its own outer axes:
 
 - the padded input, rows in parallel, channel blocks in vectors;
-- the input transform: per tile and channel block, all ``a * a`` positions unrolled
-  (each position's ``Select`` folds to its sum), the channel block in vectors;
+- the input transform: per tile and channel block, its two halves one after the
+  other, every position unrolled (each position's ``Select`` folds to its sum), the
+  channel block in vectors;
 - the products: the register tile of a 1x1 ``conv2d_NCHWc``
   (:func:`.conv2d_packed.schedule_conv2d_nchwc`), one product per position;
-- the output transform with the fused epilogue: per tile, its ``m x m`` pixels
-  unrolled, the channel block in vectors.
+- the output transform with the fused epilogue: per tile, the first half, then its
+  ``m x m`` pixels, unrolled, the channel block in vectors.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from .loop_nest import NotApplicable, Simd, extent, unroll
 
 # The block names of edgecv.graph_tuner.winograd (not imported: rules stay free of the
 # graph tuner).
+INPUT_ROWS = "winograd_input_rows"
 INPUT = "winograd_input"
 GEMM = "winograd_gemm"
+OUTPUT_COLS = "winograd_output_cols"
 OUTPUT = "winograd_output"
 
 
@@ -35,7 +38,7 @@ class Winograd(dlight.ScheduleRule):
         sch = s_tir.Schedule(func)
         blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
         names = [sch.get(b).name_hint for b in blocks]
-        if GEMM not in names or INPUT not in names or OUTPUT not in names:
+        if any(name not in names for name in (INPUT_ROWS, INPUT, GEMM, OUTPUT_COLS, OUTPUT)):
             return None
         simd = Simd.of(target)
         at = names.index(OUTPUT)
@@ -55,9 +58,9 @@ class Winograd(dlight.ScheduleRule):
             gemm = sch.get_sblock(GEMM)
             side = _side(sch, gemm)
             schedule_conv2d_nchwc(sch, gemm, None, simd, pad_rows=False)
-            _schedule_input(sch, sch.get_sblock(INPUT), simd)
-            _schedule_output(sch, sch.get_sblock(OUTPUT), side, simd)
-            for name in names[: names.index(INPUT)]:
+            _schedule_input(sch, sch.get_sblock(INPUT), sch.get_sblock(INPUT_ROWS), simd)
+            _schedule_output(sch, sch.get_sblock(OUTPUT), sch.get_sblock(OUTPUT_COLS), side, simd)
+            for name in names[: names.index(INPUT_ROWS)]:
                 _schedule_pad(sch, sch.get_sblock(name))
         except NotApplicable:
             return None
@@ -73,17 +76,35 @@ def _side(sch: s_tir.Schedule, gemm: SBlockRV) -> int:
     return alpha - 2
 
 
-def _schedule_input(sch: s_tir.Schedule, block: SBlockRV, simd: Simd) -> None:
+def _schedule_input(sch: s_tir.Schedule, block: SBlockRV, half: SBlockRV, simd: Simd) -> None:
+    """Per tile (and channel block), its first half-transform then the second, each
+    position unrolled, the channel block in vectors."""
     t, c, row, col, lane = sch.get_loops(block)
     sch.reorder(c, row, col, t, lane)
     sch.parallel(sch.fuse(c, row))
+    sch.compute_at(half, col)
+    sch.set_scope(half, 0, "local")  # one tile's half: on the stack, not a workspace
+    _unrolled_vectors(sch, half, 2, simd)
+    _unrolled_vectors(sch, block, 1, simd)
+
+
+def _unrolled_vectors(sch: s_tir.Schedule, block: SBlockRV, positions: int, simd: Simd) -> None:
+    """The block's last ``positions`` loops before the channel lanes unrolled (their
+    ``Select`` folds), the lanes in vectors."""
+    *_, lane = loops = sch.get_loops(block)
+    for loop in loops[-1 - positions : -1]:
+        sch.unroll(loop)
     lane_rows, vec, _ = _vector(sch, lane, simd)
-    sch.unroll(t)
     unroll(sch, lane_rows)
     sch.vectorize(vec)
 
 
-def _schedule_output(sch: s_tir.Schedule, block: SBlockRV, side: int, simd: Simd) -> None:
+def _schedule_output(
+    sch: s_tir.Schedule, block: SBlockRV, half: SBlockRV, side: int, simd: Simd
+) -> None:
+    """Per output tile (and channel block): its first half-transform, then its
+    ``side x side`` pixels with the epilogue, each unrolled, the channel block in
+    vectors."""
     n, o, y, x, lane = sch.get_loops(block)
     if extent(sch, y) < side or extent(sch, x) < side:
         raise NotApplicable("output smaller than one tile")
@@ -91,10 +112,10 @@ def _schedule_output(sch: s_tir.Schedule, block: SBlockRV, side: int, simd: Simd
     x_o, x_i = sch.split(x, [None, side])
     sch.reorder(n, o, y_o, x_o, y_i, x_i, lane)
     sch.parallel(sch.fuse(n, o, y_o))
-    lane_rows, vec, _ = _vector(sch, lane, simd)
-    for loop in (y_i, x_i, lane_rows):
-        sch.unroll(loop)
-    sch.vectorize(vec)
+    sch.compute_at(half, x_o)
+    sch.set_scope(half, 0, "local")
+    _unrolled_vectors(sch, half, 2, simd)
+    _unrolled_vectors(sch, block, 2, simd)
 
 
 def _schedule_pad(sch: s_tir.Schedule, block: SBlockRV) -> None:
