@@ -48,25 +48,27 @@ def pack_weights(w, block):  # OIHW -> OIHW{block}i{block}o
 
 @pytest.mark.parametrize("side", winograd.SIDES)
 @pytest.mark.parametrize(
-    "channels, outputs, height, width, pad, leaky",
-    [(16, 32, 7, 7, 1, False), (32, 16, 13, 10, 1, True), (16, 16, 9, 11, 0, False)],
-    ids=["7x7", "13x10-uneven-tiles-leaky", "no-padding"],
+    "batch, channels, outputs, height, width, pad, leaky",
+    [(1, 16, 32, 7, 7, 1, False), (1, 32, 16, 13, 10, 1, True), (2, 16, 16, 9, 11, 0, False)],
+    ids=["7x7", "13x10-uneven-tiles-leaky", "batch2-no-padding"],
 )
-def test_the_kernel_matches_a_numpy_convolution(side, channels, outputs, height, width, pad, leaky):
-    """Outputs that tiles do not divide (7, 13, 10 by 4), no padding, an epilogue fused
-    after the output transform: bias and ReLU, or YOLO's LeakyReLU as max(y, 0.1 y) (y
-    read twice: the nest that slowed YOLOv3's heads 8x before it was inlined as the
-    one-reduction rules inline theirs); scheduled by the Winograd rule at this CPU's
-    target."""
+def test_the_kernel_matches_a_numpy_convolution(
+    side, batch, channels, outputs, height, width, pad, leaky
+):
+    """Outputs that tiles do not divide (7, 13, 10 by 4), a batch of two (its images'
+    tiles share one axis), no padding, an epilogue fused after the output transform:
+    bias and ReLU, or YOLO's LeakyReLU as max(y, 0.1 y) (y read twice: the nest that
+    slowed YOLOv3's heads 8x before it was inlined as the one-reduction rules inline
+    theirs); scheduled by the Winograd rule at this CPU's target."""
     block = 8
     target = load_profile("cpu").tvm_target()
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((1, channels, height, width)).astype(np.float32)
+    x = rng.standard_normal((batch, channels, height, width)).astype(np.float32)
     w = (rng.standard_normal((outputs, channels, 3, 3)) / np.sqrt(9 * channels)).astype(np.float32)
     bias = rng.standard_normal(outputs).astype(np.float32)
     u = winograd.transform_weights(pack_weights(w, block), side)
     assert u.shape == ((side + 2) ** 2, outputs // block, channels // block, block, block)
-    data = te.placeholder((1, channels // block, height, width, block), name="data")
+    data = te.placeholder((batch, channels // block, height, width, block), name="data")
     weights = te.placeholder(u.shape, name="u")
     shift = te.placeholder((1, outputs // block, 1, 1, block), name="bias")
     conv = winograd.winograd_conv2d_nchwc(data, weights, (pad,) * 4, side, "float32")
