@@ -72,6 +72,24 @@ def test_tied_detections_in_another_order_match_whatever_their_last_bits():
         match_detections([a.astype(np.float32) for a in wrong], ref, box_scale=300.0)
 
 
+def test_a_tie_is_a_chain_of_rows_each_tied_with_the_one_before():
+    """YOLOv3's random-weight output: scores 0.33711, 0.337098, 0.337098 (MXNet). The
+    first and third are 1.2e-5 apart, beyond one tolerance (1e-5 + 1e-5 * 0.337), but
+    each ties with its neighbour: one run, so the last two may come in either order."""
+    a, b, c, none = [10.0, 10, 50, 50], [200, 30, 260, 90], [53, 280, 84, 304], [-1] * 4
+    ids = np.array([[[0.0], [0.0], [0.0], [-1]]])
+    ref = [ids, np.array([[[0.33711], [0.337098], [0.337098], [-1]]]),
+           np.array([[a, b, c, none]])]  # fmt: skip
+    ours = [ids.copy(), np.array([[[0.33711], [0.337099], [0.337098], [-1]]]),
+            np.array([[a, c, b, none]])]  # fmt: skip
+    ref, ours = ([a.astype(np.float32) for a in x] for x in (ref, ours))
+    assert match_detections(ours, ref, box_scale=416.0) == 3
+    # scores 1e-4 apart are no tie: the same swap is a mismatch
+    spread = np.array([[[0.3372], [0.3371], [0.3370], [-1]]], np.float32)
+    with pytest.raises(AssertionError, match="rows 1:2"):
+        match_detections([ours[0], spread, ours[2]], [ref[0], spread, ref[2]], box_scale=416.0)
+
+
 def test_a_tie_cut_at_the_end_of_a_full_output_is_compared_by_score():
     """Every row valid and the last three tie: the output was cut inside the tie, and
     which tied candidates made it in is rounding's choice. Those rows compare by
