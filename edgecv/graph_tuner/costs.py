@@ -93,11 +93,6 @@ class MeasuredCosts:
         times[algorithm] = seconds
         self.kernels[(name, layout)] = min(times.values())
 
-    def algorithm(self, name: str, layout: str) -> str:
-        """The fastest algorithm measured for ``name`` in ``layout``."""
-        times = self.algorithms.get((name, layout), {})
-        return min(times, key=times.get) if times else DIRECT
-
     def transform(self, shape, src: str, dst: str) -> float:
         return self.transforms.get((tuple(shape), src, dst), float("inf"))
 

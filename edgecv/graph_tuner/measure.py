@@ -78,7 +78,7 @@ def measure_costs(
 
     ``winograd``: the output tile sides to offer packed stride-1 3x3 convolutions as
     well (targets whose rules schedule Winograd's kernels); a packed convolution's cost
-    is its fastest algorithm, and :meth:`MeasuredCosts.algorithm` tells which."""
+    is its fastest algorithm's (:attr:`MeasuredCosts.algorithms` keeps each one's)."""
     costs = MeasuredCosts()
     wanted: dict[str, tirx.PrimFunc | None] = {}
     convs: list[tuple[str, str, str, str]] = []  # name, layout, algorithm, kernel key

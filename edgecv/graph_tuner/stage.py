@@ -234,7 +234,9 @@ class _Direct:
 
     def kernel(self, node, layout: str) -> float:
         times = self.costs.algorithms.get((node.name, layout), {})
-        return times.get("direct", self.costs.kernel(node, layout))
+        from .costs import DIRECT
+
+        return times.get(DIRECT, self.costs.kernel(node, layout))
 
     def transform(self, shape, src: str, dst: str) -> float:
         return self.costs.transform(shape, src, dst)
