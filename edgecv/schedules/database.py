@@ -11,7 +11,8 @@ A database from another TVM version, or one that cannot be read, is skipped with
 warning: tuned records are an optimization, never a reason for a build to fail.
 
 A record is replayed only where tuning found a schedule faster than edgecv's default
-rule (``edgecv_database.json`` says so per workload): where the default won, the record
+rule (``edgecv_database.json`` says so per workload; the first database holding the
+workload decides, as for the records themselves): where the default won, the record
 is that day's default, and today's default rule schedules the kernel instead. (A
 record of the old default kept ResNet-50's packed max pool at 0.47 ms after its rule
 had become ten times faster.)
@@ -53,7 +54,8 @@ class TuningDatabase:
 
         self._databases = []
         self.folders: list[Path] = []
-        self._defaults: set[int] = set()  # workloads whose best record is the default's
+        # per database: the workloads whose best record is the default rule's
+        self._defaults: list[set[int]] = []
         for folder in (Path(f) for f in folders):
             if not (folder / WORKLOADS).is_file() or not (folder / RECORDS).is_file():
                 continue
@@ -80,7 +82,7 @@ class TuningDatabase:
                 continue
             self._databases.append(database)
             self.folders.append(folder)
-            self._defaults |= _default_won(folder)
+            self._defaults.append(_default_won(folder))
 
     def __bool__(self) -> bool:
         return bool(self._databases)
@@ -88,12 +90,13 @@ class TuningDatabase:
     def query(self, func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc | None:
         """``func`` scheduled by its best tuned record, or None when no database has one."""
         mod = tvm.IRModule({"main": _workload(func)})
-        if self._defaults and int(tvm_ffi.structural_hash(mod)) in self._defaults:
-            return None
+        key = int(tvm_ffi.structural_hash(mod))
         symbol = func.attrs.get("global_symbol") if func.attrs else None
-        for database in self._databases:
+        for database, defaults in zip(self._databases, self._defaults, strict=True):
             sch = database.query_schedule(mod, target, workload_name="main")
             if sch is not None:
+                if key in defaults:  # the first database holding it: the default won
+                    return None
                 # the kernel's own name back: GPU lowering splits host and device code
                 # only for an entry function
                 scheduled = sch.mod["main"]

@@ -84,6 +84,10 @@ def test_records_are_found_by_structure_whatever_the_kernel_is_named(tuned, tmp_
         searched_won = facts["best_s"] < facts["default_s"]
         assert (database.query(renamed, target) is not None) == searched_won, task.name
         assert len(records_of(open_database(db), task.mod)) >= 1
+        # layered, the first database holding the workload decides
+        assert TuningDatabase([tmp_path / "won", db]).query(renamed, target) is not None
+        layered = TuningDatabase([db, tmp_path / "won"]).query(renamed, target)
+        assert (layered is not None) == searched_won, task.name
     searched = max(len(records_of(open_database(db), t.mod)) for t in tiny_tasks(symbol, db))
     assert searched >= 5  # its default and 4 trials
     assert database.query(matmul_task().mod["main"], target) is None
