@@ -7,8 +7,9 @@ on the same device class measures nothing.
 
 Only device keys that are shipped database folders (``device_profiles/tuning/<key>/``)
 are merged (the CPU meter's key is its tuning device class); entries of another edgecv
-or TVM version are not read (:class:`edgecv.graph_tuner.costs.CostCache`). Entries
-already shipped are replaced by the newer measurement.
+or TVM version, or measured under default rules other than today's, are not read
+(:class:`edgecv.graph_tuner.costs.CostCache`). Entries already shipped are replaced by
+the newer measurement.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from edgecv.graph_tuner.costs import COSTS_FILE, CostCache
+from edgecv.graph_tuner.costs import COSTS_FILE, CostCache, rules_fingerprint
 from edgecv.profiles import profiles_dir
 
 
@@ -31,8 +32,9 @@ def main() -> None:
         if not shipped.is_dir():
             print(f"{device}: no shipped database folder, skipped")
             continue
-        source = CostCache([args.folder], None, device)
-        target = CostCache([shipped], shipped, device)
+        rules = rules_fingerprint(gpu=not device.startswith("llvm"))  # the CPU meter's key
+        source = CostCache([args.folder], None, device, rules)
+        target = CostCache([shipped], shipped, device, rules)
         for key, seconds in source.entries.items():
             target.put(key, seconds)
         target.save()

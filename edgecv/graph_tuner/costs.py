@@ -11,11 +11,15 @@ tuning database holds a record for takes the record's time instead of a measurem
 Transforms are timed by shape and pair of layouts. Both kinds of time are kept in
 ``layout_costs.json`` in the device's database folder, keyed by the device (its
 target, and its OpenCL platform, device and driver), the kernel's structure and,
-for transforms, shape and layouts; a second deploy measures nothing.
+for transforms, shape and layouts; a second deploy measures nothing. A key names the
+kernel before it is scheduled, so each device's entries also carry the fingerprint of
+the default rules that scheduled them (:func:`rules_fingerprint`): after a rule
+changes, its kernels are measured again instead of being weighed by their old times.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -28,7 +32,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-from .. import __version__
+from .. import __version__, schedules
 from ..lowering import lower
 from .apply import convert_layouts
 from .extract import Extracted
@@ -100,10 +104,14 @@ class MeasuredCosts:
 class CostCache:
     """``layout_costs.json`` files: read from every folder given (first wins), written
     to ``writable`` only. Entries from another edgecv or TVM version, or of another
-    :data:`COSTS_VERSION`, are ignored."""
+    :data:`COSTS_VERSION`, or measured under other default rules (``rules``, see
+    :func:`rules_fingerprint`) are ignored."""
 
-    def __init__(self, folders: Iterable[str | Path], writable: str | Path | None, device: str):
+    def __init__(
+        self, folders: Iterable[str | Path], writable: str | Path | None, device: str, rules: str
+    ):
         self.device = device
+        self.rules = rules
         self.writable = Path(writable) if writable else None
         self.entries: dict[str, float] = {}
         for folder in reversed([Path(f) for f in folders]):
@@ -115,7 +123,7 @@ class CostCache:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             return {}
-        if not _current(data):
+        if not _current(data) or data.get("rules", {}).get(self.device) != self.rules:
             return {}
         return {k: float(v) for k, v in data.get("devices", {}).get(self.device, {}).items()}
 
@@ -139,7 +147,10 @@ class CostCache:
         except (OSError, ValueError):
             data = {}
         data.update({"edgecv": __version__, "tvm": tvm.__version__, "version": COSTS_VERSION})
-        data.setdefault("devices", {}).setdefault(self.device, {}).update(self.new)
+        devices, rules = data.setdefault("devices", {}), data.setdefault("rules", {})
+        if rules.get(self.device) != self.rules:  # measured under other rules: replaced
+            devices[self.device], rules[self.device] = {}, self.rules
+        devices.setdefault(self.device, {}).update(self.new)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         tmp.replace(path)
@@ -151,6 +162,20 @@ def _current(data: dict) -> bool:
         tvm.__version__,
         COSTS_VERSION,
     )
+
+
+def rules_fingerprint(gpu: bool) -> str:
+    """The default rules that schedule a kernel the graph tuner times: a hash of the
+    source of ``edgecv/schedules/gpu`` (OpenCL, CUDA) or ``edgecv/schedules/cpu``.
+
+    Any edit there can change a kernel's time, and a cost cached under other rules
+    would keep weighing the old schedule (as a tuning record keeps its rule's trace);
+    a fingerprint of the files makes that impossible to forget, at the price of a
+    re-measure after an edit that changed nothing."""
+    digest = hashlib.sha256()
+    for path in sorted((Path(schedules.__file__).parent / ("gpu" if gpu else "cpu")).glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def kernel_key(func: tirx.PrimFunc) -> str:

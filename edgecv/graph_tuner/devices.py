@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from ..profiles import Profile
-from .costs import CostCache
+from .costs import CostCache, rules_fingerprint
 
 
 def user_costs_folder(device_key: str) -> Path:
@@ -52,4 +52,5 @@ def meter_for(profile: Profile, options):
     writable = Path(options.layout_costs) if options.layout_costs else None
     writable = writable or user_costs_folder(meter.device_key)
     folders = [writable, *(Path(f) for f in (options.tuning or ()))]
-    return meter, CostCache(folders, writable, meter.device_key), ""
+    rules = rules_fingerprint("gpu" in meter.target.keys)
+    return meter, CostCache(folders, writable, meter.device_key, rules), ""

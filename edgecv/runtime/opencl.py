@@ -10,6 +10,7 @@ compilation when they lack an extension the program uses.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import warnings
@@ -283,6 +284,15 @@ def _missing(device, requires: Sequence[str]) -> list[str]:
     return [ext for ext in requires if ext not in extensions]
 
 
+@contextlib.contextmanager
+def _quiet_compiler(cl):
+    """Compiler chatter (Intel's "build succeeded" log, also when it loads a cached
+    binary) is not the user's concern: pyopencl's CompilerWarning is silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cl.CompilerWarning)
+        yield
+
+
 def _build_program(cl, context, device, source: str, options: list[str]) -> tuple[object, bool]:
     """Build ``source`` for ``device``, from the on-disk binary cache when possible.
 
@@ -296,14 +306,13 @@ def _build_program(cl, context, device, source: str, options: list[str]) -> tupl
     binary = kernel_cache.read(key, "clbin")
     if binary is not None:
         try:
-            program = cl.Program(context, [device], [binary]).build(options=options)
+            with _quiet_compiler(cl):
+                program = cl.Program(context, [device], [binary]).build(options=options)
             return program, True
         except cl.Error:  # a corrupt or foreign entry: forget it and compile the source
             kernel_cache.forget(key, "clbin")
     try:
-        with warnings.catch_warnings():
-            # Compiler chatter (Intel's "build succeeded" log) is not the user's concern.
-            warnings.simplefilter("ignore", cl.CompilerWarning)
+        with _quiet_compiler(cl):
             # edgecv's cache below replaces pyopencl's (keyed by driver too)
             program = cl.Program(context, source).build(options=options, cache_dir=False)
     except cl.RuntimeError as err:

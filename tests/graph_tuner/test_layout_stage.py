@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import platform
+import shutil
 
 import pytest
 import tvm
@@ -13,7 +14,9 @@ from small_model import SHAPE, export_small_model
 from edgecv.frontend.importer import from_mxnet
 from edgecv.frontend.mxnet_graph import load_params, load_symbol
 from edgecv.graph_tuner import choose_layouts, stage
-from edgecv.graph_tuner.costs import COSTS_FILE, COSTS_VERSION
+from edgecv import schedules
+from edgecv.graph_tuner import costs
+from edgecv.graph_tuner.costs import COSTS_FILE, COSTS_VERSION, CostCache, rules_fingerprint
 from edgecv.pipelines import BuildOptions
 from edgecv.profiles import load_profile
 
@@ -56,6 +59,32 @@ def test_auto_measures_once_then_reads_the_cache(small_mod, tmp_path):
     assert second["convolutions"] == first["convolutions"]
     assert stage.winograd_plan(second) == winograd
     assert len(_conv_layouts(converted)) == 5
+
+
+def test_costs_measured_under_other_rules_are_not_read_and_get_replaced(tmp_path):
+    first = CostCache([tmp_path], tmp_path, "dev", rules="rules-a")
+    first.put("kernel:1", 1.0)
+    first.save()
+    assert CostCache([tmp_path], None, "dev", rules="rules-a").get("kernel:1") == 1.0
+    assert CostCache([tmp_path], None, "dev", rules="rules-b").get("kernel:1") is None
+    later = CostCache([tmp_path], tmp_path, "dev", rules="rules-b")
+    later.put("kernel:2", 2.0)
+    later.save()
+    saved = json.loads((tmp_path / COSTS_FILE).read_text())
+    assert saved["devices"]["dev"] == {"kernel:2": 2.0}  # the old rules' times are gone
+    assert saved["rules"]["dev"] == "rules-b"
+
+
+def test_the_rules_fingerprint_changes_with_the_rules_source(tmp_path, monkeypatch):
+    copy = tmp_path / "schedules"
+    shutil.copytree(schedules.__path__[0], copy)
+    monkeypatch.setattr(costs.schedules, "__file__", str(copy / "__init__.py"))
+    cpu, gpu = rules_fingerprint(gpu=False), rules_fingerprint(gpu=True)
+    assert cpu != gpu
+    rule = copy / "gpu" / "conv2d_packed.py"
+    rule.write_text(rule.read_text().replace("PIXELS = 8", "PIXELS = 4"))
+    assert rules_fingerprint(gpu=True) != gpu
+    assert rules_fingerprint(gpu=False) == cpu  # a GPU rule edit keeps the CPU costs
 
 
 def test_nchw_leaves_the_module_alone(small_mod):

@@ -18,22 +18,27 @@ from edgecv.testing import assert_close
 
 
 @pytest.mark.parametrize(
-    ("profile", "on"),
-    [("deeplens", "intel"), pytest.param("aisage", "pocl", marks=pytest.mark.heavy)],
+    ("profile", "on", "shape"),
+    [
+        ("deeplens", "intel", SHAPE),
+        # rows of 11 (prime, wider than a work-item's tile of 8): the last tile predicated
+        pytest.param("deeplens", "intel", (1, 3, 11, 11), id="deeplens-intel-prime-width"),
+        pytest.param("aisage", "pocl", SHAPE, marks=pytest.mark.heavy),
+    ],
 )
-def test_packed_model_on_opencl_matches_mxnet(profile, on, tmp_path):
+def test_packed_model_on_opencl_matches_mxnet(profile, on, shape, tmp_path):
     if on == "pocl":
         needs_pocl()
     else:
         device_or_skip("intel(r) opencl")
     symbol, params = export_small_model(tmp_path / "small")
-    path = deploy(str(symbol), tmp_path / "pkg", profile, params=str(params), input_shape=SHAPE,
+    path = deploy(str(symbol), tmp_path / "pkg", profile, params=str(params), input_shape=shape,
                   host="native", options=BuildOptions(layout="packed"))  # fmt: skip
     build = json.loads((path / "manifest.json").read_text())["build"]
     packed = [k for k in build["schedules"]["gpu"]["kernels"].values() if "NCHWc" in str(k["ops"])]
     assert packed and all(k["rule"] == "gpu.PackedConv2d" for k in packed), packed
     assert build["placement"]["launches"]["cpu"] == 0
-    x = np.random.default_rng(2).standard_normal(SHAPE).astype(np.float32)
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
     got = edgecv.load(path, on=on).run(x)[0]
     assert_close(got, mxnet_forward(symbol, params, x)[0], name=f"packed on {profile}")
 

@@ -32,7 +32,7 @@ DEPTHWISE = "depthwise_conv2d_NCHWc"
 
 # Register tile per work-item. On Intel's CPU runtime (MobileNet/ResNet layers, 16c),
 # 8 pixels x 2 blocks beat 4 x 2 (1.5-2x) and 8 x 4 and 4 x 4 (spills).
-PIXELS = 8  # output pixels per work-item (at most; a divisor of the width)
+PIXELS = 8  # output pixels per work-item (at most; see pixel_tile)
 CHANNEL_BLOCKS = 2  # channel blocks per work-item in a plain (not depthwise) conv
 GROUP = 128  # work-items per group (at most)
 
@@ -43,16 +43,25 @@ def packings(subgroup: int | None) -> list[int]:
     return [subgroup] if subgroup else [4]
 
 
+def pixel_tile(width: int) -> int:
+    """Output pixels per work-item along a row of ``width``: the largest divisor up to
+    ``PIXELS``, or ``PIXELS`` with the row's last tile predicated when no divisor reaches
+    half of it (a prime width such as SqueezeNet's 109 would get one pixel per
+    work-item and a work-group of one channel block)."""
+    best = divisor_at_most(width, PIXELS)
+    return best if 2 * best >= PIXELS or width <= PIXELS else PIXELS
+
+
 def _schedule(sch: s_tir.Schedule, conv, found: list, target: Target, depthwise: bool) -> None:
     _, out = inline_around(sch, conv, found)
     n, co, y, x, lane, *reduction = sch.get_loops(conv)
     block, width = extent(sch, lane), extent(sch, x)
-    pixels = divisor_at_most(width, PIXELS)
+    pixels = pixel_tile(width)
     chunks = 1 if depthwise else divisor_at_most(extent(sch, co), CHANNEL_BLOCKS)
     bc, vc = sch.split(co, [None, chunks])
     bx, vx = sch.split(x, [None, pixels])
     limit = max(1, min(max_threads(target), GROUP) // block)
-    threads = divisor_at_most(width // pixels, limit)
+    threads = divisor_at_most(-(-width // pixels), limit)
     bx, tx = sch.split(bx, [None, threads])
     sch.reorder(n, bc, y, bx, tx, lane, *reduction, vc, vx)
     sch.bind(sch.fuse(n, bc, y, bx), "blockIdx.x")
