@@ -171,6 +171,8 @@ CASES = {
                 S.repeat(d, repeats=2, axis=-1),
                 S.expand_dims(d, axis=1),
                 S.squeeze(S.expand_dims(d, axis=0), axis=0),
+                S.squeeze(S.expand_dims(d, axis=-1), axis=-1),
+                S.squeeze(S.expand_dims(d, axis=1)),
             ]
         ),
         (2, 3, 4),

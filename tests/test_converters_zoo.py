@@ -187,6 +187,8 @@ def _convert(sym, shape, **patch):
         (S.topk(d, k=2), (2, 5), {"ret_typ": "mask"}, "ret_typ `mask` is not supported"),
         (S.topk(d, k=2), (2, 5), {"k": "two"}, "attribute `k` should be an integer"),
         (S.reverse(d, axis=1), (2, 2), {"axis": "3"}, "out of range"),
+        (S.squeeze(d, axis=-1), (2, 1), {"axis": "(0,)"}, "cannot squeeze axis 0 of size 2"),
+        (S.squeeze(d, axis=-1), (2, 1), {"axis": "(-3,)"}, "out of range"),
     ],
 )
 def test_bad_attributes_are_rejected(sym, shape, patch, match):

@@ -208,3 +208,31 @@ def test_a_deconvolution_and_a_boolean_mask_between_packed_convolutions(tmp_path
     converted = [convert_layouts(extracted, layouts) for layouts in plans]
     for layouts, ours in zip(plans, _run_all(converted, x), strict=True):
         assert_close(ours, expected, f"{layouts} vs MXNet")
+
+
+def test_a_squeeze_of_the_last_axis_after_packed_convolutions(tmp_path):
+    """Mask R-CNN squeezes its box scores with `squeeze(axis=-1)`: Relax's layout
+    conversion of a negative squeeze axis asks for an impossible allocation (bad_alloc),
+    and `--layout auto` fell back to NCHW for every Mask R-CNN. The importer gives the
+    axis as a positive number; every plan converts and computes what MXNet computes."""
+    from conftest import mxnet_forward
+
+    from edgecv._mxnet import import_mxnet
+
+    S = import_mxnet().sym
+    shape = (1, 8, 6, 6)
+    a = S.Convolution(S.var("data"), kernel=(3, 3), pad=(1, 1), num_filter=16, name="a")
+    b = S.Convolution(S.relu(a), kernel=(1, 1), num_filter=8, name="b")
+    net = S.squeeze(S.slice_axis(b, axis=-1, begin=0, end=1), axis=-1)
+    symbol, params_path, params = _export_symbol(net, shape, tmp_path / "squeeze")
+    x = np.random.RandomState(1).normal(size=shape).astype(np.float32)
+    expected = mxnet_forward(symbol, params_path, x)[0]
+    mod = from_mxnet(load_symbol(symbol), params, {"data": shape}).mod
+    prepared = relax.transform.FoldConstant()(rewrite_activations(mod))
+    extracted = extract(prepared, conv_candidates(["NCHW8c"]))
+    plans = list(_plans(extracted.graph))
+    assert len(plans) == 4  # a and b, each plain or packed
+    converted = [convert_layouts(extracted, layouts) for layouts in plans]
+    for layouts, ours in zip(plans, _run_all(converted, x), strict=True):
+        assert ours.shape == (1, 8, 6)
+        assert_close(ours, expected, f"{layouts} vs MXNet")

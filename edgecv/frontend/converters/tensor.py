@@ -193,8 +193,15 @@ def expand_dims(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
 
 @converts("squeeze")
 def squeeze(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
-    axes = attrs.ints("axis", ())
-    return R.squeeze(inputs[0], list(axes) if axes else None)
+    shape = ctx.shape(inputs[0])
+    # Axes as positive numbers: Relax's layout conversion of a squeeze with a negative
+    # axis asks for an impossible allocation (std::bad_alloc, TVM 0.27; Mask R-CNN's
+    # `squeeze(axis=-1)` made the graph tuner fall back to NCHW).
+    axes = [ctx.normalize_axis(a, len(shape)) for a in attrs.ints("axis", ())]
+    for a in axes:
+        if shape[a] != 1:
+            raise ctx.error(f"cannot squeeze axis {a} of size {shape[a]} (only size-1 axes)")
+    return R.squeeze(inputs[0], axes or None)
 
 
 @converts("tile")
