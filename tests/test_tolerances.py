@@ -120,3 +120,44 @@ def test_a_tie_cut_at_the_end_of_a_full_output_is_compared_by_score():
     ref[1][0, 3], ours[1][0, 3] = -1.0, -1.0
     with pytest.raises(AssertionError):
         match_detections(ours, ref, box_scale=300.0, cut=[])
+
+
+def test_roi_align_rows_of_a_negative_batch_index_are_compared_as_zero(tmp_path):
+    """GluonCV's FPN detectors mask the ROIs of other pyramid levels with batch index
+    -1; MXNet's CPU ROIAlign reads outside the feature map for them (its output for
+    those rows changes from run to run) and edgecv's gives zeros. The reference graph
+    of `compare_with_mxnet` zeroes those rows and keeps MXNet's values for the others,
+    and an edgecv deploy of such a graph matches it."""
+    import edgecv
+    from edgecv._mxnet import import_mxnet
+    from edgecv.deploy import deploy
+    from edgecv.testing import compare_with_mxnet, with_defined_roi_align
+
+    mx = import_mxnet()
+    S = mx.sym
+    rois = np.array(
+        [[-1, -1, -1, -1, -1], [0, 1, 2, 12, 9], [-1, 3, 3, 8, 8], [0, 0, 0, 15, 15]], np.float32
+    )
+    pooled = S.contrib.ROIAlign(S.var("data"), S.var("rois"), pooled_size=(2, 2),
+                                spatial_scale=0.5, sample_ratio=2)  # fmt: skip
+    net = S.relu(pooled) + 1
+    shape = (1, 3, 8, 8)
+    x = np.random.RandomState(0).normal(size=shape).astype(np.float32)
+    original = net.bind(mx.cpu(), {"data": mx.nd.array(x), "rois": mx.nd.array(rois)})
+    defined = mx.sym.load_json(with_defined_roi_align(net.tojson()))
+    assert defined.list_arguments() == net.list_arguments()
+    rewritten = defined.bind(mx.cpu(), {"data": mx.nd.array(x), "rois": mx.nd.array(rois)})
+    want, got = original.forward()[0].asnumpy(), rewritten.forward()[0].asnumpy()
+    valid = rois[:, 0] >= 0
+    np.testing.assert_array_equal(got[valid], want[valid])
+    np.testing.assert_array_equal(got[~valid], 1.0)  # relu(0) + 1
+    plain = S.relu(S.var("data")).tojson()
+    assert with_defined_roi_align(plain) == plain
+
+    prefix = tmp_path / "fpn_level"
+    net.save(f"{prefix}-symbol.json")
+    mx.nd.save(f"{prefix}-0000.params", {"arg:rois": mx.nd.array(rois)})
+    package = deploy(f"{prefix}-symbol.json", tmp_path / "pkg", "cpu",
+                     params=f"{prefix}-0000.params", input_shape=shape, host="native")  # fmt: skip
+    ours = edgecv.load(package).run(x)
+    compare_with_mxnet(ours, f"{prefix}-symbol.json", f"{prefix}-0000.params", {"data": x})
