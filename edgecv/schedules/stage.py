@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import tvm
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
 from .database import TuningDatabase
@@ -112,6 +112,8 @@ class ScheduleOrder:
         name = self.names(func)[index]
         if name == AS_WRITTEN:
             return Candidate(index, name, func)
+        if 0 < index <= len(self.rules) and not _has_blocks(func):
+            return None  # plain loops (a TE extern: ROIAlign's CPU version): the safe rule's
         try:
             if index == 0:
                 scheduled = self.database.query(func, self.target) if self.database else None
@@ -137,6 +139,16 @@ def _apply(rule: dlight.ScheduleRule, func: tirx.PrimFunc, target) -> tirx.PrimF
         sch = sch[0]
     scheduled = sch.mod["main"].with_attr(SCHEDULED, True)
     return scheduled.with_attr("global_symbol", symbol) if symbol else scheduled
+
+
+def _has_blocks(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` is written in blocks (what the default rules schedule), not as
+    plain loops; every default rule would fail on the missing root block."""
+    try:
+        s_tir.Schedule(func).get_sblock("root")
+    except s_tir.ScheduleError:
+        return False
+    return True
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:

@@ -134,6 +134,21 @@ def test_only_the_safe_rule_left_still_compiles_every_kernel(tmp_path):
     assert_close(run_library(tmp_path / "k.so", lowered, x), reference(lowered, x))
 
 
+def test_a_kernel_of_plain_loops_goes_to_the_safe_rule_and_passes_over_nothing():
+    """ROIAlign's CPU version is a TE extern: plain loops, no blocks. Every default rule
+    raised on its missing root block, and each deploy of a Mask R-CNN warned about
+    eight such kernels; the rules are not for it, and it goes to the safe rule."""
+    from tvm import te
+
+    from edgecv.ops.roi_align import roi_align
+
+    data, rois = te.placeholder((1, 4, 8, 8), name="data"), te.placeholder((3, 5), name="rois")
+    func = te.create_prim_func([data, rois, roi_align(data, rois, (2, 2), 0.5)])
+    order = ScheduleOrder(TARGET, cpu.default_rules(TARGET), cpu.safe_rule())
+    candidates = list(order.attempts(func))
+    assert [(c.rule, c.error) for c in candidates] == [("cpu.SafeParallel", "")]
+
+
 def test_no_rule_left_reports_the_kernel_unscheduled(tmp_path):
     lowered = conv_relu_kernels()
     order = ScheduleOrder(TARGET, [], Raises())
