@@ -186,8 +186,6 @@ def test_a_deconvolution_and_a_boolean_mask_between_packed_convolutions(tmp_path
     layout ("Layouts must have the same size") and TVM's legalization padded the boolean
     mask with float 0 (TIR refuses it): each made `--layout auto` fall back to NCHW for
     simple_pose and monodepth2. Every plan converts and computes what MXNet computes."""
-    from conftest import mxnet_forward
-
     from edgecv._mxnet import import_mxnet
 
     S = import_mxnet().sym
@@ -197,17 +195,27 @@ def test_a_deconvolution_and_a_boolean_mask_between_packed_convolutions(tmp_path
     up = S.Deconvolution(S.relu(c), kernel=(4, 4), stride=(2, 2), pad=(1, 1), num_filter=8,
                          no_bias=True, name="up")  # fmt: skip
     net = S.Convolution(S.LeakyReLU(up, act_type="elu"), kernel=(1, 1), num_filter=8, name="b")
-    symbol, params_path, params = _export_symbol(net, shape, tmp_path / "decoder")
+    plans = _every_plan_against_mxnet(net, shape, tmp_path / "decoder")
+    assert len(plans) == 8  # a, c and b, each plain or packed
+
+
+def _every_plan_against_mxnet(net, shape, prefix) -> list:
+    """Every NCHW/NCHW8c plan of the MXNet symbol ``net`` converted and run against
+    MXNet's forward pass; returns the plans."""
+    from conftest import mxnet_forward
+
+    symbol, params_path, params = _export_symbol(net, shape, prefix)
     x = np.random.RandomState(1).normal(size=shape).astype(np.float32)
     expected = mxnet_forward(symbol, params_path, x)[0]
     mod = from_mxnet(load_symbol(symbol), params, {"data": shape}).mod
     prepared = relax.transform.FoldConstant()(rewrite_activations(mod))
     extracted = extract(prepared, conv_candidates(["NCHW8c"]))
     plans = list(_plans(extracted.graph))
-    assert len(plans) == 8  # a, c and b, each plain or packed
     converted = [convert_layouts(extracted, layouts) for layouts in plans]
     for layouts, ours in zip(plans, _run_all(converted, x), strict=True):
+        assert ours.shape == expected.shape
         assert_close(ours, expected, f"{layouts} vs MXNet")
+    return plans
 
 
 def test_a_squeeze_of_the_last_axis_after_packed_convolutions(tmp_path):
@@ -215,8 +223,6 @@ def test_a_squeeze_of_the_last_axis_after_packed_convolutions(tmp_path):
     conversion of a negative squeeze axis asks for an impossible allocation (bad_alloc),
     and `--layout auto` fell back to NCHW for every Mask R-CNN. The importer gives the
     axis as a positive number; every plan converts and computes what MXNet computes."""
-    from conftest import mxnet_forward
-
     from edgecv._mxnet import import_mxnet
 
     S = import_mxnet().sym
@@ -224,15 +230,5 @@ def test_a_squeeze_of_the_last_axis_after_packed_convolutions(tmp_path):
     a = S.Convolution(S.var("data"), kernel=(3, 3), pad=(1, 1), num_filter=16, name="a")
     b = S.Convolution(S.relu(a), kernel=(1, 1), num_filter=8, name="b")
     net = S.squeeze(S.slice_axis(b, axis=-1, begin=0, end=1), axis=-1)
-    symbol, params_path, params = _export_symbol(net, shape, tmp_path / "squeeze")
-    x = np.random.RandomState(1).normal(size=shape).astype(np.float32)
-    expected = mxnet_forward(symbol, params_path, x)[0]
-    mod = from_mxnet(load_symbol(symbol), params, {"data": shape}).mod
-    prepared = relax.transform.FoldConstant()(rewrite_activations(mod))
-    extracted = extract(prepared, conv_candidates(["NCHW8c"]))
-    plans = list(_plans(extracted.graph))
+    plans = _every_plan_against_mxnet(net, shape, tmp_path / "squeeze")
     assert len(plans) == 4  # a and b, each plain or packed
-    converted = [convert_layouts(extracted, layouts) for layouts in plans]
-    for layouts, ours in zip(plans, _run_all(converted, x), strict=True):
-        assert ours.shape == (1, 8, 6)
-        assert_close(ours, expected, f"{layouts} vs MXNet")
