@@ -1,7 +1,15 @@
-"""Tables of ``zoo_coverage.py``: one CSV row per model, a Markdown summary per family."""
+"""Tables of ``zoo_coverage.py``: one CSV row per model, a Markdown summary per family.
+
+Run as a script, it merges the CSVs of several sweeps (sweeps of other families, a
+retry of failed models) into one table; a model's row in a later file replaces its row
+in an earlier one:
+
+    python benchmarks/zoo_coverage_tables.py OUT first.csv second.csv retry.csv
+"""
 
 from __future__ import annotations
 
+import argparse
 import csv
 from pathlib import Path
 
@@ -67,3 +75,27 @@ def write_tables(rows: list[dict], out: Path, import_only: bool) -> None:
             + f" | {r.get('latency_ms', '')} | {error} |"
         )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def merge(paths: list[Path]) -> list[dict]:
+    """The rows of ``paths`` by model, a later file's row replacing an earlier one's."""
+    rows: dict[str, dict] = {}
+    for path in paths:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                rows[row["model"]] = row
+    return list(rows.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="merge zoo_coverage.py sweeps into one table")
+    parser.add_argument("out", type=Path, help="writes OUT.csv and OUT.md")
+    parser.add_argument("csvs", type=Path, nargs="+", help="sweep CSVs, later ones win")
+    args = parser.parse_args()
+    rows = merge(args.csvs)
+    write_tables(rows, args.out, import_only=not any(r.get("compile") for r in rows))
+    print("\n".join(summarize(rows, ["build", "import", "compile", "parity"])))
+
+
+if __name__ == "__main__":
+    main()
