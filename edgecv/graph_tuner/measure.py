@@ -9,6 +9,12 @@ processes only ever add time, so the least disturbed round is the truest, and ro
 spread over the whole measurement let a change of load touch every candidate alike
 (timed back to back, the NCHW and packed versions of a convolution were compared
 across load changes: ResNet-50's plan kept 12 convolutions NCHW on such noise).
+
+Each kernel's arguments stay allocated through the rounds, so the kernels are timed in
+groups whose arguments fit a share of the memory available (:func:`memory_groups`):
+Mask R-CNN's mask head runs its convolutions on 1000 ROIs of 256x14x14 (200 MB a
+tensor), and its candidates held at once took 20 GB and the kernel's OOM killer ended
+the deploy.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import psutil
 import tvm
 from tvm import tirx
 
@@ -47,6 +54,9 @@ Progress = Callable[[str], None]
 # Each kernel: the fastest of ROUNDS timings, each the median of COLD_CALLS calls.
 ROUNDS = 7
 COLD_CALLS = 5
+# The share of the available memory one group of kernels' arguments may take.
+MEMORY_SHARE = 0.25
+
 # Before each call every argument but the first (the data, which the kernel before
 # wrote) leaves the cache, as the weights have in a model: ResNet-50's 100 MB of weights
 # stream from memory layer after layer. Timed warm, a Winograd kernel whose 9.4 MB of
@@ -191,11 +201,37 @@ class CpuMeter:
             library_path = Path(work) / "kernels.so"
             link_objects(sorted(set(built.values())), library_path)
             library = tvm.runtime.load_module(str(library_path))
-            timers = {key: _timer(library, names[key], kernels[key]) for key in built}
-            for _ in range(ROUNDS):
-                for key, timer in timers.items():
-                    times[key] = min(times[key], timer())
+            for group in memory_groups({key: kernels[key] for key in built}):
+                timers = {key: _timer(library, names[key], kernels[key]) for key in group}
+                for _ in range(ROUNDS):
+                    for key, timer in timers.items():
+                        times[key] = min(times[key], timer())
         return times
+
+
+def argument_bytes(func: tirx.PrimFunc) -> int:
+    """The bytes of ``func``'s arguments (static shapes)."""
+    return sum(
+        math.prod(int(d) for d in p.shape) * np.dtype(str(p.dtype)).itemsize for p in func.params
+    )
+
+
+def memory_groups(kernels: dict[str, tirx.PrimFunc], budget: int | None = None) -> list[list[str]]:
+    """The keys of ``kernels``, in order, in groups whose arguments together take at
+    most ``budget`` bytes (default: :data:`MEMORY_SHARE` of the memory available now);
+    a kernel larger than the budget is a group of its own."""
+    if budget is None:
+        budget = int(psutil.virtual_memory().available * MEMORY_SHARE)
+    groups: list[list[str]] = []
+    used = budget + 1
+    for key, func in kernels.items():
+        size = argument_bytes(func)
+        if used + size > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(key)
+        used += size
+    return groups
 
 
 def _timer(library, name: str, func: tirx.PrimFunc) -> Callable[[], float]:

@@ -18,7 +18,7 @@ from ..errors import EdgecvError
 from ..profiles import Profile
 from ..schedules.database import TuningDatabase
 from .costs import work_folder
-from .measure import ROUNDS, Progress
+from .measure import ROUNDS, Progress, memory_groups
 
 
 def opencl_meter(profile: Profile, options, database: TuningDatabase | None):
@@ -80,19 +80,27 @@ class OpenCLMeter:
             return times
         progress(f"graph tuner: building {len(ok)} kernels on {self.query}")
         backend = OpenCLBackend(self.query, source, launches, requires)
-        runs = {}
-        for key in ok:
-            try:
-                runs[key] = _bind(backend, names[key], kernels[key])
-            except EdgecvError:  # out of device memory: this candidate is not an option
-                continue
-        for _ in range(ROUNDS):
-            for key, run in runs.items():
-                backend.start_profiling()
-                run()
-                seconds = sum(s for _, _, s in backend.stop_profiling())
-                times[key] = min(times[key], seconds)
+        for group in memory_groups({key: kernels[key] for key in kernels if key in ok}):
+            with backend.allocation_scope():  # a group's buffers go when it is timed
+                _time_group(backend, {key: (names[key], kernels[key]) for key in group}, times)
         return times
+
+
+def _time_group(backend, group: dict[str, tuple[str, tirx.PrimFunc]], times: dict) -> None:
+    """Time the kernels of ``group`` (key -> name in the program, function) in rounds
+    into ``times``; their buffers are released when this returns."""
+    runs = {}
+    for key, (name, func) in group.items():
+        try:
+            runs[key] = _bind(backend, name, func)
+        except EdgecvError:  # out of device memory: this candidate is not an option
+            continue
+    for _ in range(ROUNDS):
+        for key, run in runs.items():
+            backend.start_profiling()
+            run()
+            seconds = sum(s for _, _, s in backend.stop_profiling())
+            times[key] = min(times[key], seconds)
 
 
 def _bind(backend, name: str, func: tirx.PrimFunc):

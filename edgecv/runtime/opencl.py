@@ -162,6 +162,17 @@ class OpenCLBackend(Backend):
         self.allocated_bytes += nbytes
         return buffer
 
+    @contextlib.contextmanager
+    def allocation_scope(self):
+        """Buffers allocated inside the block are the caller's to drop by its end (the
+        graph tuner's meter, one group of candidates at a time): their bytes stop
+        counting against the device's memory there."""
+        before = self.allocated_bytes
+        try:
+            yield
+        finally:
+            self.allocated_bytes = before
+
     def view(self, storage, shape: tuple[int, ...], dtype: str) -> CLTensor:
         buffer = storage.buffer if isinstance(storage, CLTensor) else storage
         return CLTensor(buffer, tuple(shape), dtype)

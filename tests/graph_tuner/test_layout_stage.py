@@ -87,6 +87,35 @@ def test_the_rules_fingerprint_changes_with_the_rules_source(tmp_path, monkeypat
     assert rules_fingerprint(gpu=False) == cpu  # a GPU rule edit keeps the CPU costs
 
 
+def test_kernels_are_timed_in_groups_whose_arguments_fit_the_budget():
+    from tvm import te
+
+    from edgecv.graph_tuner.measure import argument_bytes, memory_groups
+
+    def kernel(n):  # an n-float input and output: 8n bytes
+        x = te.placeholder((n,), name="x")
+        return te.create_prim_func([x, te.compute((n,), lambda i: x[i] + 1, name="y")])
+
+    kernels = {"a": kernel(100), "b": kernel(100), "c": kernel(1000), "d": kernel(10)}
+    assert argument_bytes(kernels["a"]) == 800
+    assert memory_groups(kernels, budget=2000) == [["a", "b"], ["c"], ["d"]]
+    assert memory_groups(kernels, budget=100_000) == [["a", "b", "c", "d"]]
+    assert memory_groups(kernels, budget=0) == [["a"], ["b"], ["c"], ["d"]]
+
+
+def test_auto_with_every_kernel_timed_alone_still_plans(small_mod, tmp_path, monkeypatch):
+    """A model whose candidates' arguments do not fit the memory together (Mask R-CNN's
+    mask head) is timed a group at a time: with a budget of nothing, one kernel each."""
+    from edgecv.graph_tuner import measure
+
+    monkeypatch.setattr(measure, "MEMORY_SHARE", 0.0)
+    options = BuildOptions(layout="auto", tuning=None, layout_costs=tmp_path)
+    _, facts = choose_layouts(small_mod, load_profile("cpu"), options)
+    assert facts["chosen"] == "plan" and facts["costs"].get("measured", 0) > 0, facts
+    for conv in facts["convolutions"]:
+        assert all(s is not None and s > 0 for s in conv["seconds"].values()), conv
+
+
 def test_nchw_leaves_the_module_alone(small_mod):
     mod, facts = choose_layouts(small_mod, load_profile("cpu"), BuildOptions(layout="NCHW"))
     assert mod.same_as(small_mod) and facts["chosen"] == "NCHW"

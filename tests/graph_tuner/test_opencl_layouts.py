@@ -43,11 +43,17 @@ def test_packed_model_on_opencl_matches_mxnet(profile, on, shape, tmp_path):
     assert_close(got, mxnet_forward(symbol, params, x)[0], name=f"packed on {profile}")
 
 
-def test_auto_on_opencl_measures_on_the_device_and_matches_mxnet(tmp_path):
+@pytest.mark.parametrize("memory_share", [None, 0.0], ids=["one-group", "a-kernel-per-group"])
+def test_auto_on_opencl_measures_on_the_device_and_matches_mxnet(tmp_path, monkeypatch,
+                                                                 memory_share):  # fmt: skip
     """`auto` on Intel's runtime times every candidate kernel on the device (no fallback
-    to NCHW: the meter's buffers live as long as its kernels) and the plan it applies
-    gives MXNet's numbers."""
+    to NCHW: the meter's buffers live as long as its kernels, also when it times them a
+    group at a time) and the plan it applies gives MXNet's numbers."""
+    from edgecv.graph_tuner import measure
+
     device_or_skip("intel(r) opencl")
+    if memory_share is not None:
+        monkeypatch.setattr(measure, "MEMORY_SHARE", memory_share)
     symbol, params = export_small_model(tmp_path / "small")
     options = BuildOptions(layout="auto", layout_costs=tmp_path / "costs")
     path = deploy(str(symbol), tmp_path / "pkg", "deeplens", params=str(params),
