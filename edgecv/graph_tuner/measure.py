@@ -20,6 +20,7 @@ the deploy.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -51,9 +52,14 @@ from .graph import plain
 
 Progress = Callable[[str], None]
 
-# Each kernel: the fastest of ROUNDS timings, each the median of COLD_CALLS calls.
+# Each kernel: the fastest of ROUNDS timings, each the median of COLD_CALLS calls; a
+# kernel whose first call took LONG_CALL_S or more makes one call a round (its noise is
+# small beside its time: the ResNet stage a Faster/Mask R-CNN runs on 1000 ROIs takes
+# seconds a call, and 35 calls of each of its candidates made the graph tuner's
+# measurement of Mask R-CNN most of a 14-minute deploy).
 ROUNDS = 7
 COLD_CALLS = 5
+LONG_CALL_S = 0.05
 # The share of the available memory one group of kernels' arguments may take.
 MEMORY_SHARE = 0.25
 
@@ -242,6 +248,8 @@ def _timer(library, name: str, func: tirx.PrimFunc) -> Callable[[], float]:
     for param in func.params:
         shape = [int(d) for d in param.shape]
         args.append(tvm.runtime.tensor(rng.uniform(-1, 1, shape).astype(str(param.dtype)), device))
+    started = time.perf_counter()
     library[name](*args)  # warm up: first-touch pages, thread pool
-    timer = library.time_evaluator(name, device, number=1, repeat=COLD_CALLS, f_preproc=FLUSH)
+    calls = 1 if time.perf_counter() - started >= LONG_CALL_S else COLD_CALLS
+    timer = library.time_evaluator(name, device, number=1, repeat=calls, f_preproc=FLUSH)
     return lambda: float(np.median(timer(*args).results))
