@@ -21,6 +21,7 @@ from ..errors import EdgecvError
 from ..profiles import Profile
 from .activations import rewrite_activations
 from .apply import convert_layouts, inserted_transforms
+from .costs import DIRECT
 from .extract import Candidates, extract
 from .graph import block_of, plain
 from .solver import Plan, evaluate, solve, uniform_plans
@@ -234,8 +235,6 @@ class _Direct:
 
     def kernel(self, node, layout: str) -> float:
         times = self.costs.algorithms.get((node.name, layout), {})
-        from .costs import DIRECT
-
         return times.get(DIRECT, self.costs.kernel(node, layout))
 
     def transform(self, shape, src: str, dst: str) -> float:
