@@ -5,9 +5,9 @@ on the same device class measures nothing.
 
     python benchmarks/ship_layout_costs.py /tmp/edgecv-gt-costs/cpu
 
-Only device keys that are shipped database folders (``device_profiles/tuning/<key>/``)
-are merged (the CPU meter's key is its tuning device class); entries of another edgecv
-or TVM version, or measured under default rules other than today's, are not read
+Only devices whose database folder is shipped (``device_profiles/tuning/<class>/``)
+are merged (a CPU's costs key is its tuning device class and thread count); entries of
+another edgecv or TVM version, or measured under default rules other than today's, are not read
 (:class:`edgecv.graph_tuner.costs.CostCache`). Entries already shipped are replaced by
 the newer measurement.
 """
@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from edgecv.graph_tuner.costs import COSTS_FILE, CostCache, rules_fingerprint
+from edgecv.graph_tuner.costs import COSTS_FILE, CostCache, costs_folder_name, rules_fingerprint
 from edgecv.profiles import profiles_dir
 
 
@@ -28,7 +28,7 @@ def main() -> None:
     args = parser.parse_args()
     devices = json.loads((args.folder / COSTS_FILE).read_text()).get("devices", {})
     for device in devices:
-        shipped = profiles_dir() / "tuning" / device
+        shipped = profiles_dir() / "tuning" / costs_folder_name(device)
         if not shipped.is_dir():
             print(f"{device}: no shipped database folder, skipped")
             continue

@@ -10,8 +10,9 @@ tuning database holds a record for takes the record's time instead of a measurem
 
 Transforms are timed by shape and pair of layouts. Both kinds of time are kept in
 ``layout_costs.json`` in the device's database folder, keyed by the device (its
-target, and its OpenCL platform, device and driver), the kernel's structure and,
-for transforms, shape and layouts; a second deploy measures nothing. A key names the
+target, and its OpenCL platform, device and driver; on a CPU, the number of threads
+its kernels ran on), the kernel's structure and, for transforms, shape and layouts; a
+second deploy measures nothing. A key names the
 kernel before it is scheduled, so each device's entries also carry the fingerprint of
 the default rules that scheduled them (:func:`rules_fingerprint`): after a rule
 changes, its kernels are measured again instead of being weighed by their old times.
@@ -162,6 +163,20 @@ def _current(data: dict) -> bool:
         tvm.__version__,
         COSTS_VERSION,
     )
+
+
+def cpu_costs_key(device_class: str, threads: int) -> str:
+    """The key of a CPU's costs in ``layout_costs.json``: its tuning device class and
+    the threads its kernels ran on. A kernel's time depends on both, and times of one
+    thread count beside another's weigh a plan wrongly: costs a one-thread process had
+    cached (1.5-5.3x, median 2.2x the two-thread times of the same kernels) left a
+    two-core ResNet-50 plan 7 of its 16 Winograd convolutions, 31.0 -> 31.7 ms."""
+    return f"{device_class} threads={threads}"
+
+
+def costs_folder_name(costs_key: str) -> str:
+    """The device class a costs key belongs to (its database folder's name)."""
+    return costs_key.split(" threads=")[0]
 
 
 def rules_fingerprint(gpu: bool) -> str:

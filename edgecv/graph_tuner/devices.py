@@ -53,4 +53,4 @@ def meter_for(profile: Profile, options):
     writable = writable or user_costs_folder(meter.device_key)
     folders = [writable, *(Path(f) for f in (options.tuning or ()))]
     rules = rules_fingerprint("gpu" in meter.target.keys)
-    return meter, CostCache(folders, writable, meter.device_key, rules), ""
+    return meter, CostCache(folders, writable, meter.costs_key, rules), ""

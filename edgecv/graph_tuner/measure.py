@@ -20,6 +20,7 @@ the deploy.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +41,7 @@ from .costs import (
     CostCache,
     MeasuredCosts,
     conv_kernels,
+    cpu_costs_key,
     kernel_key,
     needed_transforms,
     transform_kernel,
@@ -71,9 +73,12 @@ FLUSH = "cache_flush_cpu_non_first_arg"
 
 
 class Meter(Protocol):
-    """Times kernels on one device (see the module docstring)."""
+    """Times kernels on one device (see the module docstring). ``device_key`` names the
+    device class (the folder of its costs); ``costs_key`` what its times are cached
+    under (:func:`~.costs.cpu_costs_key`)."""
 
     device_key: str
+    costs_key: str
     target: tvm.target.Target
     database: TuningDatabase | None
 
@@ -124,7 +129,7 @@ def measure_costs(
         if key not in times:
             to_measure[key] = func if func is not None else transform_kernel(*shapes[key])
     if to_measure:
-        progress(f"graph tuner: measuring {len(to_measure)} kernels on {meter.device_key}")
+        progress(f"graph tuner: measuring {len(to_measure)} kernels on {meter.costs_key}")
         measured = meter.time(to_measure, progress)
         for key, seconds in measured.items():
             times[key] = seconds
@@ -184,8 +189,11 @@ class CpuMeter:
         self.database = order.database
         self.time_limit_s = time_limit_s
         self.workers = workers
-        # the tuning database's device class: costs sit beside its records
+        # the tuning database's device class: costs sit beside its records; times are
+        # those of the threads edgecv's TVM pool runs (edgecv/__init__ sets the default)
         self.device_key = cpu_class(target).name
+        self.threads = int(os.environ.get("TVM_NUM_THREADS") or len(os.sched_getaffinity(0)))
+        self.costs_key = cpu_costs_key(self.device_key, self.threads)
 
     def time(self, kernels: dict[str, tirx.PrimFunc], progress: Progress) -> dict[str, float]:
         names = {key: f"k{i}" for i, key in enumerate(kernels)}

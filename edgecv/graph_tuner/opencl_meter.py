@@ -53,6 +53,7 @@ class OpenCLMeter:
             f"opencl:{target.attrs.get('device', 'generic')}:sg{profile.intel_subgroup_size or 0}"
             f":{device.platform}:{device.name}:{device.version}"
         )
+        self.costs_key = self.device_key
 
     def time(self, kernels: dict[str, tirx.PrimFunc], progress: Progress) -> dict[str, float]:
         from ..runtime.opencl import OpenCLBackend

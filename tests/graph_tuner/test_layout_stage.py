@@ -35,7 +35,7 @@ def _conv_layouts(mod) -> list[str]:
     ]
 
 
-def test_auto_measures_once_then_reads_the_cache(small_mod, tmp_path):
+def test_auto_measures_once_then_reads_the_cache(small_mod, tmp_path, monkeypatch):
     profile = load_profile("cpu")
     options = BuildOptions(layout="auto", tuning=None, layout_costs=tmp_path)
     _, first = choose_layouts(small_mod, profile, options)
@@ -58,6 +58,18 @@ def test_auto_measures_once_then_reads_the_cache(small_mod, tmp_path):
     assert second["convolutions"] == first["convolutions"]
     assert stage.winograd_plan(second) == winograd
     assert len(_conv_layouts(converted)) == 5
+    # another thread count's times are not this one's: measured again, kept beside
+    (key,) = saved["devices"]
+    threads = int(key.rsplit("=", 1)[1])
+    monkeypatch.setenv("TVM_NUM_THREADS", str(threads + 1))
+    _, third = choose_layouts(small_mod, profile, options)
+    assert "cache" not in third["costs"] and third["costs"]["measured"] > 0, third["costs"]
+    saved = json.loads((tmp_path / COSTS_FILE).read_text())
+    device_class = costs.costs_folder_name(key)
+    assert set(saved["devices"]) == {
+        costs.cpu_costs_key(device_class, threads),
+        costs.cpu_costs_key(device_class, threads + 1),
+    }
 
 
 def test_costs_measured_under_other_rules_are_not_read_and_get_replaced(tmp_path):
