@@ -8,6 +8,12 @@ __version__ = "0.1.0"
 # some VMs with 2 usable cores; use every core this process may run on unless the
 # user chose otherwise. Must happen before TVM's runtime starts its pool.
 _os.environ.setdefault("TVM_NUM_THREADS", str(len(_os.sched_getaffinity(0))))
+# TVM pins each pool worker to a core but leaves the calling thread free; when the OS
+# runs the caller on a worker's core the two share it for every kernel (mobilenet1.0 on
+# 2 cores: 3.0 ms, 5.8-6.3 ms with the caller on the worker's core, which happened on its
+# own in about half of the benchmark runs). Unpinned workers let the OS keep them apart
+# (3.0-3.1 ms wherever the caller runs). TVM_BIND_THREADS=1 restores the pinning.
+_os.environ.setdefault("TVM_BIND_THREADS", "0")
 
 from .errors import EdgecvError  # noqa: E402  (after the environment is set)
 
