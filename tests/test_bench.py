@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 
 import numpy as np
 import pytest
@@ -26,15 +27,32 @@ def package(tmp_path_factory):
     return root / "pkg"
 
 
-def test_alternate_interleaves_runs():
+def test_alternate_times_in_turns_after_settling():
     calls = []
-    timed = alternate({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3, 1)
-    # warm-up, then each turn: one untimed settle run and the timed one
-    assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 3
-    assert [len(t.seconds) for t in timed.values()] == [3, 3]
+    timed = alternate(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+        7, 1, settle_s=0.0, turn=3,
+    )  # fmt: skip
+    # warm-up, then each turn: one untimed settle run and up to 3 timed ones
+    assert calls == ["a", "b"] + (["a"] * 4 + ["b"] * 4) * 2 + ["a", "a", "b", "b"]
+    assert [len(t.seconds) for t in timed.values()] == [7, 7]
     calls.clear()
     alternate({"a": lambda: calls.append("a")}, 3, 1)
     assert calls == ["a"] * 4  # alone: nothing to settle from
+
+
+def test_a_turn_settles_for_its_seconds():
+    calls = []
+
+    def slow():
+        calls.append(time.perf_counter())
+        time.sleep(0.01)
+
+    alternate({"a": slow, "b": lambda: None}, 1, 0, settle_s=0.05, turn=1)
+    *settle, timed = calls
+    assert len(settle) >= 2  # 10 ms runs, untimed for 50 ms
+    assert timed - settle[0] >= 0.049  # the timed run waited out the settling
+    assert settle[-1] - settle[0] < 0.05  # and no settle run began after it
 
 
 def test_bench_reports_percentiles_kernels_and_baselines(package, tmp_path):

@@ -1,14 +1,16 @@
 """The one timing harness: timed runs, alternating runs, percentiles.
 
-Runtimes compared on a shared machine are timed in ALTERNATING runs (A, B, C, A, B,
+Runtimes compared on a shared machine are timed in ALTERNATING turns (A, B, C, A, B,
 C, ...) in one process, so a change of the machine's load hits each alike; MXNet's and
 ONNX Runtime's busy-waiting thread pools make sequential blocks misleading.
 
-Each turn of a runtime starts with one SETTLE run, untimed: the threads of the runtime
-timed before it keep spinning for a while after it returns and take the cores from the
-next one. Seen on 2 cores (mobilenet1.0, medians of 20): the edgecv package timed right
-after OpenVINO took 49-68 ms, the same package timed second 21 ms; with a settle run
-both measure 23 ms.
+Each turn starts by SETTLING: untimed runs of the turn's runtime for at least
+SETTLE_S (and at least one run), while the threads of the runtime timed before it
+spin and then sleep; then TURN timed runs. ONNX Runtime's and OpenVINO's pool threads
+keep spinning for milliseconds after a run returns, and TVM's pool yields the cores to
+them: with one settle run and one timed run a turn (squeezenet1.0, 2 cores, medians
+of 60), edgecv measured 8.2 ms and OpenVINO 8.0; in turns of 5 settle and 10 timed
+runs, 5.0 and 4.8, as each measures alone.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+# Untimed seconds at the start of each turn, and timed runs a turn (module docstring).
+SETTLE_S = 0.05
+TURN = 5
 
 
 @dataclass
@@ -58,9 +64,13 @@ def time_runs(fn: Callable[[], object], repeat: int, warmup: int = 1, name: str 
 
 
 def alternate(
-    runners: dict[str, Callable[[], object]], repeat: int, warmup: int = 1, settle: int = 1
+    runners: dict[str, Callable[[], object]],
+    repeat: int,
+    warmup: int = 1,
+    settle_s: float | None = None,
+    turn: int | None = None,
 ) -> dict[str, Timings]:
-    """Time each runner ``repeat`` times, interleaved run by run.
+    """Time each runner ``repeat`` times, in alternating turns.
 
     Parameters
     ----------
@@ -70,9 +80,11 @@ def alternate(
         Timed runs of each.
     warmup : int
         Untimed runs of each first (allocations, caches, lazy compilation).
-    settle : int
-        Untimed runs at the start of each turn (see the module docstring); 0 when only
-        one runner is timed.
+    settle_s : float
+        Seconds of untimed runs (at least one) at the start of each turn (see the
+        module docstring); default :data:`SETTLE_S`, none when only one runner is timed.
+    turn : int
+        Timed runs a turn; default :data:`TURN`.
 
     Returns
     -------
@@ -83,14 +95,21 @@ def alternate(
         for _ in range(warmup):
             fn()
     spent: dict[str, list[float]] = {name: [] for name in runners}
-    settle = settle if len(runners) > 1 else 0
-    for _ in range(max(repeat, 1)):
+    alone = len(runners) == 1
+    settle_s = SETTLE_S if settle_s is None else settle_s
+    turn = max(1, TURN if turn is None else turn)
+    repeat = max(repeat, 1)
+    while len(spent[next(iter(runners))]) < repeat:
         for name, fn in runners.items():
-            for _ in range(settle):
+            if not alone:
+                until = time.perf_counter() + settle_s
                 fn()
-            start = time.perf_counter()
-            fn()
-            spent[name].append(time.perf_counter() - start)
+                while time.perf_counter() < until:
+                    fn()
+            for _ in range(min(turn, repeat - len(spent[name]))):
+                start = time.perf_counter()
+                fn()
+                spent[name].append(time.perf_counter() - start)
     return {name: Timings(name, np.asarray(s)) for name, s in spent.items()}
 
 
