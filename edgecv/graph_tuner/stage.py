@@ -21,6 +21,7 @@ from ..errors import EdgecvError
 from ..profiles import Profile
 from .activations import rewrite_activations
 from .apply import convert_layouts, inserted_transforms
+from .channel_padding import pad_output_channels
 from .costs import DIRECT
 from .extract import Candidates, extract
 from .graph import block_of, plain
@@ -136,7 +137,8 @@ def choose_layouts(
 
 
 def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule, dict]:
-    prepared = relax.transform.FoldConstant()(rewrite_activations(mod))
+    block = max(block_of(p) for p in packings)
+    prepared = relax.transform.FoldConstant()(pad_output_channels(rewrite_activations(mod), block))
     extracted = extract(prepared, conv_candidates(packings))
     graph = extracted.graph
     facts: dict = {"mode": mode, "packings": packings}

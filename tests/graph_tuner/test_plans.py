@@ -17,6 +17,7 @@ from edgecv.frontend.importer import from_mxnet
 from edgecv.frontend.mxnet_graph import load_params, load_symbol
 from edgecv.graph_tuner.activations import rewrite_activations
 from edgecv.graph_tuner.apply import convert_layouts, inserted_transforms
+from edgecv.graph_tuner.channel_padding import pad_output_channels, padded_channels
 from edgecv.graph_tuner.extract import extract
 from edgecv.graph_tuner.solver import evaluate, uniform_plans
 from edgecv.graph_tuner.stage import conv_candidates
@@ -199,16 +200,17 @@ def test_a_deconvolution_and_a_boolean_mask_between_packed_convolutions(tmp_path
     assert len(plans) == 8  # a, c and b, each plain or packed
 
 
-def _every_plan_against_mxnet(net, shape, prefix) -> list:
+def _every_plan_against_mxnet(net, shape, prefix, padded: bool = False) -> list:
     """Every NCHW/NCHW8c plan of the MXNet symbol ``net`` converted and run against
-    MXNet's forward pass; returns the plans."""
+    MXNet's forward pass (``padded``: output channels padded to 8 first, as the graph
+    tuner does); returns the plans."""
     from conftest import mxnet_forward
 
     symbol, params_path, params = _export_symbol(net, shape, prefix)
     x = np.random.RandomState(1).normal(size=shape).astype(np.float32)
     expected = mxnet_forward(symbol, params_path, x)[0]
-    mod = from_mxnet(load_symbol(symbol), params, {"data": shape}).mod
-    prepared = relax.transform.FoldConstant()(rewrite_activations(mod))
+    mod = rewrite_activations(from_mxnet(load_symbol(symbol), params, {"data": shape}).mod)
+    prepared = relax.transform.FoldConstant()(pad_output_channels(mod, 8) if padded else mod)
     extracted = extract(prepared, conv_candidates(["NCHW8c"]))
     plans = list(_plans(extracted.graph))
     converted = [convert_layouts(extracted, layouts) for layouts in plans]
@@ -232,3 +234,22 @@ def test_a_squeeze_of_the_last_axis_after_packed_convolutions(tmp_path):
     net = S.squeeze(S.slice_axis(b, axis=-1, begin=0, end=1), axis=-1)
     plans = _every_plan_against_mxnet(net, shape, tmp_path / "squeeze")
     assert len(plans) == 4  # a and b, each plain or packed
+
+
+def test_output_channels_padded_to_the_block_pack_and_compute_the_same(tmp_path):
+    """A convolution of 30 output channels (SqueezeNet's 1000-channel classifier, the
+    detection heads' 84, 126 and 255) cannot pack in NCHW8c as it is; padded with zero
+    weights to 32 and sliced back, it packs, and every plan computes what MXNet does.
+    Padding that would add more than 15% of the work (3 -> 8 channels) is not done."""
+    from edgecv._mxnet import import_mxnet
+
+    S = import_mxnet().sym
+    shape = (1, 8, 6, 6)
+    a = S.Convolution(S.var("data"), kernel=(3, 3), pad=(1, 1), num_filter=16, name="a")
+    b = S.Convolution(S.relu(a), kernel=(3, 3), pad=(1, 1), num_filter=30, name="b")
+    net = S.Convolution(S.relu(b), kernel=(1, 1), num_filter=3, name="c")
+    plans = _every_plan_against_mxnet(net, shape, tmp_path / "heads", padded=True)
+    assert len(plans) == 4  # a and b, each plain or packed; c's 3 channels stay plain
+    assert [padded_channels(n, 16) for n in (1000, 84, 126, 255, 21, 3, 32)] == [
+        1008, 96, 128, 256, None, None, None,
+    ]  # fmt: skip
