@@ -93,3 +93,17 @@ def test_packed_rule_matches_unscheduled(case, target_name, epilogue):
     assert schedule is not None, "the packed rule did not take its own kernel"
     scheduled = schedule.mod["main"]
     assert_close(_run(scheduled, target, inputs), _run(func, target, inputs))
+
+
+def test_a_prime_width_gets_a_predicated_tile_of_eight_columns():
+    """A prime width wider than a tile (squeezenet's 109) would leave one pixel a tile;
+    it gets PREDICATED_COLUMNS columns, the last tile of each row predicated (29 or 14
+    columns ran its stem 1.4-1.6x slower than 8 on Zen 5). Widths that divide keep
+    whole rows or their largest divisor."""
+    from edgecv.schedules.cpu.conv2d_packed import PREDICATED_COLUMNS, _pixels
+
+    assert PREDICATED_COLUMNS == 8
+    assert _pixels(109, 109, 29) == (1, 8)
+    assert _pixels(109, 109, 6) == (1, 6)  # a smaller tile than that stays as it is
+    assert _pixels(7, 7, 14) == (1, 7)  # 7 rows: no two of them divide it
+    assert _pixels(56, 56, 14) == (1, 14)
