@@ -1,6 +1,6 @@
 """``edgecv bench`` and the timing harness every script in ``benchmarks/`` shares.
 
-- :mod:`.harness`: timed runs, alternating runs of several runtimes, percentiles;
+- :mod:`.harness`: timed runs, alternating turns of several runtimes, percentiles;
 - :mod:`.steps`: per-launch time of a loaded package (OpenCL event profiling on
   OpenCL, host timing of each synchronous launch on the CPU);
 - :mod:`.baselines`: MXNet, ONNX Runtime and OpenVINO built from the package's source

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -22,6 +21,7 @@ import numpy as np
 
 from .._mxnet import import_mxnet
 from ..errors import EdgecvError, foreign_message
+from ..runtime.cpu import pool_threads
 
 KNOWN = ("mxnet", "onnxruntime", "openvino")
 
@@ -37,11 +37,6 @@ class Baseline:
     run: Callable[[np.ndarray], list[np.ndarray]]
     load_s: float
     notes: list[str] = field(default_factory=list)  # what its model lacks (export warnings)
-
-
-def threads() -> int:
-    """The cores this process may use (edgecv's TVM pool uses the same number)."""
-    return len(os.sched_getaffinity(0))
 
 
 def _module(name: str, hint: str):
@@ -111,7 +106,7 @@ def onnxruntime_baseline(onnx_path: Path) -> Baseline:
     ort = _module("onnxruntime", "pip install 'edgecv[bench]'")
     start = time.perf_counter()
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads()
+    options.intra_op_num_threads = pool_threads()
     options.log_severity_level = 3  # not one warning per initializer of an MXNet export
     try:
         session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
@@ -129,7 +124,7 @@ def onnxruntime_baseline(onnx_path: Path) -> Baseline:
 def openvino_baseline(onnx_path: Path) -> Baseline:
     ov = _module("openvino", "pip install 'edgecv[bench]'")
     start = time.perf_counter()
-    config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads()}
+    config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": pool_threads()}
     try:
         compiled = ov.Core().compile_model(str(onnx_path), "CPU", config)
     except Exception as err:

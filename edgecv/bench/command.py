@@ -1,5 +1,5 @@
 """``edgecv bench PACKAGE``: latency percentiles, load time, memory, the kernels that
-take the time, and baselines timed in alternating runs in the same process."""
+take the time, and baselines timed in alternating turns in the same process."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import numpy as np
 from .. import __version__, progress
 from ..errors import EdgecvError, foreign_message
 from ..outputs import check_output_folder
+from ..runtime.cpu import pool_threads
 from ..testing import TOLERANCES
-from .baselines import KNOWN, build_baselines, threads
+from .baselines import KNOWN, build_baselines
 from .harness import alternate
 from .steps import profile_steps
 
@@ -160,7 +161,7 @@ def cmd_bench(args) -> int:
         "profile": model.manifest["profile"]["name"],
         "device": getattr(model.executor.backend, "label", model.executor.backend.name),
         "input_shape": list(x.shape),
-        "threads": threads(),
+        "threads": pool_threads(),
         "load_s": load_s,
         "peak_rss_mib": rss_after,
         "rss_growth_mib": rss_after - rss_before,
@@ -191,7 +192,7 @@ def cmd_bench(args) -> int:
                         "agreement": agree,
                         "notes": b.notes,
                     }
-        progress.say(f"timing {', '.join(runners)}: {args.repeat} alternating runs each")
+        progress.say(f"timing {', '.join(runners)}: {args.repeat} runs each, in alternating turns")
         timed = alternate(runners, args.repeat, args.warmup)
     for name, t in timed.items():
         report["runtimes"][name].update(t.summary_ms())

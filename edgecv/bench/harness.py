@@ -1,4 +1,4 @@
-"""The one timing harness: timed runs, alternating runs, percentiles.
+"""The one timing harness: timed runs, alternating turns, percentiles.
 
 Runtimes compared on a shared machine are timed in ALTERNATING turns (A, B, C, A, B,
 C, ...) in one process, so a change of the machine's load hits each alike; MXNet's and
@@ -116,7 +116,7 @@ def alternate(
 def alternating_medians(
     fns: Sequence[Callable[[], object]], repeat: int, warmup: int = 1
 ) -> list[float]:
-    """Median seconds of each function, timed in alternating runs (for scripts)."""
+    """Median seconds of each function, timed in alternating turns (for scripts)."""
     timed = alternate({str(i): fn for i, fn in enumerate(fns)}, repeat, warmup)
     return [t.median for t in timed.values()]
 

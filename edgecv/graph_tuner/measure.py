@@ -20,7 +20,6 @@ the deploy.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +32,7 @@ from tvm import tirx
 
 from ..codegen.contained import compile_contained
 from ..codegen.llvm import compile_object, link_objects
+from ..runtime.cpu import pool_threads
 from ..schedules.database import TuningDatabase
 from ..schedules.stage import ScheduleOrder
 from ..tuning.device_class import cpu_class
@@ -192,8 +192,7 @@ class CpuMeter:
         # the tuning database's device class: costs sit beside its records; times are
         # those of the threads edgecv's TVM pool runs (edgecv/__init__ sets the default)
         self.device_key = cpu_class(target).name
-        self.threads = int(os.environ.get("TVM_NUM_THREADS") or len(os.sched_getaffinity(0)))
-        self.costs_key = cpu_costs_key(self.device_key, self.threads)
+        self.costs_key = cpu_costs_key(self.device_key, pool_threads())
 
     def time(self, kernels: dict[str, tirx.PrimFunc], progress: Progress) -> dict[str, float]:
         names = {key: f"k{i}" for i, key in enumerate(kernels)}

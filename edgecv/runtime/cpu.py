@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +11,12 @@ import tvm
 
 from ..errors import PackageError
 from .backend import Backend
+
+
+def pool_threads() -> int:
+    """The threads edgecv's CPU kernels run on: ``TVM_NUM_THREADS``, which importing
+    edgecv sets to the cores this process may use unless the user set it."""
+    return int(os.environ.get("TVM_NUM_THREADS") or len(os.sched_getaffinity(0)))
 
 
 class CPUBackend(Backend):
