@@ -36,7 +36,11 @@ def rewrite_activations(mod: tvm.IRModule) -> tvm.IRModule:
         bounded = relax.op.maximum(x, relax.const(float(lo.value), dtype))
         return relax.op.minimum(bounded, relax.const(float(hi.value), dtype))
 
-    main = rewrite_call(leaky | clip, rewrite, mod["main"])
+    return with_main(mod, rewrite_call(leaky | clip, rewrite, mod["main"]))
+
+
+def with_main(mod: tvm.IRModule, main: relax.Function) -> tvm.IRModule:
+    """A copy of ``mod`` whose ``main`` is ``main`` (the graph tuner's rewrites)."""
     updated = mod.clone() if hasattr(mod, "clone") else tvm.IRModule(dict(mod.functions))
     updated["main"] = main
     return updated

@@ -20,6 +20,8 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
+from .activations import with_main
+
 # The largest share of extra output channels padding may add (84 -> 96 adds 14%).
 MAX_GROWTH = 0.15
 
@@ -66,6 +68,4 @@ def pad_output_channels(mod: tvm.IRModule, block: int) -> tvm.IRModule:
         )
         return relax.op.strided_slice(wide, axes=[1], begin=[0], end=[channels])
 
-    updated = mod.clone() if hasattr(mod, "clone") else tvm.IRModule(dict(mod.functions))
-    updated["main"] = rewrite_call(pattern, rewrite, mod["main"])
-    return updated
+    return with_main(mod, rewrite_call(pattern, rewrite, mod["main"]))

@@ -18,6 +18,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .activations import with_main
+
 _BINARY = {
     "Add": operator.add,
     "Sub": operator.sub,
@@ -96,6 +98,4 @@ def fold_constant_transforms(mod: tvm.IRModule) -> tvm.IRModule:
                 return call
             return relax.const(value, str(constant.ty.dtype))
 
-    updated = mod.clone() if hasattr(mod, "clone") else tvm.IRModule(dict(mod.functions))
-    updated["main"] = Folder().visit_expr(mod["main"])
-    return updated
+    return with_main(mod, Folder().visit_expr(mod["main"]))
