@@ -161,6 +161,9 @@ def deploy(
                 "kernel_ops": built.kernel_ops,  # fused MXNet-level ops per kernel
                 "intermediate_bytes": sum(plan.storage_sizes),
                 "live_bytes_lower_bound": plan.live_bytes_lower_bound(),
+                "launches_in_place": sum(
+                    plan.written_over(i) is not None for i in range(len(plan.steps))
+                ),
                 "constant_bytes": int(sum(a.nbytes for a in built.constants.values())),
                 "timings_s": {k: round(v, 3) for k, v in timings.items()},
                 "total_s": round(time.perf_counter() - started, 3),

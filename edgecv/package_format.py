@@ -43,6 +43,11 @@ class Step:
 
     ``kind == "copy"`` is a device copy instead: ``args == [source, destination]``, two
     buffers of one shape on different devices; ``device`` is the destination's.
+
+    ``elementwise_inputs`` are the positions of inputs the kernel reads only at the
+    element its output is writing (a residual add's input; see
+    :func:`edgecv.lowering.in_place.elementwise_inputs`): the output may be written
+    over such an input where this launch is the input's last use.
     """
 
     kernel: str
@@ -50,6 +55,7 @@ class Step:
     num_outputs: int = 1
     device: str = "cpu"
     kind: str = "kernel"  # "kernel" | "copy"
+    elementwise_inputs: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -77,7 +83,10 @@ class Plan:
         Liveness runs over launches: a buffer is live from the step that writes it to
         the last step that reads it (through any view). Graph outputs live to the end.
         A freed slot is reused by the next buffer on the same device that it fits best
-        (smallest slot that is large enough, else the largest free slot, grown).
+        (smallest slot that is large enough, else the largest free slot, grown). A
+        launch's output takes over the slot of an input read only element for element
+        (:attr:`Step.elementwise_inputs`) that dies at that launch: the output is written
+        in place, as the input's cache lines are still hot, not into a fresh slot.
         """
         last_use: dict[int, int] = {}
         end = len(self.steps)
@@ -96,6 +105,12 @@ class Plan:
                 if buf.kind != "temp" or buf.id in assigned:
                     continue
                 need = _aligned(buf.nbytes)
+                donor = self._donor(step, index, buf, last_use, sizes)
+                if donor is not None:
+                    buf.storage = donor.storage
+                    assigned.add(buf.id)
+                    last_use[donor.id] = end + 1  # its slot passes on, not to the free list
+                    continue
                 here = [s for s in free if devices[s] == buf.device]
                 fits = [s for s in here if sizes[s] >= need]
                 if fits:
@@ -120,9 +135,46 @@ class Plan:
         self.storage_sizes = sizes
         self.storage_devices = devices
 
+    def _donor(
+        self, step: Step, index: int, out: Buffer, last_use: dict[int, int], sizes: list[int]
+    ) -> Buffer | None:
+        """The input of ``step`` whose slot ``out`` can take over, if any: a temp buffer
+        on ``out``'s device, in a slot large enough, read by this launch only through
+        element-wise positions, and never read after it."""
+        if step.num_outputs != 1:
+            return None
+        num_inputs = len(step.args) - step.num_outputs
+        for position in step.elementwise_inputs:
+            root = self.buffers[self.root(step.args[position])]
+            others = {
+                p for p in range(num_inputs) if self.root(step.args[p]) == root.id
+            } - set(step.elementwise_inputs)
+            if (
+                root.kind == "temp"
+                and root.device == out.device
+                and root.storage is not None
+                and last_use.get(root.id) == index
+                and sizes[root.storage] >= _aligned(out.nbytes)
+                and not others
+            ):
+                return root
+        return None
+
+    def written_over(self, index: int) -> int | None:
+        """The input (root buffer) launch ``index`` writes its output over, if any."""
+        step = self.steps[index]
+        output = self.buffers[step.args[-1]]
+        for position in step.elementwise_inputs:
+            donor = self.buffers[self.root(step.args[position])]
+            if donor.kind == "temp" == output.kind and donor.storage is not None:
+                if donor.storage == output.storage and donor.id != output.id:
+                    return donor.id
+        return None
+
     def live_bytes_lower_bound(self, device: str | None = None) -> int:
         """The largest total size of intermediate buffers live at one launch (on
-        ``device`` only, when given)."""
+        ``device`` only, when given); an input a launch writes its output over counts
+        until the launch before."""
         first, last = {}, {}
         for index, step in enumerate(self.steps):
             for arg in step.args:
@@ -131,6 +183,10 @@ class Plan:
                 last[root] = index
         for out in self.outputs:
             last[self.root(out)] = len(self.steps)
+        for index in range(len(self.steps)):
+            donor = self.written_over(index)
+            if donor is not None:
+                last[donor] = index - 1
         peak = 0
         for index in range(len(self.steps)):
             live = sum(

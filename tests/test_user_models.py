@@ -18,6 +18,9 @@ from edgecv.deploy import deploy
 from edgecv.testing import assert_close
 
 MODELS = {"tiny_yolo": tiny_yolo, "efficient_lite": efficient_lite}
+# launches written over their input (edgecv.lowering.in_place): EfficientNet-Lite's three
+# residual blocks add their shortcut where it dies; darknet has no residual add
+IN_PLACE = {"tiny_yolo": 0, "efficient_lite": 3}
 _EXPORTED: dict = {}
 
 
@@ -47,6 +50,7 @@ def test_user_model_on_the_cpu_profile_matches_mxnet(name, tmp_path, tmp_path_fa
     # every convolution gets a conv rule, NCHW or packed as the graph tuner chose
     convs = rules.get("cpu.Conv2D", 0) + rules.get("cpu.PackedConv2D", 0)
     assert convs >= 3 and "cpu.SafeParallel" not in rules, rules
+    assert build["launches_in_place"] == IN_PLACE[name]
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -66,6 +70,7 @@ def test_user_model_on_intel_opencl_matches_mxnet(name, tmp_path, tmp_path_facto
         if "row_argsort" in kernel["ops"]:
             assert kernel["rule"] == "as-written", kernel
     assert build["placement"]["launches"]["cpu"] == 0
+    assert build["launches_in_place"] == IN_PLACE[name]
 
 
 @needs_pocl()

@@ -6,7 +6,8 @@ The order of what runs, in one place:
    into kernels, turn reshape kernels back into views.
 2. Plan extraction: walk ``main``'s bindings in order; every ``call_tir`` becomes a
    launch, every reshape a view, every constant a named parameter.
-3. Memory planning (:meth:`~edgecv.package_format.Plan.plan_memory`).
+3. Memory planning (:meth:`~edgecv.package_format.Plan.plan_memory`), outputs written
+   over inputs that die where the kernel allows it (:mod:`.in_place`).
 4. Schedule each kernel for the target and build them into one module.
 """
 
@@ -22,6 +23,7 @@ import tvm
 from tvm import relax
 
 from ..package_format import Plan
+from .in_place import elementwise_inputs
 from .plan_extraction import extract_plan
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,9 @@ def lower(mod: tvm.IRModule, winograd: dict | None = None) -> Lowered:
         }
     )
     plan, constants = extract_plan(mod["main"])
+    writable = {gv.name_hint: elementwise_inputs(func) for gv, func in kernels.functions.items()}
+    for step in plan.steps:
+        step.elementwise_inputs = writable.get(step.kernel, [])
     plan.plan_memory()
     kernel_ops = {
         gv.name_hint: groups.get(gv.name_hint, [op_name(gv.name_hint)]) for gv in kernels.functions
