@@ -146,9 +146,9 @@ class Plan:
         num_inputs = len(step.args) - step.num_outputs
         for position in step.elementwise_inputs:
             root = self.buffers[self.root(step.args[position])]
-            others = {
-                p for p in range(num_inputs) if self.root(step.args[p]) == root.id
-            } - set(step.elementwise_inputs)
+            others = {p for p in range(num_inputs) if self.root(step.args[p]) == root.id} - set(
+                step.elementwise_inputs
+            )
             if (
                 root.kind == "temp"
                 and root.device == out.device

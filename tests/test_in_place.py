@@ -111,4 +111,3 @@ def test_the_plan_writes_a_residual_add_over_its_shortcut_where_it_dies(later):
     assert plan.buffers[shortcut].id == plan.steps[0].args[-1]  # the first conv's output
     shared = plan.buffers[shortcut].storage == plan.buffers[out].storage
     assert shared is not later
-

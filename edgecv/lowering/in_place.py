@@ -25,8 +25,9 @@ def elementwise_inputs(func: tirx.PrimFunc) -> list[int]:
     An input qualifies when every block reading it, and every block reading what those
     write, and so on, is spatial, reads that buffer at exactly the element it writes
     (one buffer, of the same shape), and the chain ends in the output: element ``i`` of
-    the input then feeds element ``i`` of the output and nothing else. Kernels of plain
-    loops (no blocks), several outputs, or nested blocks give none.
+    the input then feeds element ``i`` of the output and nothing else. The last
+    parameter is the output (the memory plan asks only for kernels of one output);
+    kernels of plain loops (no blocks) or of nested blocks give none.
     """
     params = list(func.params)  # tensors, each its own buffer
     if len(params) < 2 or any(not getattr(p, "shape", None) for p in params):
@@ -45,9 +46,7 @@ def elementwise_inputs(func: tirx.PrimFunc) -> list[int]:
     return [
         position
         for position, buffer in enumerate(inputs)
-        if _same_shape(buffer, output)
-        and sum(buffer.same_as(other) for other in inputs) == 1
-        and _flows_only_to(buffer, output, blocks)
+        if _same_shape(buffer, output) and _flows_only_to(buffer, output, blocks)
     ]
 
 
@@ -84,7 +83,7 @@ def _identity_write(block, buffer: tirx.Var) -> tirx.Var | None:
         it.iter_type != _DATA_PARALLEL
         or not _is_const(it.dom.min, 0)
         or not _equal(it.dom.extent, extent)
-        for it, extent in zip(iters, buffer.shape)
+        for it, extent in zip(iters, buffer.shape, strict=True)
     ):
         return None
     regions = [r for r in block.reads if r.source.same_as(buffer)]
@@ -94,15 +93,17 @@ def _identity_write(block, buffer: tirx.Var) -> tirx.Var | None:
     for region in [*regions, write]:
         if len(region.region) != len(iters) or any(
             not rng.min.same_as(it.var) or not _is_const(rng.extent, 1)
-            for rng, it in zip(region.region, iters)
+            for rng, it in zip(region.region, iters, strict=True)
         ):
             return None
     return write.source
 
 
 def _same_shape(a: tirx.Var, b: tirx.Var) -> bool:
-    return a.dtype == b.dtype and len(a.shape) == len(b.shape) and all(
-        _equal(x, y) for x, y in zip(a.shape, b.shape)
+    return (
+        a.dtype == b.dtype
+        and len(a.shape) == len(b.shape)
+        and all(_equal(x, y) for x, y in zip(a.shape, b.shape, strict=True))
     )
 
 
@@ -112,4 +113,3 @@ def _equal(a, b) -> bool:
 
 def _is_const(expr, value: int) -> bool:
     return isinstance(expr, tirx.IntImm) and expr.value == value
-
