@@ -18,8 +18,9 @@ import argparse
 import json
 from pathlib import Path
 
-from edgecv.graph_tuner.costs import COSTS_FILE, CostCache, costs_folder_name, rules_fingerprint
+from edgecv.graph_tuner.costs import COSTS_FILE, CostCache, costs_folder_name
 from edgecv.profiles import profiles_dir
+from edgecv.schedules.fingerprint import rules_fingerprint
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ changes, its kernels are measured again instead of being weighed by their old ti
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -33,7 +32,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-from .. import __version__, schedules
+from .. import __version__
 from ..lowering import lower
 from .apply import convert_layouts
 from .extract import Extracted
@@ -177,20 +176,6 @@ def cpu_costs_key(device_class: str, threads: int) -> str:
 def costs_folder_name(costs_key: str) -> str:
     """The device class a costs key belongs to (its database folder's name)."""
     return costs_key.split(" threads=")[0]
-
-
-def rules_fingerprint(gpu: bool) -> str:
-    """The default rules that schedule a kernel the graph tuner times: a hash of the
-    source of ``edgecv/schedules/gpu`` (OpenCL, CUDA) or ``edgecv/schedules/cpu``.
-
-    Any edit there can change a kernel's time, and a cost cached under other rules
-    would keep weighing the old schedule (as a tuning record keeps its rule's trace);
-    a fingerprint of the files makes that impossible to forget, at the price of a
-    re-measure after an edit that changed nothing."""
-    digest = hashlib.sha256()
-    for path in sorted((Path(schedules.__file__).parent / ("gpu" if gpu else "cpu")).glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def kernel_key(func: tirx.PrimFunc) -> str:

@@ -14,7 +14,8 @@ import re
 from pathlib import Path
 
 from ..profiles import Profile
-from .costs import CostCache, rules_fingerprint
+from ..schedules.fingerprint import rules_fingerprint
+from .costs import CostCache
 
 
 def user_costs_folder(device_key: str) -> Path:

@@ -11,11 +11,15 @@ A database from another TVM version, or one that cannot be read, is skipped with
 warning: tuned records are an optimization, never a reason for a build to fail.
 
 A record is replayed only where tuning found a schedule faster than edgecv's default
-rule (``edgecv_database.json`` says so per workload; the first database holding the
-workload decides, as for the records themselves): where the default won, the record
-is that day's default, and today's default rule schedules the kernel instead. (A
-record of the old default kept ResNet-50's packed max pool at 0.47 ms after its rule
-had become ten times faster.)
+rule, and only under the default rules it was compared with (``edgecv_database.json``
+says so per workload, with :func:`~.fingerprint.rules_fingerprint`; the first database
+holding the workload decides, as for the records themselves). Where the default won,
+the record is that day's default; where the rules changed since, the record may have
+beaten a rule that is gone; a record with no verdict (another tool's, or a search
+stopped before its summary) was never compared: today's default rule schedules the
+kernel in each case. (A record of the old default kept ResNet-50's packed max pool at
+0.47 ms after its rule had become ten times faster; records with no verdict in a
+user's cache folder made mobilenet1.0 4% slower than today's rules.)
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import tvm_ffi
 from tvm import tirx
 
 from ..errors import foreign_message
+from .fingerprint import rules_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +59,8 @@ class TuningDatabase:
 
         self._databases = []
         self.folders: list[Path] = []
-        # per database: the workloads whose best record is the default rule's
-        self._defaults: list[set[int]] = []
+        # per database: each workload's verdict (edgecv_database.json)
+        self._verdicts: list[dict[int, dict]] = []
         for folder in (Path(f) for f in folders):
             if not (folder / WORKLOADS).is_file() or not (folder / RECORDS).is_file():
                 continue
@@ -82,7 +87,7 @@ class TuningDatabase:
                 continue
             self._databases.append(database)
             self.folders.append(folder)
-            self._defaults.append(_default_won(folder))
+            self._verdicts.append(_verdicts(folder))
 
     def __bool__(self) -> bool:
         return bool(self._databases)
@@ -92,11 +97,11 @@ class TuningDatabase:
         mod = tvm.IRModule({"main": _workload(func)})
         key = int(tvm_ffi.structural_hash(mod))
         symbol = func.attrs.get("global_symbol") if func.attrs else None
-        for database, defaults in zip(self._databases, self._defaults, strict=True):
+        for database, verdicts in zip(self._databases, self._verdicts, strict=True):
             sch = database.query_schedule(mod, target, workload_name="main")
             if sch is not None:
-                if key in defaults:  # the first database holding it: the default won
-                    return None
+                if not _beat_todays_default(verdicts.get(key), target):
+                    return None  # the first database holding it decides
                 # the kernel's own name back: GPU lowering splits host and device code
                 # only for an entry function
                 scheduled = sch.mod["main"]
@@ -107,8 +112,11 @@ class TuningDatabase:
         """The measured time of ``func``'s best tuned record (the graph tuner's cost),
         or None when no database has one."""
         mod = tvm.IRModule({"main": _workload(func)})
-        for database in self._databases:
+        key = int(tvm_ffi.structural_hash(mod))
+        for database, verdicts in zip(self._databases, self._verdicts, strict=True):
             record = database.query_tuning_record(mod, target, workload_name="main")
+            if record is not None and not _beat_todays_default(verdicts.get(key), target):
+                return None  # not replayed: the default rule's time counts
             if record is not None and record.run_secs:
                 seconds = min(float(s) for s in record.run_secs)
                 if seconds < 1e9:  # failed measurements are stored as 1e10 s
@@ -128,19 +136,21 @@ def _workload(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return func.without_attr("global_symbol") if named else func
 
 
-def _default_won(folder: Path) -> set[int]:
-    """The workloads of ``folder`` whose best record was edgecv's default rule."""
+def _verdicts(folder: Path) -> dict[int, dict]:
+    """What tuning found per workload of ``folder`` (default vs best time, rules)."""
     try:
         workloads = json.loads((folder / META).read_text()).get("workloads", {})
-        return {
-            int(key)
-            for key, facts in workloads.items()
-            if facts.get("default_s") is not None
-            and facts.get("best_s") is not None
-            and facts["best_s"] >= facts["default_s"]
-        }
+        return {int(key): facts for key, facts in workloads.items() if isinstance(facts, dict)}
     except (OSError, ValueError, AttributeError, TypeError):
-        return set()
+        return {}
+
+
+def _beat_todays_default(facts: dict | None, target: tvm.target.Target) -> bool:
+    """Whether a workload's search beat the default rule, compared under today's rules."""
+    if not facts or facts.get("default_s") is None or facts.get("best_s") is None:
+        return False
+    gpu = target.kind.name != "llvm"
+    return facts["best_s"] < facts["default_s"] and facts.get("rules") == rules_fingerprint(gpu)
 
 
 def _recorded_version(folder: Path) -> str | None:

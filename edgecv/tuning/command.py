@@ -26,6 +26,7 @@ from .. import progress
 from ..errors import EdgecvError
 from ..profiles import Profile, load_profile
 from ..schedules.database import write_meta
+from ..schedules.fingerprint import rules_fingerprint
 from .device_class import DeviceClass, cpu_class, opencl_class
 from .records import best_seconds, check_database_folder, open_database, ship
 from .search import Budget, measure_defaults, search
@@ -112,7 +113,7 @@ def tune(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:  # the second Ctrl-C: the records so far still count
             ended = "interrupted"
         finally:
-            summary.update(_summary(tasks, db, name))
+            summary.update(_summary(tasks, db, name, order.target))
             write_meta(db_dir, cls.key, summary)
         interrupted = ended == "interrupted"
         if interrupted:
@@ -161,7 +162,10 @@ def _restore_default(task: Task, summary: dict) -> bool:
     return True
 
 
-def _summary(tasks: list[Task], db, model: str) -> dict:
+def _summary(tasks: list[Task], db, model: str, target) -> dict:
+    """Per workload: what the search found against the default rule, and under which
+    default rules (a verdict of other rules is void: :mod:`edgecv.schedules.database`)."""
+    rules = rules_fingerprint(gpu=target.kind.name != "llvm")
     return {
         str(t.key): {
             "kernels": t.kernels,
@@ -170,6 +174,7 @@ def _summary(tasks: list[Task], db, model: str) -> dict:
             "default_rule": t.default_rule,
             "default_s": t.default_s,
             "best_s": best_seconds(db, t.mod),
+            "rules": rules,
         }
         for t in tasks
     }

@@ -15,9 +15,10 @@ from edgecv import schedules
 from edgecv.frontend.importer import from_mxnet
 from edgecv.frontend.mxnet_graph import load_params, load_symbol
 from edgecv.graph_tuner import choose_layouts, costs, stage
-from edgecv.graph_tuner.costs import COSTS_FILE, COSTS_VERSION, CostCache, rules_fingerprint
+from edgecv.graph_tuner.costs import COSTS_FILE, COSTS_VERSION, CostCache
 from edgecv.pipelines import BuildOptions
 from edgecv.profiles import load_profile
+from edgecv.schedules.fingerprint import rules_fingerprint
 
 
 @pytest.fixture(scope="module")
@@ -86,16 +87,15 @@ def test_costs_measured_under_other_rules_are_not_read_and_get_replaced(tmp_path
     assert saved["rules"]["dev"] == "rules-b"
 
 
-def test_the_rules_fingerprint_changes_with_the_rules_source(tmp_path, monkeypatch):
+def test_the_rules_fingerprint_changes_with_the_rules_source(tmp_path):
     copy = tmp_path / "schedules"
     shutil.copytree(schedules.__path__[0], copy)
-    monkeypatch.setattr(costs.schedules, "__file__", str(copy / "__init__.py"))
-    cpu, gpu = rules_fingerprint(gpu=False), rules_fingerprint(gpu=True)
-    assert cpu != gpu
+    cpu, gpu = rules_fingerprint(gpu=False, schedules=copy), rules_fingerprint(True, copy)
+    assert cpu != gpu and cpu == rules_fingerprint(gpu=False)
     rule = copy / "gpu" / "conv2d_packed.py"
     rule.write_text(rule.read_text().replace("PIXELS = 8", "PIXELS = 4"))
-    assert rules_fingerprint(gpu=True) != gpu
-    assert rules_fingerprint(gpu=False) == cpu  # a GPU rule edit keeps the CPU costs
+    assert rules_fingerprint(gpu=True, schedules=copy) != gpu
+    assert rules_fingerprint(gpu=False, schedules=copy) == cpu  # a GPU edit keeps CPU costs
 
 
 def test_kernels_are_timed_in_groups_whose_arguments_fit_the_budget():

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax, s_tir
 from tvm.s_tir import dlight
 
@@ -21,6 +22,7 @@ from edgecv.codegen.llvm import compile_object, link_objects
 from edgecv.lowering import lower
 from edgecv.schedules import cpu
 from edgecv.schedules.database import TuningDatabase, workload, write_meta
+from edgecv.schedules.fingerprint import rules_fingerprint
 from edgecv.schedules.stage import ScheduleOrder
 from edgecv.testing import assert_close
 
@@ -161,9 +163,10 @@ def test_no_rule_left_reports_the_kernel_unscheduled(tmp_path):
         ]
 
 
-def test_a_tuned_record_comes_first_and_gives_the_same_numbers(tmp_path):
-    """A record in a MetaSchedule JSON database (a trace of a schedule of the kernel) is
-    found by the kernel's structure and replayed; a kernel without one gets the rules."""
+def _conv_record(tmp_path, verdict):
+    """A database holding one record of the conv kernel of :func:`conv_relu_kernels` (a
+    trace of a schedule: output channels in parallel) and ``verdict(key)`` as what
+    tuning found for it."""
     from tvm.s_tir import meta_schedule as ms
 
     lowered = conv_relu_kernels()
@@ -179,7 +182,20 @@ def test_a_tuned_record_comes_first_and_gives_the_same_numbers(tmp_path):
     record = ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [1e-4], TARGET,
                                       ms.arg_info.ArgInfo.from_prim_func(mod["main"]))  # fmt: skip
     db.commit_tuning_record(record)
-    write_meta(tmp_path / "db", {"kind": "llvm"})
+    key = str(int(tvm_ffi.structural_hash(mod)))
+    write_meta(tmp_path / "db", {"kind": "llvm"}, verdict(key))
+    return lowered, conv_name, conv
+
+
+def _won(rules):
+    return lambda key: {key: {"default_s": 2e-4, "best_s": 1e-4, "rules": rules}}
+
+
+def test_a_tuned_record_comes_first_and_gives_the_same_numbers(tmp_path):
+    """A record in a MetaSchedule JSON database (a trace of a schedule of the kernel),
+    which beat today's default rule, is found by the kernel's structure and replayed; a
+    kernel without one gets the rules."""
+    lowered, conv_name, conv = _conv_record(tmp_path, _won(rules_fingerprint(gpu=False)))
     order = ScheduleOrder(TARGET, cpu.default_rules(TARGET), cpu.safe_rule(),
                           TuningDatabase([tmp_path / "missing", tmp_path / "db"]))  # fmt: skip
     kernels = {gv.name_hint: f for gv, f in lowered.kernels.functions.items()}
@@ -191,6 +207,24 @@ def test_a_tuned_record_comes_first_and_gives_the_same_numbers(tmp_path):
     link_objects([c.facts["object"] for c in compiled.values()], tmp_path / "k.so")
     x = np.random.RandomState(3).normal(size=(1, 8, 13, 13)).astype(np.float32)
     assert_close(run_library(tmp_path / "k.so", lowered, x), reference(lowered, x))
+
+
+@pytest.mark.parametrize(
+    "verdict",
+    [
+        _won("rules of another day"),  # it beat a default rule that has changed since
+        lambda key: {key: {"default_s": 1e-4, "best_s": 1e-4, "rules": rules_fingerprint(False)}},
+        lambda key: {},  # never compared with the default (another tool's record)
+    ],
+    ids=["other-rules", "default-won", "no-verdict"],
+)
+def test_a_record_not_shown_to_beat_todays_default_rule_is_not_replayed(tmp_path, verdict):
+    """Records of the user's cache folder that no verdict covered made mobilenet1.0 4%
+    slower than today's default rules."""
+    _, _, conv = _conv_record(tmp_path, verdict)
+    database = TuningDatabase([tmp_path / "db"])
+    assert database.query(conv, TARGET) is None
+    assert database.best_seconds(conv, TARGET) is None  # the graph tuner times the rule
 
 
 def test_a_corrupt_or_foreign_database_warns_and_builds_with_defaults(tmp_path):

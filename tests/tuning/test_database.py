@@ -77,12 +77,13 @@ def test_records_are_found_by_structure_whatever_the_kernel_is_named(tuned, tmp_
     won = TuningDatabase([search_won_everywhere(db, tmp_path / "won")])
     for task in tiny_tasks(symbol, db):
         renamed = task.mod["main"].with_attr("global_symbol", "another_name")
-        assert database.best_seconds(renamed, target) is not None, task.name
         assert won.query(renamed, target) is not None, task.name
+        assert won.best_seconds(renamed, target) is not None, task.name
         # replayed only where the search beat the default rule; else the rule schedules it
         facts = meta["workloads"][str(task.key)]
         searched_won = facts["best_s"] < facts["default_s"]
         assert (database.query(renamed, target) is not None) == searched_won, task.name
+        assert (database.best_seconds(renamed, target) is not None) == searched_won, task.name
         assert len(records_of(open_database(db), task.mod)) >= 1
         # layered, the first database holding the workload decides
         assert TuningDatabase([tmp_path / "won", db]).query(renamed, target) is not None
@@ -219,6 +220,8 @@ def test_a_record_for_an_opencl_profile_applies_at_deploy_and_matches_mxnet(tune
     from conftest import mxnet_forward
 
     from edgecv.pipelines.orders import gpu_order
+    from edgecv.schedules.database import write_meta
+    from edgecv.schedules.fingerprint import rules_fingerprint
     from edgecv.tuning.command import in_deploy_layouts
     from edgecv.tuning.tasks import default_schedules
 
@@ -233,6 +236,9 @@ def test_a_record_for_an_opencl_profile_applies_at_deploy_and_matches_mxnet(tune
     for task in tasks:
         _, sch = next(default_schedules(task, order))
         commit_schedule(database, task.mod, sch, [1e-4], target)
+    # each record shown to beat today's GPU rules (else deploy keeps the rule)
+    won = {"default_s": 2e-4, "best_s": 1e-4, "rules": rules_fingerprint(gpu=True)}
+    write_meta(tmp_path / "gpu", {"kind": "opencl"}, {str(t.key): won for t in tasks})
     path = deploy(str(symbol), tmp_path / "pkg", "deeplens", input_shape=SHAPE, host="native",
                   options=BuildOptions(tuning=[tmp_path / "gpu"]))  # fmt: skip
     rules = json.loads((path / "manifest.json").read_text())["build"]["schedules"]["gpu"]["rules"]
