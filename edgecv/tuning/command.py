@@ -92,7 +92,8 @@ def tune(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="edgecv-tune-") as work:
         builder = ForkedBuilder(compiler, Path(work) / "artifacts")
         started = time.perf_counter()
-        fresh = [t for t in tasks if not _restore_default(t, summary)]
+        rules = _rules(order.target)
+        fresh = [t for t in tasks if not _restore_default(t, summary, rules)]
         say(f"measuring the default schedule of {len(fresh)} workloads")
         measure_defaults(fresh, order, builder, runner, db, say)
         chosen = sorted(tasks, key=lambda t: -t.weight)[: args.tasks or len(tasks)]
@@ -154,9 +155,15 @@ def _measure_defaults_again(tasks: list[Task], order, builder, runner, db, say) 
             t.default_s = first[t.key]
 
 
-def _restore_default(task: Task, summary: dict) -> bool:
+def _rules(target) -> str:
+    return rules_fingerprint(gpu=target.kind.name != "llvm")
+
+
+def _restore_default(task: Task, summary: dict, rules: str) -> bool:
+    """The default's time from an earlier run (``--resume``), if measured under today's
+    rules; else it is measured again."""
     entry = summary.get(str(task.key))
-    if not entry or entry.get("default_s") is None:
+    if not entry or entry.get("default_s") is None or entry.get("rules") != rules:
         return False
     task.default_rule, task.default_s = entry.get("default_rule"), entry["default_s"]
     return True
@@ -165,7 +172,7 @@ def _restore_default(task: Task, summary: dict) -> bool:
 def _summary(tasks: list[Task], db, model: str, target) -> dict:
     """Per workload: what the search found against the default rule, and under which
     default rules (a verdict of other rules is void: :mod:`edgecv.schedules.database`)."""
-    rules = rules_fingerprint(gpu=target.kind.name != "llvm")
+    rules = _rules(target)
     return {
         str(t.key): {
             "kernels": t.kernels,
