@@ -110,7 +110,7 @@ class TuningDatabase:
 
     def best_seconds(self, func: tirx.PrimFunc, target: tvm.target.Target) -> float | None:
         """The measured time of ``func``'s best tuned record (the graph tuner's cost),
-        or None when no database has one."""
+        or None when no database has one that :meth:`query` would replay."""
         mod = tvm.IRModule({"main": _workload(func)})
         key = int(tvm_ffi.structural_hash(mod))
         for database, verdicts in zip(self._databases, self._verdicts, strict=True):
