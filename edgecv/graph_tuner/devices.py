@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from ..profiles import Profile
-from ..schedules.fingerprint import rules_fingerprint
+from ..schedules.fingerprint import target_rules
 from .costs import CostCache
 
 
@@ -53,5 +53,5 @@ def meter_for(profile: Profile, options):
     writable = Path(options.layout_costs) if options.layout_costs else None
     writable = writable or user_costs_folder(meter.device_key)
     folders = [writable, *(Path(f) for f in (options.tuning or ()))]
-    rules = rules_fingerprint("gpu" in meter.target.keys)
+    rules = target_rules(meter.target)
     return meter, CostCache(folders, writable, meter.costs_key, rules), ""

@@ -12,7 +12,7 @@ warning: tuned records are an optimization, never a reason for a build to fail.
 
 A record is replayed only where tuning found a schedule faster than edgecv's default
 rule, and only under the default rules it was compared with (``edgecv_database.json``
-says so per workload, with :func:`~.fingerprint.rules_fingerprint`; the first database
+says so per workload, with :func:`~.fingerprint.target_rules`; the first database
 holding the workload decides, as for the records themselves). Where the default won,
 the record is that day's default; where the rules changed since, the record may have
 beaten a rule that is gone; a record with no verdict (another tool's, or a search
@@ -35,7 +35,7 @@ import tvm_ffi
 from tvm import tirx
 
 from ..errors import foreign_message
-from .fingerprint import rules_fingerprint
+from .fingerprint import target_rules
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class TuningDatabase:
         self.folders: list[Path] = []
         # per database: each workload's verdict (edgecv_database.json)
         self._verdicts: list[dict[int, dict]] = []
+        self._fingerprints: dict[bool, str] = {}
         for folder in (Path(f) for f in folders):
             if not (folder / WORKLOADS).is_file() or not (folder / RECORDS).is_file():
                 continue
@@ -89,6 +90,13 @@ class TuningDatabase:
             self.folders.append(folder)
             self._verdicts.append(_verdicts(folder))
 
+    def _rules(self, target: tvm.target.Target) -> str:
+        """Today's rules for ``target``, hashed once per database and rule set."""
+        gpu = "gpu" in target.keys
+        if gpu not in self._fingerprints:
+            self._fingerprints[gpu] = target_rules(target)
+        return self._fingerprints[gpu]
+
     def __bool__(self) -> bool:
         return bool(self._databases)
 
@@ -100,7 +108,7 @@ class TuningDatabase:
         for database, verdicts in zip(self._databases, self._verdicts, strict=True):
             sch = database.query_schedule(mod, target, workload_name="main")
             if sch is not None:
-                if not _beat_todays_default(verdicts.get(key), target):
+                if not _beat_default(verdicts.get(key), self._rules(target)):
                     return None  # the first database holding it decides
                 # the kernel's own name back: GPU lowering splits host and device code
                 # only for an entry function
@@ -115,7 +123,7 @@ class TuningDatabase:
         key = int(tvm_ffi.structural_hash(mod))
         for database, verdicts in zip(self._databases, self._verdicts, strict=True):
             record = database.query_tuning_record(mod, target, workload_name="main")
-            if record is not None and not _beat_todays_default(verdicts.get(key), target):
+            if record is not None and not _beat_default(verdicts.get(key), self._rules(target)):
                 return None  # not replayed: the default rule's time counts
             if record is not None and record.run_secs:
                 seconds = min(float(s) for s in record.run_secs)
@@ -145,12 +153,11 @@ def _verdicts(folder: Path) -> dict[int, dict]:
         return {}
 
 
-def _beat_todays_default(facts: dict | None, target: tvm.target.Target) -> bool:
-    """Whether a workload's search beat the default rule, compared under today's rules."""
+def _beat_default(facts: dict | None, rules: str) -> bool:
+    """Whether a workload's search beat the default rule, compared under ``rules``."""
     if not facts or facts.get("default_s") is None or facts.get("best_s") is None:
         return False
-    gpu = target.kind.name != "llvm"
-    return facts["best_s"] < facts["default_s"] and facts.get("rules") == rules_fingerprint(gpu)
+    return facts["best_s"] < facts["default_s"] and facts.get("rules") == rules
 
 
 def _recorded_version(folder: Path) -> str | None:

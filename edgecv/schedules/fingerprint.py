@@ -22,3 +22,9 @@ def rules_fingerprint(gpu: bool, schedules: Path = SCHEDULES) -> str:
     for path in sorted((schedules / ("gpu" if gpu else "cpu")).glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def target_rules(target) -> str:
+    """:func:`rules_fingerprint` of the rules that schedule kernels for ``target``: the
+    GPU rules for a target with the ``gpu`` key (OpenCL, CUDA), else the CPU rules."""
+    return rules_fingerprint(gpu="gpu" in target.keys)

@@ -26,7 +26,7 @@ from .. import progress
 from ..errors import EdgecvError
 from ..profiles import Profile, load_profile
 from ..schedules.database import write_meta
-from ..schedules.fingerprint import rules_fingerprint
+from ..schedules.fingerprint import target_rules
 from .device_class import DeviceClass, cpu_class, opencl_class
 from .records import best_seconds, check_database_folder, open_database, ship
 from .search import Budget, measure_defaults, search
@@ -92,7 +92,7 @@ def tune(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="edgecv-tune-") as work:
         builder = ForkedBuilder(compiler, Path(work) / "artifacts")
         started = time.perf_counter()
-        rules = _rules(order.target)
+        rules = target_rules(order.target)
         fresh = [t for t in tasks if not _restore_default(t, summary, rules)]
         say(f"measuring the default schedule of {len(fresh)} workloads")
         measure_defaults(fresh, order, builder, runner, db, say)
@@ -155,10 +155,6 @@ def _measure_defaults_again(tasks: list[Task], order, builder, runner, db, say) 
             t.default_s = first[t.key]
 
 
-def _rules(target) -> str:
-    return rules_fingerprint(gpu=target.kind.name != "llvm")
-
-
 def _restore_default(task: Task, summary: dict, rules: str) -> bool:
     """The default's time from an earlier run (``--resume``), if measured under today's
     rules; else it is measured again."""
@@ -172,7 +168,7 @@ def _restore_default(task: Task, summary: dict, rules: str) -> bool:
 def _summary(tasks: list[Task], db, model: str, target) -> dict:
     """Per workload: what the search found against the default rule, and under which
     default rules (a verdict of other rules is void: :mod:`edgecv.schedules.database`)."""
-    rules = _rules(target)
+    rules = target_rules(target)
     return {
         str(t.key): {
             "kernels": t.kernels,
