@@ -143,6 +143,9 @@ CASES = [
     ("dense", dense, (1, 8, 5, 5), "fused_matmul_add", DenseColumns),
     ("max_pool3x3_s2_odd", op("nn.max_pool2d", (3, 3), strides=2, padding=1), (1, 8, 17, 19),
      "max_pool2d", Pool),
+    ("max_pool3x3_s2_packed",
+     op("nn.max_pool2d", (3, 3), strides=2, padding=1, layout="NCHW8c"), (1, 2, 17, 19, 8),
+     "max_pool2d", Pool),
     ("leaky_relu_prime", op("nn.leakyrelu", 0.1), (1, 5, 13, 13), "leaky_relu", Injective),
     ("bias_sigmoid_odd", bias_sigmoid, (1, 255, 13, 13), "fused_add_tir_sigmoid", Injective),
     ("concat", concat_scaled, (1, 6, 7, 9), "fused_multiply_concatenate", Injective),
@@ -255,8 +258,8 @@ def test_conv_tile_positions_for_stride_one_and_width_for_strided(shape, flat, c
 
 
 @pytest.mark.parametrize(
-    "name", ["conv3x3_s2_odd", "conv3x3_prime", "max_pool3x3_s2_odd", "detection_rows",
-             "softmax_axis1", "bias_sigmoid_odd"],
+    "name", ["conv3x3_s2_odd", "conv3x3_prime", "max_pool3x3_s2_odd", "max_pool3x3_s2_packed",
+             "detection_rows", "softmax_axis1", "bias_sigmoid_odd"],
 )  # fmt: skip
 def test_rule_kernels_run_clean_under_oclgrind(name):
     """No out-of-bounds access or race (predicated tails, 1-D views, unrolled rows)."""
@@ -271,6 +274,16 @@ def test_rule_kernels_run_clean_under_oclgrind(name):
     results, report = run_on_oclgrind(built.source, built.launches, "main", arrays)
     assert_clean(report)
     assert_close(results[-1], run_cpu(func, arrays)[-1], name)
+
+
+def test_packed_pool_takes_the_channel_lanes_as_the_first_work_item_axis():
+    """Each window tap of a pool in ``NCHW8c`` is one load of 8 consecutive floats (the
+    lane is the work-item id), not a lane picked out of a flat index per work-item."""
+    case = next(c for c in CASES if c[0] == "max_pool3x3_s2_packed")
+    built = build_opencl(tvm.IRModule({"main": scheduled(case_kernel(case))}), TARGET)
+    (launch,) = built.launches["main"]
+    assert launch.local_size[0] == 8, launch
+    assert "& (long)7" not in built.source and "% (long)8" not in built.source, built.source
 
 
 def test_short_rows_are_unrolled_in_one_work_item():

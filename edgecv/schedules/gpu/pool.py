@@ -13,6 +13,7 @@ from tvm.target import Target
 from .base import (
     GPURule,
     bind_spatial,
+    divisor_at_most,
     extent,
     flatten_block,
     inline_around,
@@ -31,6 +32,22 @@ SERIAL_LIMIT = 4096
 
 def _is_window(name: str) -> bool:
     return name.startswith(("pool_", "adaptive_pool_", "tensor")) or name.endswith("_red")
+
+
+def _lanes_first(sch: s_tir.Schedule, pool, lanes: int, limit: int):
+    """A packed pool (``NCHW[x]c``): the channel lanes on the first work-item axis,
+    output columns on the second, the rest on work-groups. Each load of a window tap is
+    then the lane id plus terms uniform across the lanes: one vector load on Intel's
+    CPU runtime, one coalesced row on a GPU. Flattened, consecutive work-items met a
+    new column every ``lanes`` items, and a stride-2 window made every tap a gather
+    (squeezenet's 96 channels at 109x109 -> 54x54: 0.35 ms). Returns the lane loop."""
+    n, c, h, w, lane, *_ = sch.get_loops(pool)
+    w_o, w_i = sch.split(w, [None, divisor_at_most(extent(sch, w), limit // lanes)])
+    sch.reorder(n, c, h, w_o, w_i, lane)
+    sch.bind(sch.fuse(n, c, h, w_o), "blockIdx.x")
+    sch.bind(w_i, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
+    return lane
 
 
 class Pool(GPURule):
@@ -57,7 +74,11 @@ class Pool(GPURule):
             return None
         _, out = inline_around(sch, pool, found)
         limit = min(THREADS, max_threads(target))
-        if out is None and flatten_block(sch, pool) is not None:
+        lanes = extent(sch, loops[4]) if len(loops) == 7 else 0
+        if 4 <= lanes <= limit // 2:
+            item = _lanes_first(sch, pool, lanes, limit)
+            reduce = sch.get_loops(pool)[-2:]
+        elif out is None and flatten_block(sch, pool) is not None:
             # one loop over the outputs: their stores contiguous across work-items
             flat, *reduce = sch.get_loops(pool)
             _, item = sch.split(flat, [None, work_items(extent(sch, flat), limit)])
