@@ -157,13 +157,15 @@ def deploy(
             "build": {
                 "kernels": kernel_files,
                 **built.facts,
-                "launches": len(plan.steps),
+                "launches": sum(not step.elided for step in plan.steps),
                 "kernel_ops": built.kernel_ops,  # fused MXNet-level ops per kernel
                 "intermediate_bytes": sum(plan.storage_sizes),
                 "live_bytes_lower_bound": plan.live_bytes_lower_bound(),
                 "launches_in_place": sum(
                     plan.written_over(i) is not None for i in range(len(plan.steps))
                 ),
+                # concatenations whose inputs are written into their output as made
+                "concats_in_place": sum(step.elided for step in plan.steps),
                 "constant_bytes": int(sum(a.nbytes for a in built.constants.values())),
                 "timings_s": {k: round(v, 3) for k, v in timings.items()},
                 "total_s": round(time.perf_counter() - started, 3),
@@ -173,7 +175,7 @@ def deploy(
     except BaseException:
         writer.abort()
         raise
-    progress(f"wrote {path} ({len(plan.steps)} launches)")
+    progress(f"wrote {path} ({manifest['build']['launches']} launches)")
     return path
 
 

@@ -31,6 +31,10 @@ class Buffer:
     view_of: int | None = None  # for kind == "view": the buffer whose bytes it reinterprets
     storage: int | None = None  # for kind == "temp": the storage slot
     device: str = "cpu"  # where its bytes live: "cpu" or "gpu" (see edgecv.fallback)
+    # for kind == "temp": where in its slot its bytes start, and the buffer it is a
+    # piece of when its producer writes it straight into a concatenation's output
+    offset: int = 0
+    piece_of: int | None = None
 
     @property
     def nbytes(self) -> int:
@@ -48,6 +52,10 @@ class Step:
     element its output is writing (a residual add's input; see
     :func:`edgecv.lowering.in_place.elementwise_inputs`): the output may be written
     over such an input where this launch is the input's last use.
+
+    ``pieces`` are the byte offsets of a concatenation's inputs in its output (see
+    :func:`edgecv.lowering.in_place.concat_pieces`); where the memory plan places the
+    inputs there, the launch is ``elided``: nothing runs for it.
     """
 
     kernel: str
@@ -56,6 +64,15 @@ class Step:
     device: str = "cpu"
     kind: str = "kernel"  # "kernel" | "copy"
     elementwise_inputs: list[int] = field(default_factory=list)
+    pieces: list[int] = field(default_factory=list)
+    elided: bool = False
+
+
+# A concatenation's input is written in place only at an offset that is a multiple of
+# its device's alignment here: TVM's CPU kernels take 64-byte aligned tensors; an OpenCL
+# sub-buffer starts at the device's base address alignment (1024 bits on Intel graphics
+# and Mali, 4096 on NVIDIA's), a CUDA kernel's vector loads need 16 bytes.
+PIECE_ALIGNMENT = {"cpu": 64, "gpu": 512}
 
 
 @dataclass
@@ -77,6 +94,56 @@ class Plan:
             buf = self.buffers[buf.view_of]
         return buf.id
 
+    def owner(self, buffer_id: int) -> int:
+        """The buffer whose slot holds ``buffer_id``'s bytes: its root, or the
+        concatenation output that root is written into (through nested ones)."""
+        buf = self.buffers[self.root(buffer_id)]
+        while buf.piece_of is not None:
+            buf = self.buffers[self.root(buf.piece_of)]
+        return buf.id
+
+    def _write_pieces_in_place(self) -> dict[int, int]:
+        """Decide which concatenations need not run: those whose every input is a temp
+        buffer written by a kernel launch on the concatenation's device, at an aligned
+        offset, and a piece of no other. Such inputs become pieces of the output (each
+        producer writes its range of the output) and the launch is elided. Returns each
+        piece's byte offset in the buffer it is a piece of."""
+        pieces: dict[int, int] = {}
+        writer: dict[int, Step] = {}
+        for step in self.steps:
+            step.elided = False
+            for out in step.args[len(step.args) - step.num_outputs :]:
+                writer[out] = step
+        for buf in self.buffers:
+            buf.piece_of = None
+        for step in self.steps:
+            inputs = step.args[: len(step.args) - step.num_outputs]
+            output = self.buffers[step.args[-1]]
+            roots = [self.root(a) for a in inputs]  # a reshaped input: the bytes it views
+            if (
+                not step.pieces
+                or step.kind != "kernel"
+                or step.num_outputs != 1
+                or output.kind != "temp"
+                or len(step.pieces) != len(inputs)
+                or len(set(roots)) != len(roots)
+                or any(offset % PIECE_ALIGNMENT[step.device] for offset in step.pieces)
+            ):
+                continue
+            if all(
+                self.buffers[r].kind == "temp"
+                and self.buffers[r].piece_of is None
+                and r in writer
+                and writer[r].kind == "kernel"
+                and writer[r].device == step.device == self.buffers[r].device
+                for r in roots
+            ):
+                for r, offset in zip(roots, step.pieces, strict=True):
+                    self.buffers[r].piece_of = output.id
+                    pieces[r] = offset
+                step.elided = True
+        return pieces
+
     def plan_memory(self) -> None:
         """Assign every temp buffer a storage slot, reusing slots of dead buffers.
 
@@ -87,25 +154,33 @@ class Plan:
         launch's output takes over the slot of an input read only element for element
         (:attr:`Step.elementwise_inputs`) that dies at that launch: the output is written
         in place, as the input's cache lines are still hot, not into a fresh slot.
+        Concatenations whose inputs can be written straight into their output are elided
+        first: each input (a piece) lives in the output's slot at its offset, and that
+        slot from the first piece's launch to the last read of the output or a piece.
         """
+        pieces = self._write_pieces_in_place()
         last_use: dict[int, int] = {}
         end = len(self.steps)
         for index, step in enumerate(self.steps):
+            if step.elided:
+                continue
             for arg in step.args:
-                last_use[self.root(arg)] = index
+                last_use[self.owner(arg)] = index
         for out in self.outputs:
-            last_use[self.root(out)] = end
+            last_use[self.owner(out)] = end
         sizes: list[int] = []
         devices: list[str] = []
         free: list[int] = []
         assigned: set[int] = set()
         for index, step in enumerate(self.steps):
+            if step.elided:
+                continue
             for arg in step.args[len(step.args) - step.num_outputs :]:
-                buf = self.buffers[self.root(arg)]
+                buf = self.buffers[self.owner(arg)]
                 if buf.kind != "temp" or buf.id in assigned:
                     continue
                 need = _aligned(buf.nbytes)
-                donor = self._donor(step, index, buf, last_use, sizes)
+                donor = None if buf.id != arg else self._donor(step, index, buf, last_use, sizes)
                 if donor is not None:
                     buf.storage = donor.storage
                     assigned.add(buf.id)
@@ -127,11 +202,18 @@ class Plan:
                 buf.storage = slot
                 assigned.add(buf.id)
             for arg in set(step.args):
-                root = self.buffers[self.root(arg)]
+                root = self.buffers[self.owner(arg)]
                 if root.kind == "temp" and last_use.get(root.id, index) <= index:
                     if root.storage is not None and root.storage not in free:
                         free.append(root.storage)
                     last_use[root.id] = end + 1  # freed once
+        for buf in self.buffers:  # pieces: in their owner's slot, at their offset
+            if buf.kind == "temp":
+                buf.offset, piece = 0, buf
+                while piece.piece_of is not None:
+                    buf.offset += pieces[piece.id]
+                    piece = self.buffers[self.root(piece.piece_of)]
+                buf.storage = piece.storage
         self.storage_sizes = sizes
         self.storage_devices = devices
 
@@ -167,7 +249,8 @@ class Plan:
         for position in step.elementwise_inputs:
             donor = self.buffers[self.root(step.args[position])]
             if donor.kind == "temp" == output.kind and donor.storage is not None:
-                if donor.storage == output.storage and donor.id != output.id:
+                pieces = donor.piece_of is not None or output.piece_of is not None
+                if donor.storage == output.storage and donor.id != output.id and not pieces:
                     return donor.id
         return None
 
@@ -177,12 +260,14 @@ class Plan:
         until the launch before."""
         first, last = {}, {}
         for index, step in enumerate(self.steps):
+            if step.elided:
+                continue
             for arg in step.args:
-                root = self.root(arg)
+                root = self.owner(arg)
                 first.setdefault(root, index)
                 last[root] = index
         for out in self.outputs:
-            last[self.root(out)] = len(self.steps)
+            last[self.owner(out)] = len(self.steps)
         for index in range(len(self.steps)):
             donor = self.written_over(index)
             if donor is not None:

@@ -10,7 +10,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from edgecv.lowering import lower
-from edgecv.lowering.in_place import elementwise_inputs
+from edgecv.lowering.in_place import concat_pieces, elementwise_inputs
 
 N, K = 8, 16
 
@@ -111,3 +111,108 @@ def test_the_plan_writes_a_residual_add_over_its_shortcut_where_it_dies(later):
     assert plan.buffers[shortcut].id == plan.steps[0].args[-1]  # the first conv's output
     shared = plan.buffers[shortcut].storage == plan.buffers[out].storage
     assert shared is not later
+
+
+# -- concatenations written in place ------------------------------------------------
+
+
+def concat_module(shape=(1, 4, 8, 8), axis=1, fused=False, later=False, twice=False):
+    """Three kernels of different kinds (a conv, a pool, a conv of 3 outputs) joined by
+    a concat; ``fused``: the input doubled instead of the last conv (computed in the
+    concat's kernel); ``later``: the
+    pool's output read again after the concat; ``twice``: the concat's output joined
+    again with the input's conv (a concat of a concat)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("data", relax.TensorType(shape, "float32"))
+    rng = np.random.RandomState(0)
+    c = shape[1]
+    w1 = relax.const(rng.normal(size=(2, c, 1, 1)).astype(np.float32))
+    w3 = relax.const(rng.normal(size=(3, c, 3, 3)).astype(np.float32))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.conv2d(x, w1))
+            b = bb.emit(relax.op.nn.max_pool2d(x, (3, 3), padding=1))
+            d = bb.emit(relax.op.nn.conv2d(x, w3, padding=1))
+            if fused:  # an input scaled on the way: FuseOps puts it in the concat's kernel
+                d = bb.emit(relax.op.multiply(x, relax.const(2.0)))
+            y = bb.emit(relax.op.concat([a, b, d], axis=axis))
+            if later:
+                y = bb.emit(relax.op.add(relax.op.sum(y), relax.op.sum(b)))
+            gv = bb.emit_output(y)
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def concat_kernel(lowered):
+    return next(f for gv, f in lowered.kernels.functions.items() if "concat" in gv.name_hint)
+
+
+def test_a_channel_concat_of_batch_one_gives_each_input_its_byte_offset():
+    # 2, 4 and 3 channels of 8x8 floats
+    assert concat_pieces(concat_kernel(lower(concat_module()))) == [0, 512, 1536]
+
+
+def pools_concat(axis, shape=(1, 4, 6, 6)):
+    bb = relax.BlockBuilder()
+    x = relax.Var("data", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.max_pool2d(x, (3, 3), padding=1))
+            b = bb.emit(relax.op.nn.avg_pool2d(x, (3, 3), padding=1))
+            gv = bb.emit_output(relax.op.concat([a, b], axis=axis))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def test_a_concat_along_rows_of_a_map_of_one_channel_gives_offsets():
+    assert concat_pieces(concat_kernel(lower(pools_concat(2, (1, 1, 6, 6))))) == [0, 144]
+
+
+@pytest.mark.parametrize(
+    "module",
+    [lambda: concat_module(shape=(2, 4, 6, 6)), lambda: pools_concat(2),
+     lambda: concat_module(fused=True)],
+    ids=["batch-2", "rows-of-4-channels", "relu-fused-in"],
+)  # fmt: skip
+def test_a_concat_of_scattered_pieces_or_computing_more_gives_none(module):
+    assert concat_pieces(concat_kernel(lower(module()))) == []
+
+
+def test_a_kernel_that_is_no_concat_gives_none():
+    assert concat_pieces(residual_func(lambda s, i, j: s[i, j])) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, elided",
+    [({}, True), ({"later": True}, True), ({"shape": (1, 4, 6, 6)}, False)],
+    ids=["concat", "input-read-after", "unaligned-offsets"],
+)
+def test_a_plan_with_its_concat_written_in_place_computes_what_relax_computes(kwargs, elided):
+    """The kernels (LLVM, unscheduled) run by the executor over the memory plan,
+    against Relax's own VM on the same module. 6x6 maps put the second input 288 bytes
+    in: not 64-byte aligned, so that concat runs."""
+    import tvm
+
+    from edgecv.runtime.cpu import CPUBackend
+    from edgecv.runtime.executor import Executor
+
+    module = concat_module(**kwargs)
+    lowered = lower(module)
+    plan = lowered.plan
+    (concat,) = [s for s in plan.steps if s.pieces]
+    assert concat.elided is elided
+    out = plan.buffers[concat.args[-1]]
+    for arg, offset in zip(concat.args[:-1], concat.pieces, strict=True):
+        piece = plan.buffers[arg]
+        assert (piece.piece_of, piece.storage) == (
+            (out.id, out.storage) if elided else (None, piece.storage)
+        )
+        assert piece.offset == (out.offset + offset if elided else 0)
+    executor = Executor(
+        plan, CPUBackend(tvm.compile(lowered.kernels, target="llvm")), lowered.constants
+    )
+    assert executor.num_launches == len(plan.steps) - elided
+    x = np.random.RandomState(0).normal(size=kwargs.get("shape", (1, 4, 8, 8))).astype(np.float32)
+    vm = relax.VirtualMachine(tvm.compile(module, target="llvm"), tvm.cpu())
+    want = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_array_equal(executor.run([x])[0], want)

@@ -14,7 +14,10 @@ of the output is written after every read of element ``i`` of the input.
 
 from __future__ import annotations
 
-from tvm import s_tir, tirx
+import math
+
+from tvm import ir, s_tir, tirx
+from tvm.sym.analyzer import Analyzer
 
 _DATA_PARALLEL = 0  # IterVar.iter_type of a spatial axis
 
@@ -113,3 +116,68 @@ def _equal(a, b) -> bool:
 
 def _is_const(expr, value: int) -> bool:
     return isinstance(expr, tirx.IntImm) and expr.value == value
+
+
+def concat_pieces(func: tirx.PrimFunc) -> list[int]:
+    """Byte offsets of each input of ``func`` in its output, where ``func`` is a
+    concatenation of its inputs (in parameter order) along one axis and each input is
+    one contiguous range of the output's bytes (every axis before the concatenated one
+    of extent 1: batch 1, NCHW or NCHW[x]c along channels); else ``[]``.
+
+    Such a kernel need not run: its producers can write their outputs straight into
+    their ranges of its output (:meth:`~edgecv.package_format.Plan.plan_memory`). It is
+    recognized by what it computes, not by its name: one spatial block writing the
+    output at its iterators, whose value, with the concatenated iterator confined to an
+    input's range, simplifies to that input read at the shifted iterator.
+    """
+    params = list(func.params)
+    if len(params) < 3 or any(not getattr(p, "shape", None) for p in params):
+        return []
+    *inputs, output = params
+    try:
+        sch = s_tir.Schedule(func)
+        children = sch.get_child_blocks(sch.get_sblock("root"))
+    except s_tir.ScheduleError:
+        return []
+    if len(children) != 1 or sch.get_child_blocks(children[0]):
+        return []
+    block = sch.get(children[0])
+    shapes = [[int(d) if isinstance(d, tirx.IntImm) else None for d in p.shape] for p in params]
+    out_shape = shapes[-1]
+    if None in out_shape or any(len(s) != len(out_shape) for s in shapes):
+        return []
+    if any(p.dtype != output.dtype for p in inputs):
+        return []
+    differing = {
+        i for s in shapes[:-1] for i, (d, o) in enumerate(zip(s, out_shape, strict=True)) if d != o
+    }
+    axis = min(differing) if differing else 0
+    if len(differing) > 1 or any(d != 1 for d in out_shape[:axis]):
+        return []
+    if sum(s[axis] for s in shapes[:-1]) != out_shape[axis]:
+        return []
+    if _identity_write(block, output) is None or len(block.reads) != len(inputs):
+        return []
+    iters = [it.var for it in block.iter_vars]
+    row_bytes = output.dtype.bits // 8 * math.prod(out_shape[axis + 1 :])
+    offsets, start = [], 0
+    for buffer, shape in zip(inputs, shapes[:-1], strict=True):
+        analyzer = Analyzer()
+        for i, (var, extent) in enumerate(zip(iters, out_shape, strict=True)):
+            low, size = (start, shape[axis]) if i == axis else (0, extent)
+            analyzer.bind(var, ir.Range.from_min_extent(
+                tirx.IntImm(str(var.ty), low), tirx.IntImm(str(var.ty), size)))  # fmt: skip
+        value = analyzer.simplify(block.body.value)
+        want = [v - start if i == axis else v for i, v in enumerate(iters)]
+        if not (
+            isinstance(value, ir.expr.TensorLoad)
+            and value.source.same_as(buffer)
+            and all(
+                analyzer.can_prove_equal(got, expected)
+                for got, expected in zip(value.indices, want, strict=True)
+            )
+        ):
+            return []
+        offsets.append(start * row_bytes)
+        start += shape[axis]
+    return offsets

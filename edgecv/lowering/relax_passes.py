@@ -23,7 +23,7 @@ import tvm
 from tvm import relax
 
 from ..package_format import Plan
-from .in_place import elementwise_inputs
+from .in_place import concat_pieces, elementwise_inputs
 from .plan_extraction import extract_plan
 
 log = logging.getLogger(__name__)
@@ -122,8 +122,10 @@ def lower(mod: tvm.IRModule, winograd: dict | None = None) -> Lowered:
     )
     plan, constants = extract_plan(mod["main"])
     writable = {gv.name_hint: elementwise_inputs(func) for gv, func in kernels.functions.items()}
+    pieces = {gv.name_hint: concat_pieces(func) for gv, func in kernels.functions.items()}
     for step in plan.steps:
         step.elementwise_inputs = writable.get(step.kernel, [])
+        step.pieces = pieces.get(step.kernel, [])
     plan.plan_memory()
     kernel_ops = {
         gv.name_hint: groups.get(gv.name_hint, [op_name(gv.name_hint)]) for gv in kernels.functions

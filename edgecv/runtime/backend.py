@@ -17,8 +17,9 @@ class Backend:
         """A device allocation of ``nbytes`` bytes (a storage slot)."""
         raise NotImplementedError("need alloc")
 
-    def view(self, storage: Any, shape: tuple[int, ...], dtype: str) -> Any:
-        """A tensor of ``shape``/``dtype`` over the first bytes of ``storage``."""
+    def view(self, storage: Any, shape: tuple[int, ...], dtype: str, offset: int = 0) -> Any:
+        """A tensor of ``shape``/``dtype`` over the bytes of ``storage`` from ``offset``
+        (a multiple of the device's :data:`~edgecv.package_format.PIECE_ALIGNMENT`)."""
         raise NotImplementedError("need view")
 
     def upload(self, tensor: Any, array: np.ndarray) -> None:

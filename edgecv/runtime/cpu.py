@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -39,8 +40,15 @@ class CPUBackend(Backend):
     def alloc(self, nbytes: int) -> tvm.runtime.Tensor:
         return tvm.runtime.empty((nbytes,), "uint8", self.device)
 
-    def view(self, storage: tvm.runtime.Tensor, shape: tuple[int, ...], dtype: str):
-        return storage._create_view(tuple(shape), dtype)
+    def view(self, storage: tvm.runtime.Tensor, shape: tuple[int, ...], dtype: str, offset=0):
+        if not offset:
+            return storage._create_view(tuple(shape), dtype)
+        # TVM's kernels take tensors whose data starts at their pointer (a view with a
+        # byte offset is refused): one over the bytes from ``offset``, sharing them.
+        # The caller keeps ``storage`` alive (the executor holds its slots).
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        raw = (ctypes.c_byte * nbytes).from_address(storage.data_ptr() + offset)
+        return tvm.runtime.from_dlpack(np.frombuffer(raw, dtype=dtype).reshape(shape))
 
     def upload(self, tensor: tvm.runtime.Tensor, array: np.ndarray) -> None:
         tensor.copyfrom(np.ascontiguousarray(array, dtype=tensor.dtype))

@@ -204,8 +204,8 @@ class CUDABackend(Backend):
         self.allocated_bytes += max(nbytes, 4)
         return CudaTensor(pointer.value, (max(nbytes, 4),), "uint8")
 
-    def view(self, storage: CudaTensor, shape: tuple[int, ...], dtype: str) -> CudaTensor:
-        return CudaTensor(storage.pointer, tuple(shape), dtype)
+    def view(self, storage: CudaTensor, shape: tuple[int, ...], dtype: str, offset=0):
+        return CudaTensor(storage.pointer + offset, tuple(shape), dtype)
 
     def upload(self, tensor: CudaTensor, array: np.ndarray) -> None:
         data = np.ascontiguousarray(array, dtype=tensor.dtype)

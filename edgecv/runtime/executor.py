@@ -47,12 +47,14 @@ class Executor:
             backends[device].alloc(size)
             for size, device in zip(plan.storage_sizes, slot_devices, strict=True)
         ]
+        self._slots = slots  # views of pieces need their slot kept alive
         tensors: list = [None] * len(plan.buffers)
         self.allocated_bytes = sum(plan.storage_sizes)
         for buf in plan.buffers:
             backend = backends[buf.device]
             if buf.kind == "temp":
-                tensors[buf.id] = backend.view(slots[buf.storage], buf.shape, buf.dtype)
+                slot = slots[buf.storage]
+                tensors[buf.id] = backend.view(slot, buf.shape, buf.dtype, buf.offset)
             elif buf.kind in ("input", "const"):
                 storage = backend.alloc(max(buf.nbytes, 1))
                 self.allocated_bytes += max(buf.nbytes, 1)
@@ -62,15 +64,21 @@ class Executor:
         for buf in plan.buffers:  # views come after the buffer they view, in id order
             if buf.kind == "view":
                 root = plan.buffers[plan.root(buf.id)]
-                slot = slots[root.storage] if root.kind == "temp" else None
-                base = slot if slot is not None else _storage_of(tensors, root.id)
-                tensors[buf.id] = backends[buf.device].view(base, buf.shape, buf.dtype)
+                backend = backends[buf.device]
+                if root.kind == "temp":
+                    view = backend.view(slots[root.storage], buf.shape, buf.dtype, root.offset)
+                else:
+                    view = backend.view(tensors[root.id], buf.shape, buf.dtype)
+                tensors[buf.id] = view
         self._tensors = tensors
+        # one entry per step (None for an elided one: its inputs were written in place)
         self._launches = [
-            self._bind_copy(step) if step.kind == "copy"
+            None if step.elided
+            else self._bind_copy(step) if step.kind == "copy"
             else backends[step.device].bind(step.kernel, [tensors[a] for a in step.args])
             for step in plan.steps
         ]  # fmt: skip
+        self._calls = [launch for launch in self._launches if launch is not None]
 
     def _bind_copy(self, step) -> Callable[[], None]:
         source, destination = (self.plan.buffers[a] for a in step.args)
@@ -85,7 +93,7 @@ class Executor:
 
     @property
     def num_launches(self) -> int:
-        return len(self._launches)
+        return len(self._calls)
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run one inference on arrays in the plan's input order; return the outputs."""
@@ -102,7 +110,7 @@ class Executor:
                 )
             backend = self.backends[buf.device]
             backend.upload(self._tensors[buffer_id], array.astype(buf.dtype, copy=False))
-        for launch in self._launches:
+        for launch in self._calls:
             launch()
         for backend in set(self.backends.values()):
             backend.synchronize()
@@ -110,7 +118,3 @@ class Executor:
             self.backends[self.plan.buffers[o].device].download(self._tensors[o])
             for o in self.plan.outputs
         ]
-
-
-def _storage_of(tensors: list, buffer_id: int):
-    return tensors[buffer_id]

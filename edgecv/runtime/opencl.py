@@ -173,8 +173,11 @@ class OpenCLBackend(Backend):
         finally:
             self.allocated_bytes = before
 
-    def view(self, storage, shape: tuple[int, ...], dtype: str) -> CLTensor:
+    def view(self, storage, shape: tuple[int, ...], dtype: str, offset: int = 0) -> CLTensor:
         buffer = storage.buffer if isinstance(storage, CLTensor) else storage
+        if offset:  # a piece of a concatenation's output: a sub-buffer from its offset
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            buffer = buffer.get_sub_region(offset, max(nbytes, 4))
         return CLTensor(buffer, tuple(shape), dtype)
 
     def upload(self, tensor: CLTensor, array: np.ndarray) -> None:

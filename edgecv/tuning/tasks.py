@@ -92,10 +92,11 @@ def extract_tasks(mod: tvm.IRModule, profile: Profile, winograd: dict | None = N
         kernels = OpVersions().replace(kernels, target, profile.intel_subgroup_size)
     functions = {gv.name_hint: f for gv, f in kernels.functions.items()}
     counts: dict[str, int] = {}
-    for step in lowered.plan.steps:
+    steps = [step for step in lowered.plan.steps if not step.elided]  # elided: never run
+    for step in steps:
         counts[step.kernel] = counts.get(step.kernel, 0) + 1
     tasks: dict[int, Task] = {}
-    for step in lowered.plan.steps:
+    for step in steps:
         func = functions.get(step.kernel)
         if func is None or not isinstance(func, tirx.PrimFunc) or _written_scheduled(func):
             continue
