@@ -69,9 +69,9 @@ class Step:
 
 
 # A concatenation's input is written in place only at an offset that is a multiple of
-# its device's alignment here: TVM's CPU kernels take 64-byte aligned tensors; an OpenCL
-# sub-buffer starts at the device's base address alignment (1024 bits on Intel graphics
-# and Mali, 4096 on NVIDIA's), a CUDA kernel's vector loads need 16 bytes.
+# its device's alignment (bytes): TVM's CPU kernels take 64-byte aligned tensors; an
+# OpenCL sub-buffer starts at the device's base address alignment (1024 bits on Intel
+# graphics and Mali, 4096 on NVIDIA's; a profile may say, see Profile.piece_alignments).
 PIECE_ALIGNMENT = {"cpu": 64, "gpu": 512}
 
 
@@ -102,7 +102,7 @@ class Plan:
             buf = self.buffers[self.root(buf.piece_of)]
         return buf.id
 
-    def _write_pieces_in_place(self) -> dict[int, int]:
+    def _write_pieces_in_place(self, alignments: dict[str, int]) -> dict[int, int]:
         """Decide which concatenations need not run: those whose every input is a temp
         buffer written by a kernel launch on the concatenation's device, at an aligned
         offset, and a piece of no other. Such inputs become pieces of the output (each
@@ -127,7 +127,7 @@ class Plan:
                 or output.kind != "temp"
                 or len(step.pieces) != len(inputs)
                 or len(set(roots)) != len(roots)
-                or any(offset % PIECE_ALIGNMENT[step.device] for offset in step.pieces)
+                or any(offset % alignments[step.device] for offset in step.pieces)
             ):
                 continue
             if all(
@@ -144,7 +144,7 @@ class Plan:
                 step.elided = True
         return pieces
 
-    def plan_memory(self) -> None:
+    def plan_memory(self, alignments: dict[str, int] | None = None) -> None:
         """Assign every temp buffer a storage slot, reusing slots of dead buffers.
 
         Liveness runs over launches: a buffer is live from the step that writes it to
@@ -156,9 +156,11 @@ class Plan:
         in place, as the input's cache lines are still hot, not into a fresh slot.
         Concatenations whose inputs can be written straight into their output are elided
         first: each input (a piece) lives in the output's slot at its offset, and that
-        slot from the first piece's launch to the last read of the output or a piece.
+        slot from the first piece's launch to the last read of the output or a piece,
+        where the input's offset is a multiple of its device's ``alignments`` (bytes,
+        default :data:`PIECE_ALIGNMENT`).
         """
-        pieces = self._write_pieces_in_place()
+        pieces = self._write_pieces_in_place(alignments or PIECE_ALIGNMENT)
         last_use: dict[int, int] = {}
         end = len(self.steps)
         for index, step in enumerate(self.steps):

@@ -16,6 +16,7 @@ from typing import Any
 import tvm
 
 from .errors import ProfileError, foreign_message
+from .package_format import PIECE_ALIGNMENT
 
 # Backends this build of edgecv can deploy for.
 AVAILABLE_RUNTIMES = ("cpu", "opencl", "cuda")
@@ -70,6 +71,20 @@ class Profile:
                 f"intel_subgroups is true, found {size!r}"
             )
         return size
+
+    @property
+    def piece_alignments(self) -> dict[str, int]:
+        """Bytes at which an input of a concatenation may start inside its output on each
+        device of the plan (:meth:`~edgecv.package_format.Plan.plan_memory`): on an
+        OpenCL device its base address alignment, ``gpu.mem_base_addr_align_bits`` (a
+        sub-buffer must start there), else 4096 bits, the largest seen (NVIDIA's)."""
+        bits = self.raw.get("gpu", {}).get("mem_base_addr_align_bits", 4096)
+        if not isinstance(bits, int) or bits < 512 or bits & (bits - 1):
+            raise ValueError(
+                f"profile {self.name}: gpu.mem_base_addr_align_bits must be a power of two "
+                f">= 512 (OpenCL's CL_DEVICE_MEM_BASE_ADDR_ALIGN), found {bits!r}"
+            )
+        return {**PIECE_ALIGNMENT, "gpu": bits // 8}
 
     @property
     def available(self) -> bool:
@@ -150,6 +165,7 @@ def check_profile(profile: Profile) -> None:
         profile.tvm_target()
         profile.host_target()
         profile.intel_subgroup_size  # noqa: B018  (validates gpu.subgroup_size)
+        profile.piece_alignments  # noqa: B018  (validates gpu.mem_base_addr_align_bits)
     except Exception as err:  # TVM raises ValueError/TVMError on bad target fields
         raise ProfileError(
             f"device profile `{profile.name}` is malformed: {foreign_message(err)}; fix its "

@@ -123,6 +123,29 @@ def test_first_device_that_builds_is_used():
             assert "pthread" in str(err) and "build" in str(err)
 
 
+def test_a_view_at_an_offset_is_a_sub_buffer_and_a_misaligned_one_a_clear_error():
+    """Pieces of a concatenation written in place: a kernel writing a view 128 bytes
+    into a buffer writes those bytes of it; 64 bytes in is below Intel's runtime's base
+    address alignment (1024 bits): the package cannot run there, said plainly."""
+    from edgecv.errors import PackageError
+
+    device_or_skip("intel(r) opencl")
+    source = "__kernel void f(__global float* y) { y[get_global_id(0)] = 7.0f; }"
+    backend = OpenCLBackend("intel", source, {})
+    slot = backend.alloc(256)
+    whole = backend.view(slot, (64,), "float32")
+    backend.upload(whole, np.zeros(64, np.float32))
+    piece = backend.view(slot, (4,), "float32", offset=128)
+    kernel = backend.cl.Kernel(backend.program, "f")
+    kernel.set_arg(0, piece.buffer)
+    backend.cl.enqueue_nd_range_kernel(backend.queue, kernel, (4,), None)
+    expected = np.zeros(64, np.float32)
+    expected[32:36] = 7.0
+    np.testing.assert_array_equal(backend.download(whole), expected)
+    with pytest.raises(PackageError, match="multiples of 128 bytes"):
+        backend.view(slot, (4,), "float32", offset=64)
+
+
 def test_second_start_loads_the_program_from_the_binary_cache(tmp_path, monkeypatch):
     from edgecv.runtime import kernel_cache
 

@@ -35,8 +35,11 @@ class Copy:
         return f"{self.from_device}->{self.to_device} {shape} {self.dtype} ({self.nbytes:,} bytes)"
 
 
-def insert_copies(plan: Plan, placement: Placement) -> tuple[Plan, list[Copy]]:
-    """A new plan with devices on every step and buffer, and the copies it needed."""
+def insert_copies(
+    plan: Plan, placement: Placement, alignments: dict[str, int] | None = None
+) -> tuple[Plan, list[Copy]]:
+    """A new plan with devices on every step and buffer, and the copies it needed;
+    memory planned with the devices' ``alignments`` (see :meth:`Plan.plan_memory`)."""
     buffers = [replace(b, storage=None) for b in plan.buffers]
     steps = [replace(s, device=d) for s, d in zip(plan.steps, placement.devices, strict=True)]
 
@@ -89,5 +92,5 @@ def insert_copies(plan: Plan, placement: Placement) -> tuple[Plan, list[Copy]]:
             args[position] = made[key]
         new_steps.append(replace(step, args=args))
     result = Plan(buffers, new_steps, list(plan.inputs), list(plan.outputs))
-    result.plan_memory()
+    result.plan_memory(alignments)
     return result, copies

@@ -104,7 +104,7 @@ def copies_and_cpu_kernels(
 ) -> tuple[Plan, dict, object]:
     """Insert the device copies; compile the CPU launches for the profile's host CPU.
     Returns the plan, the placement facts and how to write the CPU library (or None)."""
-    plan, copies = insert_copies(lowered.plan, placement)
+    plan, copies = insert_copies(lowered.plan, placement, profile.piece_alignments)
     progress(
         f"placement: {placement.on('gpu')} launches on the GPU, {placement.on('cpu')} on the "
         f"CPU, {len(copies)} device copies ({sum(c.nbytes for c in copies):,} bytes per run)"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import EdgecvError
+from ..errors import EdgecvError, PackageError
 from ..package_format import Launch
 from . import kernel_cache
 from .backend import Backend
@@ -176,6 +176,14 @@ class OpenCLBackend(Backend):
     def view(self, storage, shape: tuple[int, ...], dtype: str, offset: int = 0) -> CLTensor:
         buffer = storage.buffer if isinstance(storage, CLTensor) else storage
         if offset:  # a piece of a concatenation's output: a sub-buffer from its offset
+            align = self.device.mem_base_addr_align // 8
+            if offset % align:
+                raise PackageError(
+                    f"the package places a tensor {offset} bytes into a buffer, but "
+                    f"{self.label} starts sub-buffers only at multiples of {align} bytes: "
+                    f"deploy for this device (`--device local`) or set the profile's "
+                    f"gpu.mem_base_addr_align_bits to {align * 8}"
+                )
             nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
             buffer = buffer.get_sub_region(offset, max(nbytes, 4))
         return CLTensor(buffer, tuple(shape), dtype)

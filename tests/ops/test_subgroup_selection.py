@@ -40,6 +40,17 @@ def test_a_bad_subgroup_size_in_a_profile_is_named(tmp_path):
         load_profile(path)
 
 
+def test_profiles_say_where_a_concat_input_may_start_on_their_gpu(tmp_path):
+    assert load_profile("deeplens").piece_alignments == {"cpu": 64, "gpu": 128}
+    assert load_profile("jetson_nano").piece_alignments["gpu"] == 512  # not said: 4096 bits
+    raw = json.loads(json.dumps(load_profile("aisage").raw))
+    raw["gpu"]["mem_base_addr_align_bits"] = 1000
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ProfileError, match="mem_base_addr_align_bits must be a power of two"):
+        load_profile(path)
+
+
 def test_subgroup_variant_only_when_asked_and_on_opencl():
     func = tagged_box_nms()
     deeplens = load_profile("deeplens").tvm_target()
