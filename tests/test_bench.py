@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -133,3 +135,33 @@ def test_detector_agreement_ignores_the_order_of_tied_scores():
     other_top = [a.copy() for a in ref]
     other_top[0][0, 0, 0] = 4
     assert agreement(other_top, ref, detection=True)["same_top1"] is False
+
+
+def test_an_openvino_baseline_leaves_intels_opencl_runtime_loadable(tmp_path):
+    """OpenVINO's wheel bundles an older TBB than Intel's CPU OpenCL runtime needs; a
+    process that made an OpenVINO baseline must still find that runtime (a deeplens
+    package benchmarked after a cpu one). In a fresh process: nothing loaded before."""
+    if importlib.util.find_spec("openvino") is None:  # not imported here: see above
+        pytest.skip("OpenVINO is not installed (pip install 'edgecv[bench]')")
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from edgecv.runtime.opencl_devices import opencl_devices
+
+    if not any(d.matches("intel(r) opencl") for d in opencl_devices()):
+        pytest.skip("Intel's CPU OpenCL runtime is not installed")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y])
+    path = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    script = (
+        "from pathlib import Path\n"
+        "from edgecv.bench.baselines import openvino_baseline\n"
+        "from edgecv.runtime.opencl_devices import opencl_devices\n"
+        f"openvino_baseline(Path({str(path)!r}))\n"
+        "print(sorted(d.label for d in opencl_devices()))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "Intel(R) OpenCL" in result.stdout, result.stdout

@@ -121,7 +121,22 @@ def onnxruntime_baseline(onnx_path: Path) -> Baseline:
     return Baseline("onnxruntime", ort.__version__, run, time.perf_counter() - start)
 
 
+def _open_opencl_runtimes_first() -> None:
+    """Load the OpenCL runtimes before OpenVINO: its wheel bundles an older TBB, and once
+    that is in the process Intel's CPU OpenCL runtime no longer loads (an undefined TBB
+    symbol; the ICD loader skips it quietly), so an OpenCL package benchmarked or
+    deployed after an OpenVINO baseline would not find its device. Loaded first, the
+    runtime's newer TBB serves both."""
+    from ..runtime.opencl_devices import opencl_devices
+
+    try:
+        opencl_devices()
+    except ImportError:  # no pyopencl: nothing to protect
+        pass
+
+
 def openvino_baseline(onnx_path: Path) -> Baseline:
+    _open_opencl_runtimes_first()
     ov = _module("openvino", "pip install 'edgecv[bench]'")
     start = time.perf_counter()
     config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": pool_threads()}
