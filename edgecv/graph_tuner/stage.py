@@ -49,11 +49,12 @@ def packings_for(profile: Profile) -> list[str]:
 
 
 def winograd_sides(profile: Profile) -> tuple[int, ...]:
-    """The Winograd tiles the graph tuner offers packed 3x3 convolutions: on CPUs, whose
-    rules schedule them (:mod:`edgecv.schedules.cpu.winograd`); none on GPUs yet."""
+    """The Winograd tiles the graph tuner offers packed 3x3 convolutions, measured
+    beside the direct ones on the device: every device's rules schedule them
+    (:mod:`edgecv.schedules.cpu.winograd`, :mod:`edgecv.schedules.gpu.winograd`)."""
     from .winograd import SIDES
 
-    return SIDES if profile.runtime == "cpu" else ()
+    return SIDES
 
 
 def winograd_plan(facts: dict) -> dict:

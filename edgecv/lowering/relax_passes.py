@@ -106,7 +106,7 @@ MAX_FUSION_DEPTH = 16
 def lower(mod: tvm.IRModule, winograd: dict | None = None) -> Lowered:
     """Run the Relax passes and extract the static plan (target independent but for
     ``winograd``: the packed convolutions the graph tuner chose to run by Winograd's
-    algorithm, which only CPU rules schedule; see :func:`fusion_passes`)."""
+    algorithm; see :func:`fusion_passes`)."""
     start = time.perf_counter()
     with tvm.transform.PassContext(config={"relax.FuseOps.max_depth": MAX_FUSION_DEPTH}):
         mod = fusion_passes(winograd)(mod)

