@@ -17,10 +17,12 @@ SCHEDULES = Path(__file__).parent
 
 def rules_fingerprint(gpu: bool, schedules: Path = SCHEDULES) -> str:
     """A hash of the source of ``edgecv/schedules/gpu`` (OpenCL, CUDA) or
-    ``edgecv/schedules/cpu`` (``schedules``: another copy of the folder, for tests)."""
+    ``edgecv/schedules/cpu``, each with ``edgecv/schedules/common`` (what both use;
+    ``schedules``: another copy of the folder, for tests)."""
     digest = hashlib.sha256()
-    for path in sorted((schedules / ("gpu" if gpu else "cpu")).glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for folder in ("gpu" if gpu else "cpu", "common"):
+        for path in sorted((schedules / folder).glob("*.py")):
+            digest.update(f"{folder}/{path.name}".encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -19,16 +19,9 @@ from tvm import s_tir
 from tvm.s_tir import dlight
 from tvm.s_tir.schedule import SBlockRV
 
+from ..common.winograd import GEMM, INPUT, INPUT_ROWS, NAMES, OUTPUT, OUTPUT_COLS, take_epilogue
 from .conv2d_packed import _vector, _vector_lanes, schedule_conv2d_nchwc
 from .loop_nest import NotApplicable, Simd, extent, unroll
-
-# The block names of edgecv.graph_tuner.winograd (not imported: rules stay free of the
-# graph tuner).
-INPUT_ROWS = "winograd_input_rows"
-INPUT = "winograd_input"
-GEMM = "winograd_gemm"
-OUTPUT_COLS = "winograd_output_cols"
-OUTPUT = "winograd_output"
 
 
 class Winograd(dlight.ScheduleRule):
@@ -38,23 +31,12 @@ class Winograd(dlight.ScheduleRule):
         sch = s_tir.Schedule(func)
         blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
         names = [sch.get(b).name_hint for b in blocks]
-        if any(name not in names for name in (INPUT_ROWS, INPUT, GEMM, OUTPUT_COLS, OUTPUT)):
+        if any(name not in names for name in NAMES):
             return None
         simd = Simd.of(target)
-        at = names.index(OUTPUT)
-        shape = [int(d) for d in sch.get(blocks[at]).writes[0].source.shape]
-        epilogue = []
-        for block in blocks[at + 1 :]:
-            if [int(d) for d in sch.get(block).writes[0].source.shape] != shape:
-                return None  # a reshaping consumer: not this rule's kernel
-            epilogue.append(block)
         try:
-            # one epilogue nest (as the one-reduction rules make it), applied to each
-            # output pixel as the output transform writes it
-            for block in epilogue[:-1]:
-                sch.compute_inline(block)
-            if epilogue:
-                sch.reverse_compute_inline(epilogue[-1])
+            if not take_epilogue(sch, blocks, names):
+                return None
             gemm = sch.get_sblock(GEMM)
             side = _side(sch, gemm)
             schedule_conv2d_nchwc(sch, gemm, None, simd, pad_rows=False)

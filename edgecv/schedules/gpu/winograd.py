@@ -21,16 +21,10 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
+from ..common.winograd import GEMM, INPUT, INPUT_ROWS, NAMES, OUTPUT, OUTPUT_COLS, take_epilogue
 from .base import GPURule, extent, max_threads, work_items
 from .conv2d_packed import schedule_tile
 
-# The block names of edgecv.graph_tuner.winograd (not imported: rules stay free of the
-# graph tuner).
-INPUT_ROWS = "winograd_input_rows"
-INPUT = "winograd_input"
-GEMM = "winograd_gemm"
-OUTPUT_COLS = "winograd_output_cols"
-OUTPUT = "winograd_output"
 GROUP = 128  # work-items per group (at most) in the transforms
 
 
@@ -43,17 +37,8 @@ class Winograd(GPURule):
             return None
         sch, found, _ = started
         names = [sch.get(b).name_hint for b in found]
-        if any(name not in names for name in (INPUT_ROWS, INPUT, GEMM, OUTPUT_COLS, OUTPUT)):
+        if any(name not in names for name in NAMES) or not take_epilogue(sch, found, names):
             return None
-        at = names.index(OUTPUT)
-        shape = [int(d) for d in sch.get(found[at]).writes[0].source.shape]
-        epilogue = found[at + 1 :]
-        if any([int(d) for d in sch.get(b).writes[0].source.shape] != shape for b in epilogue):
-            return None  # a reshaping consumer: not this rule's kernel
-        for block in epilogue[:-1]:
-            sch.compute_inline(block)
-        if epilogue:
-            sch.reverse_compute_inline(epilogue[-1])
         for block in found[: names.index(INPUT_ROWS)]:  # the padding: read in place
             sch.compute_inline(block)
         limit = min(max_threads(target), GROUP)

@@ -1,0 +1,1 @@
+"""What the CPU and GPU rules share (both rule fingerprints cover this folder)."""
