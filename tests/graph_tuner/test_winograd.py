@@ -100,26 +100,28 @@ def test_the_kernel_matches_a_numpy_convolution(
 @pytest.mark.parametrize(
     "device", ["intel", pytest.param("pocl", marks=needs_pocl())], ids=["intel", "pocl"]
 )
+@pytest.mark.parametrize("profile, block", [("deeplens", 16), ("aisage", 4)])
 @pytest.mark.parametrize("side", winograd.SIDES)
 @CASES
 def test_the_gpu_rule_matches_a_numpy_convolution_on_opencl(
-    device, side, batch, channels, outputs, height, width, pad, leaky
+    device, profile, block, side, batch, channels, outputs, height, width, pad, leaky
 ):
-    """The same kernels in ``NCHW16c`` (deeplens' subgroup packing) scheduled by the GPU
-    Winograd rule: three launches, the transformed input and the products in device
-    workspaces, the padding read in place, predicated tiles at uneven edges."""
+    """The same kernels in the profiles' packings (deeplens' 16-wide subgroups, Mali's
+    float4) scheduled by the GPU Winograd rule: three launches, the transformed input and
+    the products in device workspaces, the padding read in place, predicated tiles at
+    uneven edges."""
     from ops.kernels import run_opencl
 
     from edgecv.schedules.gpu import Winograd as GPUWinograd
 
-    func, args, shape, expected = winograd_case(
-        side, batch, 2 * channels, 2 * outputs, height, width, pad, leaky, block=16
+    func, args, shape, expected = winograd_case(  # the cases' channels are for 8 lanes
+        side, batch, channels * block // 8, outputs * block // 8, height, width, pad, leaky, block
     )
-    scheduled = GPUWinograd().apply(func, load_profile("deeplens").tvm_target(), False)
+    scheduled = GPUWinograd().apply(func, load_profile(profile).tvm_target(), False)
     assert scheduled is not None
     out = np.zeros(shape, np.float32)
-    result = run_opencl(scheduled.mod["main"], [*args, out], device=device, profile="deeplens")
-    assert_close(unpack(result[-1]), expected, f"F({side}, 3) on {device}")
+    result = run_opencl(scheduled.mod["main"], [*args, out], device=device, profile=profile)
+    assert_close(unpack(result[-1]), expected, f"F({side}, 3) for {profile} on {device}")
 
 
 def test_only_stride_1_3x3_convolutions_with_constant_weights_are_eligible():
