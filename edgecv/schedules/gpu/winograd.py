@@ -41,13 +41,13 @@ class Winograd(GPURule):
             return None
         for block in found[: names.index(INPUT_ROWS)]:  # the padding: read in place
             sch.compute_inline(block)
-        limit = min(max_threads(target), GROUP)
         gemm = sch.get_sblock(GEMM)
-        schedule_tile(sch, gemm, None, target, depthwise=False)
-        _transform(sch, sch.get_sblock(INPUT), sch.get_sblock(INPUT_ROWS), None, limit)
         side = _side(sch, gemm)
         if side is None:
             return None
+        limit = min(max_threads(target), GROUP)
+        schedule_tile(sch, gemm, None, target, depthwise=False)
+        _transform(sch, sch.get_sblock(INPUT), sch.get_sblock(INPUT_ROWS), None, limit)
         _transform(sch, sch.get_sblock(OUTPUT), sch.get_sblock(OUTPUT_COLS), side, limit)
         return sch
 
@@ -63,9 +63,9 @@ def _transform(sch: s_tir.Schedule, block, half, side: int | None, limit: int) -
     """A transform nest: work-items over its tiles (times the channel lanes), each
     computing its tile's half-transform in registers, then its positions unrolled.
 
-    The input transform's loops are ``position, channel block, tile row, tile column,
-    lane``; the output's ``n, channel block, y, x, lane``, split into tiles of
-    ``side``."""
+    The input transform (``side`` None) has loops ``position, channel block, tile row,
+    tile column, lane``; the output transform ``n, channel block, y, x, lane``, split
+    into tiles of ``side``."""
     if side is None:
         position, c, row, col, lane = sch.get_loops(block)
         sch.reorder(c, row, col, lane, position)
