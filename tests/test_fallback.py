@@ -168,7 +168,8 @@ def test_operator_left_off_the_gpu_list_runs_on_the_cpu(tmp_path, capsys):
 
 
 def test_forced_cpu_ops_give_the_same_outputs_as_all_gpu(tmp_path, exported):
-    """squeezenet with every max_pool2d forced onto the CPU vs the all-GPU package."""
+    """squeezenet with every max_pool2d forced onto the CPU vs the all-GPU package, both
+    with their concatenations written in place."""
     from test_opencl import device_or_skip
 
     from edgecv.deploy import deploy
@@ -180,8 +181,13 @@ def test_forced_cpu_ops_give_the_same_outputs_as_all_gpu(tmp_path, exported):
     gpu = deploy(symbol, tmp_path / "gpu", "deeplens", params=params, input_shape=model.input_shape)
     mixed = deploy(symbol, tmp_path / "mixed", "deeplens", params=params,
                    input_shape=model.input_shape, cpu_ops=["max_pool2d"])  # fmt: skip
-    facts = json.loads((mixed / "manifest.json").read_text())["build"]["placement"]
+    build = json.loads((mixed / "manifest.json").read_text())["build"]
+    facts = build["placement"]
     assert facts["launches"]["cpu"] == 3 and len(facts["copies"]) == 6
+    # the fire modules' 8 concatenations are written in place in both packages: their
+    # inputs (expand convolutions) stay on the GPU, at offsets of 128-byte multiples
+    gpu_build = json.loads((gpu / "manifest.json").read_text())["build"]
+    assert build["concats_in_place"] == gpu_build["concats_in_place"] == 8
     x = np.random.RandomState(2).uniform(0, 1, model.input_shape).astype(np.float32)
     all_gpu, with_cpu = load(gpu, on="intel").run(x)[0], load(mixed, on="intel").run(x)[0]
     assert_close(with_cpu, all_gpu, "max_pool2d on the CPU vs on the GPU")
