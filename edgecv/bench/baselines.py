@@ -129,10 +129,7 @@ def _open_opencl_runtimes_first() -> None:
     runtime's newer TBB serves both."""
     from ..runtime.opencl_devices import opencl_devices
 
-    try:
-        opencl_devices()
-    except ImportError:  # no pyopencl: nothing to protect
-        pass
+    opencl_devices()
 
 
 def openvino_baseline(onnx_path: Path) -> Baseline:

@@ -44,7 +44,6 @@ def profile_steps(model, x: np.ndarray, repeat: int = 5) -> list[KernelTime]:
         Sorted by time, largest first.
     """
     executor = model.executor
-    plan = executor.plan
     kernel_ops = model.manifest["build"].get("kernel_ops", {})
     gpu = executor.backends.get("gpu")
     event_based = gpu is not None and hasattr(gpu, "start_profiling")
@@ -55,9 +54,7 @@ def profile_steps(model, x: np.ndarray, repeat: int = 5) -> list[KernelTime]:
         executor.run([x])  # inputs in place; then the launches one by one
         if event_based:
             gpu.start_profiling()
-        for step, launch in zip(plan.steps, executor._launches, strict=True):
-            if launch is None:  # elided: its inputs were written in place
-                continue
+        for step, launch in zip(executor.steps, executor._launches, strict=True):
             name = step.kernel if step.kind == "kernel" else "device copy"
             device = step.device if step.kind == "kernel" else "copy"
             start = time.perf_counter()

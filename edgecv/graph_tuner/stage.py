@@ -48,15 +48,6 @@ def packings_for(profile: Profile) -> list[str]:
     return []
 
 
-def winograd_sides(profile: Profile) -> tuple[int, ...]:
-    """The Winograd tiles the graph tuner offers packed 3x3 convolutions, measured
-    beside the direct ones on the device: every device's rules schedule them
-    (:mod:`edgecv.schedules.cpu.winograd`, :mod:`edgecv.schedules.gpu.winograd`)."""
-    from .winograd import SIDES
-
-    return SIDES
-
-
 def winograd_plan(facts: dict) -> dict:
     """The ``winograd`` argument of :func:`edgecv.lowering.lower` from the facts
     :func:`choose_layouts` recorded: signature -> output tile side."""
@@ -155,9 +146,11 @@ def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule
         if meter is None and cache is None:
             return mod, {**facts, "chosen": "NCHW", "reason": why_not}
         from .measure import measure_costs
+        from .winograd import SIDES
 
-        sides = winograd_sides(profile)
-        costs = measure_costs(extracted, packings, meter, cache, progress, sides)
+        # Winograd measured beside direct on every device: the CPU and GPU rules both
+        # schedule it (edgecv.schedules.cpu.winograd, edgecv.schedules.gpu.winograd)
+        costs = measure_costs(extracted, packings, meter, cache, progress, SIDES)
         plan = solve(graph, costs)
         layouts = plan.layouts
         facts.update(_plan_facts(graph, plan, costs, packings))

@@ -22,7 +22,21 @@ from tvm.sym.analyzer import Analyzer
 _DATA_PARALLEL = 0  # IterVar.iter_type of a spatial axis
 
 
-def elementwise_inputs(func: tirx.PrimFunc) -> list[int]:
+def root_blocks(func: tirx.PrimFunc) -> list | None:
+    """The blocks directly under ``func``'s root, or None for a kernel of plain loops
+    (no blocks) or of nested blocks (what both analyses below read; ``lower`` reads them
+    once per kernel for both)."""
+    try:
+        sch = s_tir.Schedule(func)
+        children = sch.get_child_blocks(sch.get_sblock("root"))
+        if any(sch.get_child_blocks(b) for b in children):
+            return None
+        return [sch.get(b) for b in children]
+    except s_tir.ScheduleError:
+        return None
+
+
+def elementwise_inputs(func: tirx.PrimFunc, blocks: list | None = None) -> list[int]:
     """Positions of ``func``'s inputs that its single output may be written over.
 
     An input qualifies when every block reading it, and every block reading what those
@@ -30,18 +44,14 @@ def elementwise_inputs(func: tirx.PrimFunc) -> list[int]:
     (one buffer, of the same shape), and the chain ends in the output: element ``i`` of
     the input then feeds element ``i`` of the output and nothing else. The last
     parameter is the output (the memory plan asks only for kernels of one output);
-    kernels of plain loops (no blocks) or of nested blocks give none.
+    kernels of plain loops (no blocks) or of nested blocks give none. ``blocks``:
+    :func:`root_blocks` of ``func``, when the caller has them.
     """
     params = list(func.params)  # tensors, each its own buffer
     if len(params) < 2 or any(not getattr(p, "shape", None) for p in params):
         return []
-    try:
-        sch = s_tir.Schedule(func)
-        children = sch.get_child_blocks(sch.get_sblock("root"))
-        if any(sch.get_child_blocks(b) for b in children):
-            return []
-        blocks = [sch.get(b) for b in children]
-    except s_tir.ScheduleError:
+    blocks = root_blocks(func) if blocks is None else blocks
+    if not blocks:
         return []
     *inputs, output = params
     if any(r.source.same_as(output) for b in blocks for r in b.reads):
@@ -118,7 +128,7 @@ def _is_const(expr, value: int) -> bool:
     return isinstance(expr, tirx.IntImm) and expr.value == value
 
 
-def concat_pieces(func: tirx.PrimFunc) -> list[int]:
+def concat_pieces(func: tirx.PrimFunc, blocks: list | None = None) -> list[int]:
     """Byte offsets of each input of ``func`` in its output, where ``func`` is a
     concatenation of its inputs (in parameter order) along one axis and each input is
     one contiguous range of the output's bytes (every axis before the concatenated one
@@ -128,20 +138,17 @@ def concat_pieces(func: tirx.PrimFunc) -> list[int]:
     their ranges of its output (:meth:`~edgecv.package_format.Plan.plan_memory`). It is
     recognized by what it computes, not by its name: one spatial block writing the
     output at its iterators, whose value, with the concatenated iterator confined to an
-    input's range, simplifies to that input read at the shifted iterator.
+    input's range, simplifies to that input read at the shifted iterator. ``blocks``:
+    :func:`root_blocks` of ``func``, when the caller has them.
     """
     params = list(func.params)
     if len(params) < 3 or any(not getattr(p, "shape", None) for p in params):
         return []
     *inputs, output = params
-    try:
-        sch = s_tir.Schedule(func)
-        children = sch.get_child_blocks(sch.get_sblock("root"))
-    except s_tir.ScheduleError:
+    blocks = root_blocks(func) if blocks is None else blocks
+    if not blocks or len(blocks) != 1:
         return []
-    if len(children) != 1 or sch.get_child_blocks(children[0]):
-        return []
-    block = sch.get(children[0])
+    (block,) = blocks
     shapes = [[int(d) if isinstance(d, tirx.IntImm) else None for d in p.shape] for p in params]
     out_shape = shapes[-1]
     if None in out_shape or any(len(s) != len(out_shape) for s in shapes):

@@ -23,7 +23,7 @@ import tvm
 from tvm import relax
 
 from ..package_format import Plan
-from .in_place import concat_pieces, elementwise_inputs
+from .in_place import concat_pieces, elementwise_inputs, root_blocks
 from .plan_extraction import extract_plan
 
 log = logging.getLogger(__name__)
@@ -121,8 +121,11 @@ def lower(mod: tvm.IRModule, winograd: dict | None = None) -> Lowered:
         }
     )
     plan, constants = extract_plan(mod["main"])
-    writable = {gv.name_hint: elementwise_inputs(func) for gv, func in kernels.functions.items()}
-    pieces = {gv.name_hint: concat_pieces(func) for gv, func in kernels.functions.items()}
+    writable, pieces = {}, {}
+    for gv, func in kernels.functions.items():
+        blocks = root_blocks(func)
+        writable[gv.name_hint] = elementwise_inputs(func, blocks)
+        pieces[gv.name_hint] = concat_pieces(func, blocks)
     for step in plan.steps:
         step.elementwise_inputs = writable.get(step.kernel, [])
         step.pieces = pieces.get(step.kernel, [])

@@ -71,14 +71,12 @@ class Executor:
                     view = backend.view(tensors[root.id], buf.shape, buf.dtype)
                 tensors[buf.id] = view
         self._tensors = tensors
-        # one entry per step (None for an elided one: its inputs were written in place)
+        # one per step that runs (an elided one's inputs were written in place)
         self._launches = [
-            None if step.elided
-            else self._bind_copy(step) if step.kind == "copy"
+            self._bind_copy(step) if step.kind == "copy"
             else backends[step.device].bind(step.kernel, [tensors[a] for a in step.args])
-            for step in plan.steps
+            for step in self.steps
         ]  # fmt: skip
-        self._calls = [launch for launch in self._launches if launch is not None]
 
     def _bind_copy(self, step) -> Callable[[], None]:
         source, destination = (self.plan.buffers[a] for a in step.args)
@@ -93,7 +91,12 @@ class Executor:
 
     @property
     def num_launches(self) -> int:
-        return len(self._calls)
+        return len(self._launches)
+
+    @property
+    def steps(self) -> list:
+        """The plan's steps that run, in order (those of :attr:`_launches`)."""
+        return [step for step in self.plan.steps if not step.elided]
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run one inference on arrays in the plan's input order; return the outputs."""
@@ -110,7 +113,7 @@ class Executor:
                 )
             backend = self.backends[buf.device]
             backend.upload(self._tensors[buffer_id], array.astype(buf.dtype, copy=False))
-        for launch in self._calls:
+        for launch in self._launches:
             launch()
         for backend in set(self.backends.values()):
             backend.synchronize()

@@ -37,7 +37,7 @@ _SCALARS = {"int": np.int32, "long": np.int64, "float": np.float32}
 
 @dataclass
 class CLTensor:
-    """A typed view of the start of an OpenCL buffer."""
+    """A typed view of an OpenCL buffer (of a sub-buffer, for one at an offset)."""
 
     buffer: object
     shape: tuple[int, ...]
@@ -175,6 +175,7 @@ class OpenCLBackend(Backend):
 
     def view(self, storage, shape: tuple[int, ...], dtype: str, offset: int = 0) -> CLTensor:
         buffer = storage.buffer if isinstance(storage, CLTensor) else storage
+        tensor = CLTensor(buffer, tuple(shape), dtype)
         if offset:  # a piece of a concatenation's output: a sub-buffer from its offset
             align = self.device.mem_base_addr_align // 8
             if offset % align:
@@ -184,9 +185,8 @@ class OpenCLBackend(Backend):
                     f"deploy for this device (`--device local`) or set the profile's "
                     f"gpu.mem_base_addr_align_bits to {align * 8}"
                 )
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-            buffer = buffer.get_sub_region(offset, max(nbytes, 4))
-        return CLTensor(buffer, tuple(shape), dtype)
+            tensor.buffer = buffer.get_sub_region(offset, max(tensor.nbytes, 4))
+        return tensor
 
     def upload(self, tensor: CLTensor, array: np.ndarray) -> None:
         data = np.ascontiguousarray(array, dtype=tensor.dtype)

@@ -91,7 +91,7 @@ class TuningDatabase:
             self._verdicts.append(_verdicts(folder))
 
     def _rules(self, target: tvm.target.Target) -> str:
-        """Today's rules for ``target``, hashed once per database and rule set."""
+        """Today's rules for ``target``, hashed once per rule set (CPU, GPU)."""
         gpu = "gpu" in target.keys
         if gpu not in self._fingerprints:
             self._fingerprints[gpu] = target_rules(target)

@@ -114,7 +114,7 @@ def tune(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:  # the second Ctrl-C: the records so far still count
             ended = "interrupted"
         finally:
-            summary.update(_summary(tasks, db, name, order.target))
+            summary.update(_summary(tasks, db, name, rules))
             write_meta(db_dir, cls.key, summary)
         interrupted = ended == "interrupted"
         if interrupted:
@@ -165,10 +165,9 @@ def _restore_default(task: Task, summary: dict, rules: str) -> bool:
     return True
 
 
-def _summary(tasks: list[Task], db, model: str, target) -> dict:
+def _summary(tasks: list[Task], db, model: str, rules: str) -> dict:
     """Per workload: what the search found against the default rule, and under which
     default rules (a verdict of other rules is void: :mod:`edgecv.schedules.database`)."""
-    rules = target_rules(target)
     return {
         str(t.key): {
             "kernels": t.kernels,
