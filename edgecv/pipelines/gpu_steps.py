@@ -4,6 +4,7 @@ lowering, the device check, copies, the CPU fallback kernels and the package fil
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import tvm
 
@@ -173,9 +174,17 @@ def placement_facts(plan: Plan, placement: Placement, copies) -> dict:
     }
 
 
+# the OpenCL program of some kernels: source, required extensions, launches
+ProgramOf = Callable[[set[str]], tuple[str, list[str], dict]]
+
+
 def check_on_device(profile: Profile, source: str, requires: list[str], launches: dict,
-                    check_on: str | None, progress: Progress) -> dict[str, str]:  # fmt: skip
-    """Compile the OpenCL program on a local device; return the kernels it rejects."""
+                    check_on: str | None, progress: Progress,
+                    program: ProgramOf) -> dict[str, str]:  # fmt: skip
+    """Compile the OpenCL program on a local device; return the kernels its compiler
+    rejects, or crashes on, with the reason. The kernels it crashes on are found by
+    compiling ``program(kernels)`` (source, extensions, launches) of halves of them
+    until each crashing one stands alone."""
     if profile.runtime != "opencl" or check_on is None or not launches:
         return {}
     from ..runtime.opencl import ProgramBuildError, compile_on_device
@@ -185,6 +194,11 @@ def check_on_device(profile: Profile, source: str, requires: list[str], launches
     try:
         compile_on_device(query, source, requires)
     except ProgramBuildError as err:
+        if err.crashed:
+            progress(f"the OpenCL compiler of `{query}` crashed: finding the kernels it "
+                     f"crashes on")  # fmt: skip
+            reason = f"the OpenCL compiler of `{query}` crashed compiling it"
+            return dict.fromkeys(_crashing(sorted(launches), program, query), reason)
         failing = err.kernels
         if not failing:
             raise
@@ -198,6 +212,24 @@ def check_on_device(profile: Profile, source: str, requires: list[str], launches
     except EdgecvError as err:  # no such device here: nothing to check against
         progress(f"not compiled on a local device ({str(err).splitlines()[0][:120]})")
     return {}
+
+
+def _crashing(names: list[str], program: ProgramOf, query: str) -> list[str]:
+    """The kernels among ``names`` (whose program crashes the compiler) that crash it
+    alone; all of ``names`` when only together they do."""
+    if len(names) == 1:
+        return names
+    from ..runtime.opencl import ProgramBuildError, compile_on_device
+
+    found = []
+    for part in (names[: len(names) // 2], names[len(names) // 2 :]):
+        source, requires, _ = program(set(part))
+        try:
+            compile_on_device(query, source, requires)
+        except ProgramBuildError as err:
+            if err.crashed:
+                found += _crashing(part, program, query)
+    return found or names
 
 
 def default_opencl_device(profile_raw: dict) -> str:

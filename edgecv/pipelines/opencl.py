@@ -40,13 +40,17 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     gpu_names, compiled, work = g.schedule_gpu_kernels(lowered, profile, options, progress)  # 2, 3
     no_kernel = g.no_gpu_kernel(compiled)
     target, subgroup = profile.tvm_target(), profile.intel_subgroup_size
+
+    def program(names: set[str]) -> tuple[str, list[str], dict]:
+        device_mod, launches, subgroup_kernels = g.device_code_of(compiled, names)
+        source, requires = generate_opencl(device_mod, target, subgroup_kernels, subgroup)
+        return source, requires, launches
+
     failed: dict[str, str] = {}
     while True:
-        names = gpu_names - set(no_kernel) - set(failed)
-        device_mod, launches, subgroup_kernels = g.device_code_of(compiled, names)
-        source, requires = generate_opencl(device_mod, target, subgroup_kernels, subgroup)  # 4
+        source, requires, launches = program(gpu_names - set(no_kernel) - set(failed))  # 4
         newly = g.check_on_device(profile, source, requires, launches, options.check_on,
-                                  progress)  # 5  # fmt: skip
+                                  progress, program)  # 5  # fmt: skip
         if not newly:
             break
         failed.update(newly)

@@ -21,8 +21,9 @@ import numpy as np
 
 from ..errors import EdgecvError, PackageError
 from ..package_format import Launch
-from . import kernel_cache
+from . import compiler_process, kernel_cache
 from .backend import Backend
+from .compiler_process import CompilerCrash, CompilerRejected
 from .opencl_devices import register_pip_runtimes
 
 
@@ -106,7 +107,7 @@ class OpenCLBackend(Backend):
                     "that capability (aisage, local) or --device cpu"
                 )
             )
-        failures, failing = [], []
+        failures, failing, crashed = [], [], True
         started = time.perf_counter()
         for platform, device in capable:  # the first one whose compiler builds the program
             context = cl.Context([device])
@@ -117,6 +118,7 @@ class OpenCLBackend(Backend):
             except ProgramBuildError as err:
                 failures.append(f"{_label(platform, device)}: {err}")
                 failing.extend(err.kernels)
+                crashed = crashed and err.crashed
                 continue
             self.device, self.context, self.program = device, context, program
             break
@@ -125,6 +127,7 @@ class OpenCLBackend(Backend):
                 f"the OpenCL program failed to build on every device matching "
                 f"`{device_query}`:\n" + "\n".join(failures),
                 dict.fromkeys(failing),
+                crashed=crashed,
             )
         self.build_s = time.perf_counter() - started
         if failures:
@@ -268,11 +271,13 @@ class DeviceNotFoundError(EdgecvError):
 
 class ProgramBuildError(EdgecvError):
     """The device's OpenCL compiler rejected the program (``kernels``: the ones named
-    by its log, empty when it rejected everything, e.g. a compiler that cannot run)."""
+    by its log, empty when it rejected everything, e.g. a compiler that cannot run),
+    or died compiling it (``crashed``; which kernels it died on is not known)."""
 
-    def __init__(self, message: str, kernels: Sequence[str] = ()):
+    def __init__(self, message: str, kernels: Sequence[str] = (), crashed: bool = False):
         super().__init__(message)
         self.kernels = list(kernels)
+        self.crashed = crashed
 
 
 def compile_on_device(query: str, source: str, requires: Sequence[str] = ()) -> str:
@@ -334,18 +339,32 @@ def _build_program(cl, context, device, source: str, options: list[str]) -> tupl
         except cl.Error:  # a corrupt or foreign entry: forget it and compile the source
             kernel_cache.forget(key, "clbin")
     try:
+        binary = _compile_contained(platform, device, source, options)
         with _quiet_compiler(cl):
-            # edgecv's cache below replaces pyopencl's (keyed by driver too)
-            program = cl.Program(context, source).build(options=options, cache_dir=False)
-    except cl.RuntimeError as err:
+            if binary is not None:
+                program = cl.Program(context, [device], [binary]).build(options=options)
+            else:  # edgecv's cache below replaces pyopencl's (keyed by driver too)
+                program = cl.Program(context, source).build(options=options, cache_dir=False)
+    except (cl.RuntimeError, CompilerRejected) as err:
         log = str(err).strip()
         names = failing_kernels(source, log)
         what = "kernel " + ", ".join(names) if names else "the program"
         raise ProgramBuildError(f"{what} failed to compile:\n{log[:3000]}", names) from None
+    except CompilerCrash as err:
+        raise ProgramBuildError(str(err), crashed=True) from None
     binaries = program.get_info(cl.program_info.BINARIES)
     if binaries and binaries[0]:
         kernel_cache.write(key, "clbin", bytes(binaries[0]))
     return program, False
+
+
+def _compile_contained(platform, device, source: str, options: list[str]) -> bytes | None:
+    """The program's binary, compiled in the compiler process
+    (:mod:`.compiler_process`: a compiler crash or hang there is an error here, not the
+    end of this process); ``None``: build the source here."""
+    if not compiler_process.in_worker():
+        return None
+    return compiler_process.compile_in_worker(platform.name, device.name, source, options)
 
 
 def failing_kernels(source: str, log: str) -> str:

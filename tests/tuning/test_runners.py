@@ -63,3 +63,40 @@ def test_opencl_runner_orders_one_work_item_and_a_scheduled_matmul(tmp_path, dev
     assert fast_s * 1.5 < slow_s, (fast_s, slow_s)
     programs = {json.loads(Path(b.artifact_path).read_text())["program"] for b in built}
     assert len(programs) == 1  # one OpenCL program for the batch
+
+
+def test_opencl_batch_with_a_candidate_the_compiler_crashes_on(tmp_path, monkeypatch):
+    """The compiler dies on one candidate's program: that candidate fails with the crash
+    named, the others of its batch are timed (the batch is split until it stands alone)."""
+    import sys
+
+    from test_opencl import device_or_skip
+
+    from edgecv.profiles import load_profile
+    from edgecv.runtime import compiler_process
+    from edgecv.tuning.runners.opencl import LocalOpenCLRunner, OpenCLCompiler, find_device
+
+    device_or_skip("intel(r) opencl")
+    target = target_of("intel")
+    task = matmul_task(64)
+    schedules = [rows_and_columns(task), serial(task, gpu=True), rows_and_columns(task)]
+    built = ForkedBuilder(OpenCLCompiler(target), tmp_path, workers=2).build(
+        [BuilderInput(tvm.IRModule({"main": s.mod["main"]}), target) for s in schedules]
+    )
+    marker = Path(built[1].artifact_path).parent.name + "_"  # its kernels' prefix
+    crashing = [sys.executable, str(Path(__file__).parents[1] / "crashing_compiler.py"), marker]
+    monkeypatch.setattr(compiler_process, "worker_command", lambda: crashing)
+    monkeypatch.setenv("EDGECV_CACHE_DIR", str(tmp_path / "cache"))
+    compiler_process.stop_worker()
+    try:
+        runner = LocalOpenCLRunner(find_device(load_profile("deeplens"), "intel"), target)
+        args = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
+        results = [
+            f.result()
+            for f in runner.run([RunnerInput(b.artifact_path, "opencl", args) for b in built])
+        ]
+    finally:
+        compiler_process.stop_worker()
+    assert "died (SIGABRT)" in results[1].error_msg
+    for fine in (results[0], results[2]):
+        assert fine.error_msg is None and float(fine.run_secs[0]) > 0

@@ -129,7 +129,8 @@ def time_opencl(device_query: str, source: str, candidates: str, config: str) ->
         with _private_program_cache():
             backend = OpenCLBackend(device_query, source, launches)
     except ProgramBuildError as err:
-        return json.dumps({"failed_kernels": err.kernels, "error": str(err)[:300]})
+        return json.dumps({"failed_kernels": err.kernels, "crashed": err.crashed,
+                           "error": str(err)[:300]})  # fmt: skip
     rng = np.random.default_rng(0)
     tensors: dict[str, list] = {}
     times: list = []
@@ -208,30 +209,37 @@ class LocalOpenCLRunner(PyRunner):
 
 def run_batches(runner_inputs: list[RunnerInput], compiler: OpenCLCompiler, time_batch):
     """Group candidates by their program, time each group with ``time_batch(source,
-    candidates JSON) -> JSON`` (local or remote), rebuilding a program without the
-    kernels its compiler rejected. Returns finished futures in input order."""
+    candidates JSON) -> JSON`` (local or remote). A program whose compiler rejects
+    kernels is built again without their candidates; one whose compiler crashes (or
+    hangs) is split in halves until the candidates it crashes on stand alone. Returns
+    finished futures in input order."""
     results: list = [None] * len(runner_inputs)
     groups: dict[str, list[int]] = {}
     for i, item in enumerate(runner_inputs):
         program = json.loads(Path(item.artifact_path).read_text())["program"]
         groups.setdefault(program, []).append(i)
-    for program, members in groups.items():
-        source = Path(program).read_text()
-        while members:
-            cands = [_candidate(runner_inputs[i]) for i in members]
-            answer = json.loads(time_batch(source, json.dumps(cands)))
-            if "times" in answer:
-                for i, t in zip(members, answer["times"], strict=True):
-                    results[i] = done(t) if isinstance(t, list) else failed(t)
-                break
-            bad = set(answer.get("failed_kernels") or [])
-            rejected = [i for i, c in zip(members, cands, strict=True)
-                        if not bad or any(k.startswith(Path(c["folder"]).name + "_")
-                                          for k in bad)]  # fmt: skip
-            for i in rejected:
-                results[i] = failed(f"OpenCL compiler: {answer.get('error', '')[:200]}")
-            members = [i for i in members if i not in rejected]
-            if members:
-                source = compiler.source_of([Path(_candidate(runner_inputs[i])["folder"])
-                                             for i in members])  # fmt: skip
+    folder = {i: Path(_candidate(item)["folder"]) for i, item in enumerate(runner_inputs)}
+    work = [(members, Path(program).read_text()) for program, members in groups.items()]
+    while work:
+        members, source = work.pop()
+        if source is None:
+            source = compiler.source_of([folder[i] for i in members])
+        answer = json.loads(time_batch(source, json.dumps([_candidate(runner_inputs[i])
+                                                           for i in members])))  # fmt: skip
+        if "times" in answer:
+            for i, t in zip(members, answer["times"], strict=True):
+                results[i] = done(t) if isinstance(t, list) else failed(t)
+            continue
+        if answer.get("crashed") and len(members) > 1:
+            half = len(members) // 2
+            work += [(members[:half], None), (members[half:], None)]
+            continue
+        bad = set(answer.get("failed_kernels") or [])
+        rejected = [i for i in members
+                    if not bad or any(k.startswith(folder[i].name + "_") for k in bad)]  # fmt: skip
+        for i in rejected:
+            results[i] = failed(f"OpenCL compiler: {answer.get('error', '')[:200]}")
+        rest = [i for i in members if i not in rejected]
+        if rest:
+            work.append((rest, None))
     return results
