@@ -24,6 +24,7 @@ from pathlib import Path
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
+from ..graph_tuner.costs import COSTS_FILE
 from ..schedules.database import META, RECORDS, WORKLOADS, write_meta
 from .device_class import DeviceClass
 
@@ -34,7 +35,6 @@ def check_database_folder(folder: Path) -> None:
     """Refuse a ``--db`` that edgecv must not write into: a file, or a folder holding
     other files than a tuning database's (``~/Documents`` by a slip of the keyboard)."""
     from ..errors import EdgecvError
-    from ..graph_tuner.costs import COSTS_FILE
 
     if folder.exists() and not folder.is_dir():
         raise EdgecvError(f"--db {folder} is a file, not a folder: name a folder for the "
@@ -91,7 +91,8 @@ def best_seconds(db, mod: tvm.IRModule) -> float | None:
 def ship(work: Path, destination: Path, device: DeviceClass, summary: dict) -> int:
     """Merge the records of ``work`` into ``destination`` (the shipped folder), keeping
     only the best record per workload (``Database.dump_pruned``); returns the number of
-    workloads shipped. The folder is written aside and renamed in, whole."""
+    workloads shipped. The folder is written aside and renamed in, whole, with the
+    graph tuner's layout costs it held."""
     merged = ms.database.MemoryDatabase(module_equality="structural")
     for folder in (destination, work):
         if (folder / WORKLOADS).is_file() and (folder / RECORDS).is_file():
@@ -104,6 +105,8 @@ def ship(work: Path, destination: Path, device: DeviceClass, summary: dict) -> i
     try:
         pruned = open_database(staging)
         merged.dump_pruned(pruned)
+        if (destination / COSTS_FILE).is_file():  # the graph tuner's, beside the records
+            shutil.copy2(destination / COSTS_FILE, staging / COSTS_FILE)
         shipped = _summary_of(destination) | summary
         write_meta(staging, device.key, shipped)
         count = len(pruned)

@@ -102,7 +102,11 @@ def test_records_are_found_by_structure_whatever_the_kernel_is_named(tuned, tmp_
 def test_shipping_keeps_the_best_record_of_each_workload(tuned, tmp_path):
     symbol, db = tuned
     target = load_profile("cpu").tvm_target()
+    (tmp_path / "shipped").mkdir()
+    costs = tmp_path / "shipped" / "layout_costs.json"
+    costs.write_text('{"the graph tuner": "costs"}')
     count = ship(db, tmp_path / "shipped", cpu_class(target), {})
+    assert costs.read_text() == '{"the graph tuner": "costs"}'  # shipped beside, kept
     tasks = tiny_tasks(symbol, db)
     assert count == len(tasks)
     lines = (tmp_path / "shipped" / "database_tuning_record.json").read_text().splitlines()
