@@ -29,7 +29,7 @@ from ..schedules.database import write_meta
 from ..schedules.fingerprint import target_rules
 from .device_class import DeviceClass, cpu_class, opencl_class
 from .records import best_seconds, check_database_folder, open_database, ship
-from .search import Budget, measure_defaults, search
+from .search import Budget, head_to_head, measure_defaults, search
 from .tasks import Task, extract_tasks, import_model
 
 
@@ -110,7 +110,7 @@ def tune(args: argparse.Namespace) -> int:
             ended = search(chosen, order.target, builder, runner, db, work, budget,
                            cores=os.cpu_count() or 1)  # fmt: skip
             if ended != "interrupted":
-                _measure_defaults_again(chosen, order, builder, runner, db, say)
+                head_to_head(tasks, order, builder, runner, db, say)
         except KeyboardInterrupt:  # the second Ctrl-C: the records so far still count
             ended = "interrupted"
         finally:
@@ -143,18 +143,6 @@ def in_deploy_layouts(mod, profile: Profile, layout: str, folders: list[Path], s
     return mod, winograd_plan(facts)
 
 
-def _measure_defaults_again(tasks: list[Task], order, builder, runner, db, say) -> None:
-    """The searched workloads' defaults timed once more, as a second record: one
-    measurement disturbed by other work on the machine must not let a slower tuned
-    record pass for the better one (the best record of each workload counts)."""
-    say(f"timing the default schedule of the {len(tasks)} searched workloads again")
-    first = {t.key: t.default_s for t in tasks}
-    measure_defaults(tasks, order, builder, runner, db, say)
-    for t in tasks:
-        if first[t.key] is not None and (t.default_s is None or first[t.key] < t.default_s):
-            t.default_s = first[t.key]
-
-
 def _restore_default(task: Task, summary: dict, rules: str) -> bool:
     """The default's time from an earlier run (``--resume``), if measured under today's
     rules; else it is measured again."""
@@ -175,7 +163,7 @@ def _summary(tasks: list[Task], db, model: str, rules: str) -> dict:
             "launches": t.launches,
             "default_rule": t.default_rule,
             "default_s": t.default_s,
-            "best_s": best_seconds(db, t.mod),
+            "best_s": _best_s(t, db),
             "rules": rules,
         }
         for t in tasks
@@ -191,14 +179,20 @@ def _read_summary(folder: Path) -> dict:
         return {}
 
 
+def _best_s(task: Task, db) -> float | None:
+    """The task's best time: as timed beside its default (:func:`.search.head_to_head`),
+    else the database's best record."""
+    return task.best_s if task.best_s is not None else best_seconds(db, task.mod)
+
+
 def _report(tasks: list[Task], db, spent: float) -> None:
     default = sum(t.weight for t in tasks)
-    tuned = sum((min(best_seconds(db, t.mod) or t.default_s or 0, t.default_s or 1e9)
+    tuned = sum((min(_best_s(t, db) or t.default_s or 0, t.default_s or 1e9)
                  * t.launches) for t in tasks)  # fmt: skip
     progress.say(f"tuned in {spent / 60:.1f} min: kernels sum {default * 1e3:.2f} ms default "
                  f"-> {tuned * 1e3:.2f} ms best ({default / max(tuned, 1e-12):.2f}x)")  # fmt: skip
     for t in sorted(tasks, key=lambda t: -t.weight)[:10]:
-        best = best_seconds(db, t.mod)
+        best = _best_s(t, db)
         if t.default_s and best:
             progress.say(f"  {t.name[:44]:<44} x{t.launches}: {t.default_s * 1e3:8.3f} ms "
                          f"-> {best * 1e3:8.3f} ms ({t.default_rule})")  # fmt: skip

@@ -47,6 +47,7 @@ class Task:
     kernels: list[str] = field(default_factory=list)
     default_rule: str | None = None
     default_s: float | None = None  # the default schedule's measured seconds
+    best_s: float | None = None  # the best record's, when timed beside the default
 
     @property
     def weight(self) -> float:

@@ -252,3 +252,24 @@ def test_a_record_for_an_opencl_profile_applies_at_deploy_and_matches_mxnet(tune
     x = tiny_input()
     reference = mxnet_forward(symbol, symbol.with_name("tiny-0000.params"), x)[0]
     assert_close(load(path, on="intel").run(x)[0], reference)
+
+
+def test_record_timed_fast_long_ago_loses_to_the_default_timed_beside_it(tmp_path):
+    """A record stored with a time from a faster moment (here: a one-thread schedule
+    claiming a nanosecond) is timed again beside the default before it may win."""
+    from edgecv.pipelines.orders import cpu_order
+    from edgecv.tuning.builder import ForkedBuilder
+    from edgecv.tuning.runners.llvm import LLVMCompiler, LocalLLVMRunner
+    from edgecv.tuning.search import head_to_head, measure_defaults
+
+    target = load_profile("cpu").tvm_target()
+    order = cpu_order(target)
+    task, said = matmul_task(), []
+    db = open_database(tmp_path / "db")
+    builder, runner = ForkedBuilder(LLVMCompiler(target), tmp_path / "work"), LocalLLVMRunner()
+    measure_defaults([task], order, builder, runner, db, said.append)
+    commit_schedule(db, task.mod, serial(task, gpu=False), [1e-9], target)
+    head_to_head([task], order, builder, runner, db, said.append)
+    assert any("1 best records against their defaults" in s for s in said)
+    assert task.best_s == task.default_s  # the serial record lost
+    assert 1e-6 < task.default_s < 1.0
