@@ -5,9 +5,10 @@
 #   benchmarks/tune_shipped.sh cpu      # mobilenet1.0, squeezenet1.0, resnet50_v1 for `cpu`
 #   benchmarks/tune_shipped.sh deeplens # mobilenet1.0 on Intel's OpenCL runtime
 #   benchmarks/tune_shipped.sh aisage   # mobilenet1.0 on PoCL
-#   benchmarks/tune_shipped.sh verdicts cpu|deeplens  # after a rule edit: no search; the
-#       default of every workload of the seven zoo models timed under today's rules and
-#       compared with the shipped records again (a verdict of other rules is void)
+#   benchmarks/tune_shipped.sh verdicts cpu|deeplens device_profiles/tuning/<class>
+#       after a rule edit: no search; the default of every workload of the seven zoo
+#       models timed under today's rules, and records that beat it timed beside it
+#       again (a verdict of other rules is void), in a copy of the shipped folder
 set -u
 here="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-$here/.venv/bin/python}"
@@ -35,8 +36,10 @@ case "${1:-cpu}" in
   aisage) tune mobilenet1.0 aisage --on pocl ;;
   verdicts)
     trials=0
+    work="$(mktemp -d)/db"
+    cp -r "$3" "$work"
     for model in mobilenet1.0 resnet50_v1 squeezenet1.0 ssd_512_mobilenet1.0_voc \
         ssd_512_resnet50_v1_voc yolo3_mobilenet1.0_coco yolo3_darknet53_voc; do
-      tune "$model" "${2:-cpu}"
+      tune "$model" "$2" --db "$work"
     done ;;
 esac

@@ -5,7 +5,8 @@ A database is a folder holding MetaSchedule's two JSON-lines files
 found by the structural hash of the kernel (as an IRModule whose one function is
 ``main``) and replayed on it as a schedule trace. Databases are kept one per device
 class (MetaSchedule keys records by workload only, not target). Several databases layer:
-the first that has a record for a kernel wins (a user's over the shipped one).
+the first that holds a kernel's record with a current verdict (below) decides (a user's
+over the shipped one).
 
 A database from another TVM version, or one that cannot be read, is skipped with a
 warning: tuned records are an optimization, never a reason for a build to fail.
@@ -13,7 +14,8 @@ warning: tuned records are an optimization, never a reason for a build to fail.
 A record is replayed only where tuning found a schedule faster than edgecv's default
 rule, and only under the default rules it was compared with (``edgecv_database.json``
 says so per workload, with :func:`~.fingerprint.target_rules`; the first database
-holding the workload decides, as for the records themselves). Where the default won,
+holding a verdict under today's rules decides: a void verdict in a user's folder, from
+before a rule edit, does not hide the shipped one compared since). Where the default won,
 the record is that day's default; where the rules changed since, the record may have
 beaten a rule that is gone; a record with no verdict (another tool's, or a search
 stopped before its summary) was never compared: today's default rule schedules the
@@ -106,10 +108,12 @@ class TuningDatabase:
         key = int(tvm_ffi.structural_hash(mod))
         symbol = func.attrs.get("global_symbol") if func.attrs else None
         for database, verdicts in zip(self._databases, self._verdicts, strict=True):
+            if not _current(verdicts.get(key), self._rules(target)):
+                continue  # never compared under today's rules: the next database may be
             sch = database.query_schedule(mod, target, workload_name="main")
             if sch is not None:
-                if not _beat_default(verdicts.get(key), self._rules(target)):
-                    return None  # the first database holding it decides
+                if not _beat_default(verdicts.get(key)):
+                    return None  # the first database that compared it decides
                 # the kernel's own name back: GPU lowering splits host and device code
                 # only for an entry function
                 scheduled = sch.mod["main"]
@@ -122,8 +126,10 @@ class TuningDatabase:
         mod = tvm.IRModule({"main": _workload(func)})
         key = int(tvm_ffi.structural_hash(mod))
         for database, verdicts in zip(self._databases, self._verdicts, strict=True):
+            if not _current(verdicts.get(key), self._rules(target)):
+                continue
             record = database.query_tuning_record(mod, target, workload_name="main")
-            if record is not None and not _beat_default(verdicts.get(key), self._rules(target)):
+            if record is not None and not _beat_default(verdicts.get(key)):
                 return None  # not replayed: the default rule's time counts
             if record is not None and record.run_secs:
                 seconds = min(float(s) for s in record.run_secs)
@@ -153,11 +159,14 @@ def _verdicts(folder: Path) -> dict[int, dict]:
         return {}
 
 
-def _beat_default(facts: dict | None, rules: str) -> bool:
-    """Whether a workload's search beat the default rule, compared under ``rules``."""
-    if not facts or facts.get("default_s") is None or facts.get("best_s") is None:
-        return False
-    return facts["best_s"] < facts["default_s"] and facts.get("rules") == rules
+def _current(facts: dict | None, rules: str) -> bool:
+    """Whether a workload's verdict compared its records with the default ``rules``."""
+    return bool(facts) and facts.get("rules") == rules and facts.get("default_s") is not None
+
+
+def _beat_default(facts: dict) -> bool:
+    """Whether a workload's search beat the default rule (a current verdict)."""
+    return facts.get("best_s") is not None and facts["best_s"] < facts["default_s"]
 
 
 def _recorded_version(folder: Path) -> str | None:

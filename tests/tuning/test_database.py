@@ -254,6 +254,24 @@ def test_a_record_for_an_opencl_profile_applies_at_deploy_and_matches_mxnet(tune
     assert_close(load(path, on="intel").run(x)[0], reference)
 
 
+def test_a_void_verdict_first_does_not_hide_a_current_one_after_it(tuned, tmp_path):
+    """A user's folder compared under rules since edited (void) layered over a shipped
+    one compared under today's: the shipped verdict decides."""
+    symbol, db = tuned
+    target = load_profile("cpu").tvm_target()
+    won = search_won_everywhere(db, tmp_path / "won")
+    stale = search_won_everywhere(db, tmp_path / "stale")
+    meta = json.loads((stale / "edgecv_database.json").read_text())
+    for entry in meta["workloads"].values():
+        entry["rules"] = "rules before an edit"
+    (stale / "edgecv_database.json").write_text(json.dumps(meta))
+    for task in tiny_tasks(symbol, db):
+        func = task.mod["main"]
+        assert TuningDatabase([stale]).query(func, target) is None, task.name
+        assert TuningDatabase([stale, won]).query(func, target) is not None, task.name
+        assert TuningDatabase([stale, won]).best_seconds(func, target) is not None, task.name
+
+
 def test_record_timed_fast_long_ago_loses_to_the_default_timed_beside_it(tmp_path):
     """A record stored with a time from a faster moment (here: a one-thread schedule
     claiming a nanosecond) is timed again beside the default before it may win."""
