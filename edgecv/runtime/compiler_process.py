@@ -53,10 +53,6 @@ class CompilerCrash(EdgecvError):
     """The device's OpenCL compiler died (or hung) compiling a program; what it was
     compiling is not known to be wrong, only that this compiler cannot build it."""
 
-    def __init__(self, message: str, how: str):
-        super().__init__(message)
-        self.how = how
-
 
 def worker_command() -> list[str]:
     """How a worker is started (tests start one that crashes on demand)."""
@@ -175,8 +171,7 @@ def compile_in_worker(
     said = f"\nits last output: ...{tail[-300:]}" if tail else ""
     raise CompilerCrash(
         f"the OpenCL compiler of {platform.strip()} / {device.strip()} {how} compiling a "
-        f"program of {source.count('__kernel')} kernel(s){said}",
-        how,
+        f"program of {source.count('__kernel')} kernel(s){said}"
     )
 
 
