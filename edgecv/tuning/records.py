@@ -98,8 +98,13 @@ def ship(work: Path, destination: Path, device: DeviceClass, summary: dict) -> i
         if (folder / WORKLOADS).is_file() and (folder / RECORDS).is_file():
             for record in open_database(folder).get_all_tuning_records():
                 if record.run_secs and min(float(s) for s in record.run_secs) < FAILED_S:
-                    merged.commit_workload(record.workload.mod)
-                    merged.commit_tuning_record(record)
+                    # under the merged database's own workload: a record keeps its
+                    # source's, and pruning is per workload object (two folders holding
+                    # one workload shipped it twice)
+                    same = merged.commit_workload(record.workload.mod)
+                    merged.commit_tuning_record(ms.database.TuningRecord(
+                        record.trace, same, record.run_secs, record.target,
+                        record.args_info))  # fmt: skip
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}-", dir=destination.parent))
     try:

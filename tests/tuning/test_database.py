@@ -117,6 +117,10 @@ def test_shipping_keeps_the_best_record_of_each_workload(tuned, tmp_path):
         (best,) = records_of(shipped, task.mod)
         times = [float(np.mean([float(s) for s in r.run_secs])) for r in records_of(full, task.mod)]
         assert float(np.mean([float(s) for s in best.run_secs])) == pytest.approx(min(times))
+    # shipped again (the folder already holds these workloads): still one record each
+    assert ship(db, tmp_path / "shipped", cpu_class(target), {}) == len(tasks)
+    lines = (tmp_path / "shipped" / "database_tuning_record.json").read_text().splitlines()
+    assert len(lines) == len(tasks)
 
 
 def test_a_tuned_deploy_gives_the_numbers_of_the_default_build_and_mxnet(tuned, tmp_path):
