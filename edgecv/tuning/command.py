@@ -111,7 +111,7 @@ def tune(args: argparse.Namespace) -> int:
                            cores=os.cpu_count() or 1)  # fmt: skip
             if ended != "interrupted":
                 head_to_head(tasks, order, builder, runner, db, say)
-        except KeyboardInterrupt:  # the second Ctrl-C: the records so far still count
+        except KeyboardInterrupt:  # Ctrl-C in the race after the search: records still count
             ended = "interrupted"
         finally:
             summary.update(_summary(tasks, db, name, rules))

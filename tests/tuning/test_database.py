@@ -320,3 +320,36 @@ def test_a_gpu_default_is_not_timed_against_its_own_record(tmp_path):
     head_to_head([task], order, builder, runner, db, said.append)
     assert task.best_s == task.default_s
     assert not any("against their defaults" in s for s in said)
+
+
+def test_ctrl_c_twice_ends_the_search_with_the_records_kept(tmp_path):
+    """Ctrl-C asks the search to stop after its batch; a second one stops it at once,
+    wherever it lands (in MetaSchedule's C++ too): exit 130, the database readable."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    symbol = export_tiny(tmp_path / "model")
+    db = tmp_path / "db"
+    env = dict(os.environ, EDGECV_PROGRESS="0")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edgecv.cli", "tune", str(symbol), "--input-shape", "1,8,16,16",
+         "--trials", "512", "--db", str(db)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    said = []
+    for line in process.stdout:  # until the search runs
+        said.append(line)
+        if "trials each" in line:
+            break
+    time.sleep(3)
+    process.send_signal(signal.SIGINT)
+    time.sleep(1)
+    process.send_signal(signal.SIGINT)
+    rest, _ = process.communicate(timeout=300)
+    printed = "".join(said) + rest
+    assert process.returncode == 130, printed
+    assert "records measured so far are kept" in printed and "Segfault" not in printed
+    assert records_of(open_database(db), tiny_tasks(symbol, db)[0].mod)  # defaults at least
