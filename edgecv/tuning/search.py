@@ -7,6 +7,8 @@
    scheduler weighted by 1.) over the heaviest tasks. Records are appended to the JSON
    database as each batch is measured; a progress bar shows trials done, time left and
    the current task's best against its default.
+3. The verdict (:func:`head_to_head`): where a task's best record is not its default's
+   own schedule, the two are timed again side by side, and only those times decide.
 
 The CPU search space leaves out MetaSchedule's ``RewriteLayout`` post-processor: it
 moves a weight re-layout out of the kernel for Relax to hoist into the graph, but
@@ -125,9 +127,8 @@ def head_to_head(tasks: list[Task], order: ScheduleOrder, builder, runner, db,
     """Where the database's best record of a task is not its default's schedule (it
     was timed faster once, maybe in a faster moment), time the two again side by side
     (one batch, :data:`HEAD_TO_HEAD_ROUNDS` rounds in alternating order, fastest of
-    each) and set
-    ``default_s`` and ``best_s`` from these times alone: the record wins only by
-    :data:`HEAD_TO_HEAD_MARGIN` or more.
+    each) and set ``default_s`` and ``best_s`` from these times alone: the record wins
+    only by :data:`HEAD_TO_HEAD_MARGIN` or more.
 
     Times taken minutes or sessions apart differ by more than many a search gains (the
     host's speed changes for minutes at a time), so a record measured in a fast moment
