@@ -159,7 +159,7 @@ def compile_in_worker(
         try:
             kind, value = _worker.compile((platform, device, source, options), limit)
         except TimeoutError:
-            how, tail = f"ran past {limit:.0f} s (killed)", _worker.bury()[1]
+            how, tail = f"ran past {limit:g} s (killed)", _worker.bury()[1]
             _worker = None
         except (EOFError, OSError, pickle.UnpicklingError, struct.error):
             ended, tail = _worker.bury()

@@ -23,7 +23,6 @@ from ..errors import EdgecvError, PackageError
 from ..package_format import Launch
 from . import compiler_process, kernel_cache
 from .backend import Backend
-from .compiler_process import CompilerCrash, CompilerRejected
 from .opencl_devices import register_pip_runtimes
 
 
@@ -345,12 +344,12 @@ def _build_program(cl, context, device, source: str, options: list[str]) -> tupl
                 program = cl.Program(context, [device], [binary]).build(options=options)
             else:  # edgecv's cache below replaces pyopencl's (keyed by driver too)
                 program = cl.Program(context, source).build(options=options, cache_dir=False)
-    except (cl.RuntimeError, CompilerRejected) as err:
+    except (cl.RuntimeError, compiler_process.CompilerRejected) as err:
         log = str(err).strip()
         names = failing_kernels(source, log)
         what = "kernel " + ", ".join(names) if names else "the program"
         raise ProgramBuildError(f"{what} failed to compile:\n{log[:3000]}", names) from None
-    except CompilerCrash as err:
+    except compiler_process.CompilerCrash as err:
         raise ProgramBuildError(str(err), crashed=True) from None
     binaries = program.get_info(cl.program_info.BINARIES)
     if binaries and binaries[0]:

@@ -102,40 +102,42 @@ class TuningDatabase:
     def __bool__(self) -> bool:
         return bool(self._databases)
 
-    def query(self, func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc | None:
-        """``func`` scheduled by its best tuned record, or None when no database has one."""
+    def _deciding(self, func: tirx.PrimFunc, target: tvm.target.Target):
+        """The workload of ``func``, and the first database holding it with a verdict
+        under today's rules, with that verdict; ``(mod, None, None)`` when none has."""
         mod = tvm.IRModule({"main": _workload(func)})
         key = int(tvm_ffi.structural_hash(mod))
-        symbol = func.attrs.get("global_symbol") if func.attrs else None
         for database, verdicts in zip(self._databases, self._verdicts, strict=True):
-            if not _current(verdicts.get(key), self._rules(target)):
-                continue  # never compared under today's rules: the next database may be
-            sch = database.query_schedule(mod, target, workload_name="main")
-            if sch is not None:
-                if not _beat_default(verdicts.get(key)):
-                    return None  # the first database that compared it decides
-                # the kernel's own name back: GPU lowering splits host and device code
-                # only for an entry function
-                scheduled = sch.mod["main"]
-                return scheduled.with_attr("global_symbol", symbol) if symbol else scheduled
-        return None
+            facts = verdicts.get(key)
+            if _current(facts, self._rules(target)) and database.has_workload(mod):
+                return mod, database, facts
+        return mod, None, None  # never compared under today's rules anywhere
+
+    def query(self, func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc | None:
+        """``func`` scheduled by its best tuned record, or None when no database has one
+        that beat the default rule."""
+        mod, database, facts = self._deciding(func, target)
+        if database is None or not _beat_default(facts):
+            return None
+        sch = database.query_schedule(mod, target, workload_name="main")
+        if sch is None:
+            return None
+        # the kernel's own name back: GPU lowering splits host and device code only for
+        # an entry function
+        symbol = func.attrs.get("global_symbol") if func.attrs else None
+        return sch.mod["main"].with_attr("global_symbol", symbol) if symbol else sch.mod["main"]
 
     def best_seconds(self, func: tirx.PrimFunc, target: tvm.target.Target) -> float | None:
         """The measured time of ``func``'s best tuned record (the graph tuner's cost),
         or None when no database has one that :meth:`query` would replay."""
-        mod = tvm.IRModule({"main": _workload(func)})
-        key = int(tvm_ffi.structural_hash(mod))
-        for database, verdicts in zip(self._databases, self._verdicts, strict=True):
-            if not _current(verdicts.get(key), self._rules(target)):
-                continue
-            record = database.query_tuning_record(mod, target, workload_name="main")
-            if record is not None and not _beat_default(verdicts.get(key)):
-                return None  # not replayed: the default rule's time counts
-            if record is not None and record.run_secs:
-                seconds = min(float(s) for s in record.run_secs)
-                if seconds < 1e9:  # failed measurements are stored as 1e10 s
-                    return seconds
-        return None
+        mod, database, facts = self._deciding(func, target)
+        if database is None or not _beat_default(facts):
+            return None  # not replayed: the default rule's time counts
+        record = database.query_tuning_record(mod, target, workload_name="main")
+        if record is None or not record.run_secs:
+            return None
+        seconds = min(float(s) for s in record.run_secs)
+        return seconds if seconds < 1e9 else None  # failed measurements: 1e10 s
 
 
 def workload(func: tirx.PrimFunc) -> tvm.IRModule:

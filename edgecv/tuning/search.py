@@ -95,16 +95,17 @@ def _build_and_time(items: list, target, builder, runner, rounds: int,
     """Build ``(task, schedule)`` pairs as one batch and time the batch ``rounds`` times:
     the fastest mean seconds of each (infinite where it failed). ``alternate``: every
     other round in reverse order, so that no item is always timed before its rival."""
-    inputs = [BuilderInput(tvm.IRModule({"main": sch.mod["main"]}), target) for _, sch in items]
-    built = builder.build(inputs)
+    built = builder.build([BuilderInput(tvm.IRModule({"main": sch.mod["main"]}), target)
+                           for _, sch in items])  # fmt: skip
     kind = str(target.kind.name)
     runnable = [i for i, b in enumerate(built) if b.error_msg is None]
+    inputs = {i: RunnerInput(built[i].artifact_path, kind,
+                             ms.arg_info.ArgInfo.from_prim_func(items[i][0].mod["main"]))
+              for i in runnable}  # fmt: skip
     fastest = [float("inf")] * len(items)
     for round_ in range(rounds):
         ordered = runnable[::-1] if alternate and round_ % 2 else runnable
-        futures = runner.run([RunnerInput(built[i].artifact_path, kind,
-                                          ms.arg_info.ArgInfo.from_prim_func(items[i][0].mod["main"]))
-                              for i in ordered])  # fmt: skip
+        futures = runner.run([inputs[i] for i in ordered])
         for i, future in zip(ordered, futures, strict=True):
             result = future.result()
             if result.error_msg is None and result.run_secs:

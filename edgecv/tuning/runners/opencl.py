@@ -218,14 +218,14 @@ def run_batches(runner_inputs: list[RunnerInput], compiler: OpenCLCompiler, time
     for i, item in enumerate(runner_inputs):
         program = json.loads(Path(item.artifact_path).read_text())["program"]
         groups.setdefault(program, []).append(i)
-    folder = {i: Path(_candidate(item)["folder"]) for i, item in enumerate(runner_inputs)}
+    cands = [_candidate(item) for item in runner_inputs]  # each read once, retries reuse
+    folder = [Path(c["folder"]) for c in cands]
     work = [(members, Path(program).read_text()) for program, members in groups.items()]
     while work:
         members, source = work.pop()
         if source is None:
             source = compiler.source_of([folder[i] for i in members])
-        answer = json.loads(time_batch(source, json.dumps([_candidate(runner_inputs[i])
-                                                           for i in members])))  # fmt: skip
+        answer = json.loads(time_batch(source, json.dumps([cands[i] for i in members])))
         if "times" in answer:
             for i, t in zip(members, answer["times"], strict=True):
                 results[i] = done(t) if isinstance(t, list) else failed(t)
