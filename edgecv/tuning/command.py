@@ -1,15 +1,15 @@
 """``edgecv tune``: tune a model's kernels for a device class and store the records.
 
     edgecv tune MODEL --device PROFILE [--on DEVICE] [--trials N | --time-budget MIN]
-                [--db DIR] [--tasks K] [--layout auto|NCHW|packed] [--resume] [--ship]
-                [--rpc HOST:PORT --key KEY]
+                [--db DIR] [--tasks K] [--rules-only] [--layout auto|NCHW|packed]
+                [--resume] [--ship] [--rpc HOST:PORT --key KEY]
 
 The model is imported exactly as deploy imports it and its convolutions put in the
 layouts deploy would give them (the graph tuner, ``--layout`` as for deploy, costs from
-the same cache); its kernels become tasks
-(:mod:`.tasks`), each task's default schedule is measured, then MetaSchedule searches
-(:mod:`.search`) with the runner of the profile's device (:mod:`.runners`) or a fleet of
-RPC servers (:mod:`.fleet`). Records go to ``--db`` (default: the user's folder of
+the same cache); its kernels become tasks (:mod:`.tasks`), each task's default
+schedule is measured, the tile variants of its default rule timed, then MetaSchedule
+searches (:mod:`.search`) with the runner of the profile's device (:mod:`.runners`) or
+a fleet of RPC servers (:mod:`.fleet`). Records go to ``--db`` (default: the user's folder of
 the device class, which deploy reads); ``--ship`` also merges the best record per
 workload into ``device_profiles/tuning/<class>/``.
 """
@@ -20,6 +20,7 @@ import argparse
 import os
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from .. import progress
@@ -29,7 +30,7 @@ from ..schedules.database import write_meta
 from ..schedules.fingerprint import target_rules
 from .device_class import DeviceClass, cpu_class, opencl_class
 from .records import best_seconds, check_database_folder, open_database, ship
-from .search import Budget, head_to_head, measure_defaults, search
+from .search import Budget, head_to_head, measure_defaults, search, sweep_variants
 from .tasks import Task, extract_tasks, import_model
 
 
@@ -107,8 +108,12 @@ def tune(args: argparse.Namespace) -> int:
         trials = args.trials if not args.time_budget else 100_000
         budget = Budget(trials, args.time_budget * 60 if args.time_budget else None)
         try:
-            ended = search(chosen, order.target, builder, runner, db, work, budget,
-                           cores=os.cpu_count() or 1)  # fmt: skip
+            swept = time.perf_counter()
+            ended = sweep_variants(chosen, order, builder, runner, db, budget, say)
+            left = budget.seconds and budget.seconds - (time.perf_counter() - swept)
+            if ended == "trials" and not args.rules_only and (left is None or left > 0):
+                ended = search(chosen, order.target, builder, runner, db, work,
+                               replace(budget, seconds=left), os.cpu_count() or 1)  # fmt: skip
             if ended != "interrupted":
                 head_to_head(tasks, order, builder, runner, db, say)
         except KeyboardInterrupt:  # Ctrl-C in the race after the search: records still count
@@ -224,6 +229,9 @@ def add_parser(sub, common) -> None:
     t.add_argument("--db", metavar="DIR", help="database folder (default: your cache folder "
                    "of this device class, which deploy reads)")  # fmt: skip
     t.add_argument("--tasks", type=int, metavar="K", help="tune only the K heaviest workloads")
+    t.add_argument("--rules-only", action="store_true",
+                   help="time the tile variants of edgecv's rules only, no MetaSchedule "
+                   "search (minutes, not hours, on OpenCL)")  # fmt: skip
     t.add_argument("--layout", choices=("auto", "NCHW", "packed"), default="auto",
                    help="convolution layouts, as for deploy (default auto): tune the "
                    "kernels a deploy with the same --layout builds")  # fmt: skip

@@ -28,7 +28,8 @@ from ..graph_tuner.costs import COSTS_FILE
 from ..schedules.database import META, RECORDS, WORKLOADS, write_meta
 from .device_class import DeviceClass
 
-FAILED_S = 1e9  # MetaSchedule stores a failed measurement as 1e10 s
+FAILED_RUN_S = 1e10  # what MetaSchedule stores for a candidate that failed
+FAILED_S = 1e9  # a record at or above: failed
 
 
 def check_database_folder(folder: Path) -> None:

@@ -3,11 +3,13 @@
 1. Defaults: every task's default schedule (deploy's first rule that applies and
    compiles) is built and timed by the same builder and runner as the search, and
    stored as a record. Its time x the task's launches is the task's weight.
-2. MetaSchedule (``tune_tasks``: evolutionary search, xgboost cost model, gradient task
-   scheduler weighted by 1.) over the heaviest tasks. Records are appended to the JSON
-   database as each batch is measured; a progress bar shows trials done, time left and
-   the current task's best against its default.
-3. The verdict (:func:`head_to_head`): where a task's best record is not its default's
+2. Tile variants (:func:`sweep_variants`): the other knob values of a task's default
+   rule (a GPU convolution's work-item tile), each timed and stored.
+3. MetaSchedule (``tune_tasks``: evolutionary search, xgboost cost model, gradient task
+   scheduler weighted by 1.) over the heaviest tasks, with the trials left. Records are
+   appended to the JSON database as each batch is measured; a progress bar shows
+   trials done, time left and the current task's best against its default.
+4. The verdict (:func:`head_to_head`): where a task's best record is not its default's
    own schedule, the two are timed again side by side, and only those times decide.
 
 The CPU search space leaves out MetaSchedule's ``RewriteLayout`` post-processor: it
@@ -35,8 +37,8 @@ from tvm.s_tir.meta_schedule.runner import RunnerInput
 
 from .. import progress as bars
 from ..schedules.stage import ScheduleOrder
-from .records import commit_schedule, records_of
-from .tasks import Task, default_schedules
+from .records import FAILED_RUN_S, commit_schedule, records_of
+from .tasks import Task, default_schedules, rule_variants
 
 
 class StopSearch(Exception):
@@ -81,6 +83,44 @@ def measure_defaults(tasks: list[Task], order: ScheduleOrder, builder, runner, d
             commit_schedule(db, task.mod, sch, [seconds], order.target)
             task.default_rule, task.default_s = rule, seconds
             del pending[task.key]
+
+
+def sweep_variants(tasks: list[Task], order: ScheduleOrder, builder, runner, db,
+                   budget: Budget, say: Callable[[str], None]) -> str:  # fmt: skip
+    """Time every schedule the tasks' default rules offer besides their defaults (their
+    tile sizes: :func:`.tasks.rule_variants`), up to ``budget.trials`` per task, in
+    batches of ``budget.per_iteration``; store each as a record. Returns ``trials``
+    (all timed) or ``time`` (the time budget ran out between batches).
+
+    This is the search around edgecv's own schedules (AutoTVM's templates and knobs):
+    MetaSchedule's generic spaces start from scratch, and on the OpenCL devices here
+    their best candidates ran 3-7x slower than the defaults (Intel's runtime,
+    SqueezeNet's convolutions, 32 trials each). The variants also seed MetaSchedule's
+    search that follows: its first population takes the database's best records."""
+    started = time.perf_counter()
+    work = []
+    for task in tasks:
+        variants = rule_variants(task, order)
+        done = trials_done(task, db)  # --resume: a task's variants are timed first
+        work += [(task, sch) for sch in variants[done : max(done, budget.trials)]]
+    if not work:
+        return "trials"
+    say(f"timing {len(work)} tile variants of edgecv's rules for {len(tasks)} workloads")
+    best: dict[int, float] = {}
+    with bars.bar(len(work), "rule variants", "variant") as bar:
+        for first in range(0, len(work), budget.per_iteration):
+            if budget.seconds is not None and time.perf_counter() - started > budget.seconds:
+                return "time"
+            batch = work[first : first + budget.per_iteration]
+            times = _build_and_time(batch, order.target, builder, runner, rounds=1)
+            for (task, sch), seconds in zip(batch, times, strict=True):
+                commit_schedule(db, task.mod, sch, [min(seconds, FAILED_RUN_S)], order.target)
+                best[task.key] = min(best.get(task.key, seconds), seconds)
+            bar.update(len(batch))
+    faster = [t for t in tasks if t.default_s and best.get(t.key, float("inf")) < t.default_s]
+    say(f"tile variants: {len(faster)} of {len(tasks)} workloads have one faster than their "
+        "default in this run (timed again beside it after the search)")  # fmt: skip
+    return "trials"
 
 
 def _same_code(a, b) -> bool:
@@ -217,7 +257,7 @@ def contexts(tasks: list[Task], target: tvm.target.Target, cores: int, per_itera
                 postprocs=postprocs(target),
                 mutator_probs=ms.mutator.Mutator.create(kind),
             ),
-            search_strategy=evolutionary(per_iteration),
+            search_strategy=evolutionary(per_iteration, gpu=kind != "llvm"),
             task_name=t.name,
             num_threads=cores,
         )
@@ -225,14 +265,27 @@ def contexts(tasks: list[Task], target: tvm.target.Target, cores: int, per_itera
     ]
 
 
-def evolutionary(per_iteration: int):
+def evolutionary(per_iteration: int, gpu: bool = False):
     """MetaSchedule's evolutionary search, smaller than its defaults (population 512,
     4 generations): on 2 cores the default spent 26 s per batch in mutation alone, more
     than building and timing the batch. Four candidates bred per one measured (at most
-    128) keeps the search's share small."""
-    population = max(16, min(128, 4 * per_iteration))
+    128) keeps the search's share small.
+
+    On GPUs two per one measured (at most 64), and two tries to fill the first
+    population: most random samples of a Winograd kernel fail MetaSchedule's GPU checks
+    (112 of 128 on SqueezeNet's), and with the defaults' five tries of 128 one batch of
+    32 took 2-4 minutes to sample (Intel's OpenCL runtime, 2 cores)."""
+    if gpu:
+        population = max(16, min(64, 2 * per_iteration))
+        fails = 2
+    else:
+        population = max(16, min(128, 4 * per_iteration))
+        fails = 5
     return ms.search_strategy.EvolutionarySearch(
-        population_size=population, init_min_unmeasured=population // 4, genetic_num_iters=3
+        population_size=population,
+        init_min_unmeasured=population // 4,
+        max_fail_count=fails,
+        genetic_num_iters=3,
     )
 
 

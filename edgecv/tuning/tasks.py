@@ -135,3 +135,22 @@ def default_schedules(task: Task, order: ScheduleOrder):
             sch = sch[0]
         if isinstance(sch, s_tir.Schedule):
             yield rule_name(rule), sch
+
+
+def rule_variants(task: Task, order: ScheduleOrder) -> list[s_tir.Schedule]:
+    """The other schedules the task's default rule offers a tuner: asked with dlight's
+    ``tunable``, a rule with knobs (tile sizes: :class:`edgecv.schedules.gpu.PackedConv2d`)
+    returns its default schedule first, then one per distinct knob setting. ``[]`` for
+    a rule without knobs, or one that breaks when asked."""
+    rule = next((r for r in [*order.rules, order.safe] if rule_name(r) == task.default_rule), None)
+    if rule is None:
+        return []
+    copy = tvm.ir.load_json(tvm.ir.save_json(task.mod["main"]))
+    try:
+        with order.target:
+            found = rule.apply(copy, order.target, True)
+    except Exception:  # the default applied; variants are a bonus, not a requirement
+        return []
+    if not isinstance(found, list):
+        return []
+    return [sch for sch in found[1:] if isinstance(sch, s_tir.Schedule)]

@@ -21,6 +21,33 @@ def matmul_task(n: int = 128) -> Task:
     return Task("matmul", workload(func), 1, ["matmul"])
 
 
+def packed_conv_task(channels: int = 32, size: int = 14, block: int = 16) -> Task:
+    """A 3x3 conv2d + ReLU in ``NCHW{block}c`` (weights a parameter), lowered as deploy
+    lowers it, as a tuning task whose default rule (``gpu.PackedConv2d`` on OpenCL) has
+    tiles to offer."""
+    from tvm import relax
+
+    from edgecv.graph_tuner.apply import desired_layouts
+    from edgecv.lowering import lower
+
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    w = relax.Var("w", relax.TensorType((channels, channels, 3, 3), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    layout = f"NCHW{block}c"
+    mod = relax.transform.ConvertLayout({}, lambda call: {
+        "relax.nn.conv2d": desired_layouts(call, layout)} if call.op.name == "relax.nn.conv2d"
+        else {})(bb.get())  # fmt: skip
+    kernels = lower(mod).kernels
+    name, func = next((gv.name_hint, f) for gv, f in kernels.functions.items()
+                      if "conv" in gv.name_hint)  # fmt: skip
+    return Task(name, workload(func), 1, [name])
+
+
 def serial(task: Task, gpu: bool) -> s_tir.Schedule:
     """A slow schedule: the whole kernel in one thread (one work-item on a GPU)."""
     sch = s_tir.Schedule(task.mod)

@@ -3,7 +3,10 @@ inlining of the injective blocks around a kernel's main block."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight import ScheduleRule
 from tvm.target import Target
@@ -40,6 +43,31 @@ class GPURule(ScheduleRule):
         sch = self.new_schedule(func)
         found = blocks(sch)
         return sch, found, [b for b in found if "R" in iter_kinds(sch, b)]
+
+    @staticmethod
+    def variants(func: tirx.PrimFunc, target: Target, default, knobs: Sequence,
+                 schedule: Callable) -> s_tir.Schedule | list[s_tir.Schedule] | None:  # fmt: skip
+        """``schedule(func, target, default)``, the rule's schedule with its default
+        knobs (tile sizes); with ``knobs`` (dlight's ``tunable``) a list of it and of
+        every distinct schedule the other knob values give: a tuner's candidates.
+
+        Knob values are upper bounds fitted to the kernel's extents, so many give the
+        same schedule (kept once); one that does not schedule this kernel is left out.
+        """
+        first = schedule(func, target, default)
+        if first is None or not knobs:
+            return first
+        found, seen = [first], {tvm_ffi.structural_hash(first.mod)}
+        for knob in knobs:
+            try:
+                sch = schedule(func, target, knob)
+            except (RuntimeError, ValueError):  # TVM refused: these knobs do not fit this kernel
+                continue
+            key = None if sch is None else tvm_ffi.structural_hash(sch.mod)
+            if key is not None and key not in seen:
+                seen.add(key)
+                found.append(sch)
+        return found
 
 
 def max_threads(target: Target) -> int:

@@ -14,6 +14,9 @@ each value it loads feeds several FMAs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from itertools import product
+
 from tvm import s_tir, tirx
 from tvm.target import Target
 
@@ -37,38 +40,55 @@ CHANNEL_BLOCKS = 2  # channel blocks per work-item in a plain (not depthwise) co
 GROUP = 128  # work-items per group (at most)
 
 
+@dataclass(frozen=True)
+class Tile:
+    """The knobs of a packed convolution's work-item tile (each an upper bound: the
+    rule fits them to the loop extents)."""
+
+    pixels: int = PIXELS
+    channel_blocks: int = CHANNEL_BLOCKS
+    group: int = GROUP
+
+
+# The tiles a tuner tries (``apply(..., tunable=True)``): up to 48, fewer distinct
+# schedules once fitted to a kernel's extents (12-39 on SqueezeNet's convolutions).
+TILES = [Tile(*knobs) for knobs in product((2, 4, 8, 16), (1, 2, 4), (32, 64, 128, 256))]
+
+
 def packings(subgroup: int | None) -> list[int]:
     """The channel blocks this rule is used with on a device: its Intel subgroup width
     (a subgroup per block), else 4 (Mali's float4)."""
     return [subgroup] if subgroup else [4]
 
 
-def pixel_tile(width: int) -> int:
+def pixel_tile(width: int, cap: int = PIXELS) -> int:
     """Output pixels per work-item along a row of ``width``: the largest divisor up to
-    ``PIXELS``, or ``PIXELS`` with the row's last tile predicated when no divisor reaches
+    ``cap``, or ``cap`` with the row's last tile predicated when no divisor reaches
     half of it (a prime width such as SqueezeNet's 109 would get one pixel per
     work-item and a work-group of one channel block)."""
-    best = divisor_at_most(width, PIXELS)
-    return best if 2 * best >= PIXELS or width <= PIXELS else PIXELS
+    best = divisor_at_most(width, cap)
+    return best if 2 * best >= cap or width <= cap else cap
 
 
-def _schedule(sch: s_tir.Schedule, conv, found: list, target: Target, depthwise: bool) -> None:
+def _schedule(sch: s_tir.Schedule, conv, found: list, target: Target, depthwise: bool,
+              tile: Tile) -> None:  # fmt: skip
     _, out = inline_around(sch, conv, found)
-    schedule_tile(sch, conv, out, target, depthwise)
+    schedule_tile(sch, conv, out, target, depthwise, tile)
 
 
-def schedule_tile(sch: s_tir.Schedule, conv, out, target: Target, depthwise: bool) -> None:
+def schedule_tile(sch: s_tir.Schedule, conv, out, target: Target, depthwise: bool,
+                  tile: Tile = Tile()) -> None:  # fmt: skip
     """The work-items and register tile of a packed convolution block ``conv`` (loops
     ``n, co, y, x, lane`` then its reductions), its accumulators written out by ``out``
     (its fused epilogue) or, when None, by a block made here. Also the tile of
     Winograd's products (:mod:`.winograd`), which have the loops of a 1x1 conv."""
     n, co, y, x, lane, *reduction = sch.get_loops(conv)
     block, width = extent(sch, lane), extent(sch, x)
-    pixels = pixel_tile(width)
-    chunks = 1 if depthwise else divisor_at_most(extent(sch, co), CHANNEL_BLOCKS)
+    pixels = pixel_tile(width, tile.pixels)
+    chunks = 1 if depthwise else divisor_at_most(extent(sch, co), tile.channel_blocks)
     bc, vc = sch.split(co, [None, chunks])
     bx, vx = sch.split(x, [None, pixels])
-    limit = max(1, min(max_threads(target), GROUP) // block)
+    limit = max(1, min(max_threads(target), tile.group) // block)
     threads = divisor_at_most(-(-width // pixels), limit)
     bx, tx = sch.split(bx, [None, threads])
     sch.reorder(n, bc, y, bx, tx, lane, *reduction, vc, vx)
@@ -83,9 +103,14 @@ def schedule_tile(sch: s_tir.Schedule, conv, out, target: Target, depthwise: boo
 
 
 class PackedConv2d(GPURule):
-    """``conv2d_NCHWc`` and ``depthwise_conv2d_NCHWc`` with their fused neighbours."""
+    """``conv2d_NCHWc`` and ``depthwise_conv2d_NCHWc`` with their fused neighbours.
 
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+    ``tunable``: the schedules of every tile of :data:`TILES` (the default's first)."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool):
+        return self.variants(func, target, Tile(), TILES if tunable else [], self._tiled)
+
+    def _tiled(self, func: tirx.PrimFunc, target: Target, tile: Tile) -> s_tir.Schedule | None:
         started = self.start(func, target)
         if started is None:
             return None
@@ -95,9 +120,9 @@ class PackedConv2d(GPURule):
         conv = reductions[0]
         name, kinds = sch.get(conv).name_hint, iter_kinds(sch, conv)
         if name.startswith(DEPTHWISE) and kinds == "SSSSSRR":
-            _schedule(sch, conv, found, target, depthwise=True)
+            _schedule(sch, conv, found, target, True, tile)
         elif name.startswith(CONV2D) and kinds in ("SSSSSRRRR", "SSSSSRRR"):
-            _schedule(sch, conv, found, target, depthwise=False)
+            _schedule(sch, conv, found, target, False, tile)
         else:
             return None
         return sch

@@ -23,15 +23,19 @@ from tvm.target import Target
 
 from ..common.winograd import GEMM, INPUT, INPUT_ROWS, NAMES, OUTPUT, OUTPUT_COLS, take_epilogue
 from .base import GPURule, extent, max_threads, work_items
-from .conv2d_packed import schedule_tile
+from .conv2d_packed import TILES, Tile, schedule_tile
 
 GROUP = 128  # work-items per group (at most) in the transforms
 
 
 class Winograd(GPURule):
-    """The kernels holding a ``winograd_gemm`` block."""
+    """The kernels holding a ``winograd_gemm`` block. ``tunable``: the schedules of every
+    tile of the products (:data:`.conv2d_packed.TILES`), the default's first."""
 
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool):
+        return self.variants(func, target, Tile(), TILES if tunable else [], self._tiled)
+
+    def _tiled(self, func: tirx.PrimFunc, target: Target, tile: Tile) -> s_tir.Schedule | None:
         started = self.start(func, target)
         if started is None:
             return None
@@ -46,7 +50,7 @@ class Winograd(GPURule):
         if side is None:
             return None
         limit = min(max_threads(target), GROUP)
-        schedule_tile(sch, gemm, None, target, depthwise=False)
+        schedule_tile(sch, gemm, None, target, False, tile)
         _transform(sch, sch.get_sblock(INPUT), sch.get_sblock(INPUT_ROWS), None, limit)
         _transform(sch, sch.get_sblock(OUTPUT), sch.get_sblock(OUTPUT_COLS), side, limit)
         return sch

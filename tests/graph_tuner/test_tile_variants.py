@@ -1,0 +1,92 @@
+"""The knobs of edgecv's GPU convolution rules (dlight's ``tunable``): every tile a tuner
+may pick computes what the default computes, and the default comes first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from test_opencl import device_or_skip
+from test_packed_rule import _conv_kernel, _conv_module, _run
+from test_winograd import unpack, winograd_case
+
+from edgecv.codegen.opencl import build_opencl
+from edgecv.profiles import load_profile
+from edgecv.runtime.opencl import OpenCLBackend
+from edgecv.schedules.gpu import PackedConv2d, Winograd
+from edgecv.testing import assert_close
+
+PROFILE = load_profile("deeplens")
+TARGET = PROFILE.tvm_target()
+
+
+def packed_conv(channels, outputs, size, kernel, stride, groups):
+    """A packed (16c) conv + bias + residual + ReLU kernel, its inputs, and its output
+    computed by the unscheduled kernel on the CPU."""
+    func = _conv_kernel(_conv_module(channels, outputs, size, kernel, stride, groups, 16, True))
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal([int(d) for d in p.shape]).astype("float32")
+              for p in func.params[:-1]]  # fmt: skip
+    return func, inputs, _run(func, tvm.target.Target("llvm"), inputs)
+
+
+def winograd_conv():
+    """A Winograd F(2x2, 3x3) kernel in 16c on a 13x13 map (tiles predicated at the
+    edge), its inputs, and its output computed by NumPy (packed)."""
+    func, inputs, shape, expected = winograd_case(2, 1, 32, 32, 13, 13, 1, False, block=16)
+    return func, inputs, expected, shape
+
+
+def variants(rule, func):
+    with TARGET:
+        found = rule.apply(func, TARGET, True)
+        default = rule.apply(func, TARGET, False)
+    return found, default
+
+
+def run_all(schedules, inputs, shape) -> list[np.ndarray]:
+    """Each schedule's output on Intel's runtime, all built as one OpenCL program."""
+    mod = tvm.IRModule({f"v{i}": sch.mod["main"].with_attr("global_symbol", f"v{i}")
+                        for i, sch in enumerate(schedules)})  # fmt: skip
+    kernels = build_opencl(mod, TARGET, PROFILE.intel_subgroup_size)
+    assert not kernels.unsupported, kernels.unsupported
+    backend = OpenCLBackend("intel", kernels.source, kernels.launches, kernels.requires)
+    outputs = []
+    for i in range(len(schedules)):
+        tensors = []
+        for array in [*inputs, np.zeros(shape, np.float32)]:
+            tensor = backend.view(backend.alloc(array.nbytes), array.shape, str(array.dtype))
+            backend.upload(tensor, array)
+            tensors.append(tensor)
+        backend.bind(f"v{i}", tensors)()
+        backend.synchronize()
+        outputs.append(backend.download(tensors[-1]))
+    return outputs
+
+
+@pytest.mark.parametrize(
+    "case",
+    [(32, 32, 11, 3, 1, 1), (32, 32, 9, 3, 2, 32), (3, 32, 13, 7, 2, 1)],
+    ids=["3x3-prime-width", "depthwise-strided", "stem-7x7"],
+)
+def test_every_packed_conv_tile_computes_the_kernel(case):
+    device_or_skip("intel(r) opencl")
+    func, inputs, expected = packed_conv(*case)
+    found, default = variants(PackedConv2d(), func)
+    assert isinstance(found, list) and len(found) >= 3, "the rule offers no tiles"
+    assert tvm_ffi.structural_equal(found[0].mod, default.mod), "the default is not first"
+    keys = {tvm_ffi.structural_hash(sch.mod) for sch in found}
+    assert len(keys) == len(found), "a tile offered twice"
+    for n, got in enumerate(run_all(found, inputs, expected.shape)):
+        assert_close(got, expected, name=f"tile variant {n} of {len(found)}")
+
+
+def test_every_winograd_product_tile_computes_the_convolution():
+    device_or_skip("intel(r) opencl")
+    func, inputs, expected, shape = winograd_conv()
+    found, default = variants(Winograd(), func)
+    assert isinstance(found, list) and len(found) >= 3, "the rule offers no tiles"
+    assert tvm_ffi.structural_equal(found[0].mod, default.mod), "the default is not first"
+    for n, got in enumerate(run_all(found, inputs, shape)):
+        assert_close(unpack(got), expected, name=f"Winograd tile variant {n} of {len(found)}")
