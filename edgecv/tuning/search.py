@@ -24,6 +24,7 @@ import inspect
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,8 +96,7 @@ def sweep_variants(tasks: list[Task], order: ScheduleOrder, builder, runner, db,
     This is the search around edgecv's own schedules (AutoTVM's templates and knobs):
     MetaSchedule's generic spaces start from scratch, and on the OpenCL devices here
     their best candidates ran 3-7x slower than the defaults (Intel's runtime,
-    SqueezeNet's convolutions, 32 trials each). The variants also seed MetaSchedule's
-    search that follows: its first population takes the database's best records."""
+    SqueezeNet's convolutions, 32 trials each)."""
     started = time.perf_counter()
     work = []
     for task in tasks:
@@ -271,18 +271,23 @@ def evolutionary(per_iteration: int, gpu: bool = False):
     than building and timing the batch. Four candidates bred per one measured (at most
     128) keeps the search's share small.
 
-    On GPUs two per one measured (at most 64), and two tries to fill the first
-    population: most random samples of a Winograd kernel fail MetaSchedule's GPU checks
-    (112 of 128 on SqueezeNet's), and with the defaults' five tries of 128 one batch of
-    32 took 2-4 minutes to sample (Intel's OpenCL runtime, 2 cores)."""
+    On GPUs two per one measured (at most 64), two tries to fill the first population,
+    and none of it from the database: most random samples of a Winograd kernel fail
+    MetaSchedule's GPU checks (112 of 128 on SqueezeNet's), and with the defaults' five
+    tries of 128 one batch of 32 took 2-4 minutes to sample (Intel's OpenCL runtime, 2
+    cores); with the 30 tile variants of SqueezeNet's stem in the database (heavily
+    unrolled: MetaSchedule's feature extraction walks every unrolled statement), its
+    first batch was not sampled in 9 minutes. Their traces have no sampling decisions
+    for MetaSchedule to mutate anyway."""
     if gpu:
         population = max(16, min(64, 2 * per_iteration))
-        fails = 2
+        fails, from_database = 2, 0.0
     else:
         population = max(16, min(128, 4 * per_iteration))
-        fails = 5
+        fails, from_database = 5, 0.2
     return ms.search_strategy.EvolutionarySearch(
         population_size=population,
+        init_measured_ratio=from_database,
         init_min_unmeasured=population // 4,
         max_fail_count=fails,
         genetic_num_iters=3,
@@ -299,9 +304,8 @@ def search(tasks: list[Task], target: tvm.target.Target, builder, runner, db,
     """Tune ``tasks`` (see the module docstring). Returns why it ended: ``trials`` (all
     done), ``time`` (the time budget) or ``interrupted`` (Ctrl-C).
 
-    Ctrl-C asks the search to stop after the batch being measured (a Python exception
-    raised while MetaSchedule's C++ code runs can abort the process); a second Ctrl-C
-    ends the process at once (exit status 130), records measured so far kept."""
+    Ctrl-C asks the search to stop after the batch being measured; a second Ctrl-C ends
+    the process at once (exit status 130), records measured so far kept (:class:`_CtrlC`)."""
     remaining = {t.key: max(0, budget.trials - trials_done(t, db)) for t in tasks}
     todo = [t for t in tasks if remaining[t.key] > 0]
     if not todo:
@@ -309,19 +313,7 @@ def search(tasks: list[Task], target: tvm.target.Target, builder, runner, db,
     per_task = max(remaining[t.key] for t in todo)
     per_iteration = min(budget.per_iteration, per_task)
     progress = _Progress(todo, sum(remaining[t.key] for t in todo), budget.seconds)
-
-    def on_ctrl_c(signum, frame) -> None:
-        if progress.stop_asked:
-            # An exception raised here lands in MetaSchedule's C++ frames as often as
-            # not, and ends the process with a segfault there: end it cleanly instead.
-            # The records measured so far are on disk (one line each, written as they
-            # are measured); this run's summary is not, so `--resume` re-times defaults.
-            bars.say("stopped: the records measured so far are kept (--resume continues)")
-            os._exit(130)
-        progress.stop_asked = True
-        bars.say("stopping after this batch (Ctrl-C again to stop now)")
-
-    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    watcher = _CtrlC(progress)
     try:
         with progress.bar:
             ms.tune_tasks(
@@ -348,8 +340,51 @@ def search(tasks: list[Task], target: tvm.target.Target, builder, runner, db,
             return "interrupted" if progress.stop_asked else "time"
         raise
     finally:
-        signal.signal(signal.SIGINT, previous)
+        watcher.stop()
     return "trials"
+
+
+class _CtrlC:
+    """Ctrl-C during the search, answered at once even while MetaSchedule's C++ code
+    runs: Python runs a signal handler only when the main thread is back in the
+    interpreter, and sampling one batch of GPU candidates can take minutes there.
+    Python's C-level handler writes each signal to a pipe (``signal.set_wakeup_fd``,
+    from whichever thread the signal lands on: TVM's pool threads too), and a thread
+    of ours reads it (TVM's calls release the GIL). The first Ctrl-C asks the search to
+    stop after its batch; a second ends the process (exit 130): an exception raised
+    into MetaSchedule's C++ frames ended it with a segfault. The records measured so far
+    are on disk (one line each, written as they are measured); this run's summary is
+    not, so ``--resume`` re-times defaults."""
+
+    STOP = b"\0"  # written by stop(): signal numbers are never 0
+
+    def __init__(self, progress: _Progress):
+        self.progress = progress
+        self.read, self.write = os.pipe()
+        os.set_blocking(self.write, False)
+        self.previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+        self.previous_fd = signal.set_wakeup_fd(self.write)
+        self.thread = threading.Thread(target=self._watch, name="edgecv-ctrl-c", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while (byte := os.read(self.read, 1)) not in (b"", self.STOP):
+            if byte[0] != signal.SIGINT:
+                continue
+            if self.progress.stop_asked:
+                bars.say("stopped: the records measured so far are kept (--resume continues)")
+                os._exit(130)
+            self.progress.stop_asked = True
+            bars.say("stopping after this batch (Ctrl-C again to stop now)")
+
+    def stop(self) -> None:
+        """Back to the Ctrl-C handling there was before."""
+        signal.set_wakeup_fd(self.previous_fd)
+        signal.signal(signal.SIGINT, self.previous)
+        os.write(self.write, self.STOP)
+        self.thread.join()
+        os.close(self.read)
+        os.close(self.write)
 
 
 @derived_object

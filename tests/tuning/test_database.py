@@ -353,3 +353,51 @@ def test_ctrl_c_twice_ends_the_search_with_the_records_kept(tmp_path):
     assert process.returncode == 130, printed
     assert "records measured so far are kept" in printed and "Segfault" not in printed
     assert records_of(open_database(db), tiny_tasks(symbol, db)[0].mod)  # defaults at least
+
+
+SPIN = """
+import sys
+import numpy as np
+import tvm
+from tvm.script import tirx as T
+from edgecv.tuning.search import _CtrlC, _Progress
+
+@T.prim_func
+def spin(a: T.Buffer((1,), "float32"), n: T.int64):
+    for i in range(n):
+        a[0] = a[0] * T.float32(0.5) + T.float32(1.0)
+
+kernel = tvm.compile(tvm.IRModule({"main": spin.with_attr("global_symbol", "main")}), "llvm")
+x = tvm.runtime.tensor(np.zeros(1, np.float32))
+watcher = _CtrlC(_Progress([], 1, None))
+print("spinning", flush=True)
+kernel["main"](x, 40_000_000_000)  # a minute or more in native code, never back in Python
+print("returned", flush=True)
+"""
+
+
+def test_ctrl_c_is_answered_while_native_code_runs(tmp_path):
+    """Python runs a signal handler only when the main thread is back in the interpreter,
+    and MetaSchedule samples a batch for minutes in C++: the search answers Ctrl-C from a
+    thread of its own, at once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "spin.py"
+    script.write_text(SPIN)
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    assert process.stdout.readline().strip() == "spinning"
+    time.sleep(1)
+    process.send_signal(signal.SIGINT)
+    time.sleep(1)
+    process.send_signal(signal.SIGINT)
+    try:
+        rest, _ = process.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise AssertionError("Ctrl-C twice did not end the process in 20 s") from None
+    assert process.returncode == 130, rest
+    assert "stopping after this batch" in rest and "returned" not in rest
