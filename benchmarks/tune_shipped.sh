@@ -5,6 +5,9 @@
 #   benchmarks/tune_shipped.sh cpu      # mobilenet1.0, squeezenet1.0, resnet50_v1 for `cpu`
 #   benchmarks/tune_shipped.sh deeplens # mobilenet1.0 on Intel's OpenCL runtime
 #   benchmarks/tune_shipped.sh aisage   # mobilenet1.0 on PoCL
+#   benchmarks/tune_shipped.sh rules deeplens [MODEL ...]
+#       the tile variants of edgecv's rules for every workload of the seven zoo models
+#       (or those named), no MetaSchedule search (--rules-only), raced and shipped
 #   benchmarks/tune_shipped.sh verdicts cpu|deeplens device_profiles/tuning/<class>
 #       after a rule edit: no search; the default of every workload of the seven zoo
 #       models timed under today's rules, and records that beat it timed beside it
@@ -34,6 +37,15 @@ case "${1:-cpu}" in
     tune resnet50_v1 cpu ;;
   deeplens) tune mobilenet1.0 deeplens --on intel ;;
   aisage) tune mobilenet1.0 aisage --on pocl ;;
+  rules)
+    trials=48 tasks=100000
+    device=$2; shift 2
+    models=("$@")
+    [ ${#models[@]} -gt 0 ] || models=(mobilenet1.0 resnet50_v1 squeezenet1.0
+      ssd_512_mobilenet1.0_voc ssd_512_resnet50_v1_voc yolo3_mobilenet1.0_coco yolo3_darknet53_voc)
+    for model in "${models[@]}"; do
+      tune "$model" "$device" --rules-only
+    done ;;
   verdicts)
     trials=0
     work="$(mktemp -d)/db"

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import tvm
+import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
 from ..graph_tuner.costs import COSTS_FILE
@@ -95,17 +96,29 @@ def ship(work: Path, destination: Path, device: DeviceClass, summary: dict) -> i
     workloads shipped. The folder is written aside and renamed in, whole, with the
     graph tuner's layout costs it held."""
     merged = ms.database.MemoryDatabase(module_equality="structural")
-    for folder in (destination, work):
-        if (folder / WORKLOADS).is_file() and (folder / RECORDS).is_file():
-            for record in open_database(folder).get_all_tuning_records():
-                if record.run_secs and min(float(s) for s in record.run_secs) < FAILED_S:
-                    # under the merged database's own workload: a record keeps its
-                    # source's, and pruning is per workload object (two folders holding
-                    # one workload shipped it twice)
-                    same = merged.commit_workload(record.workload.mod)
-                    merged.commit_tuning_record(ms.database.TuningRecord(
-                        record.trace, same, record.run_secs, record.target,
-                        record.args_info))  # fmt: skip
+    # The work folder's records first, and the shipped folder's only for workloads the
+    # work folder lacks: a workload's verdict was decided on the work folder's best
+    # record, and a shipped record timed faster in another session (another moment)
+    # would otherwise take its place unraced.
+    held: set[int] = set()
+    for folder in (work, destination):
+        if not ((folder / WORKLOADS).is_file() and (folder / RECORDS).is_file()):
+            continue
+        added = set()
+        for record in open_database(folder).get_all_tuning_records():
+            key = int(tvm_ffi.structural_hash(record.workload.mod))
+            if key in held or not record.run_secs:
+                continue
+            if min(float(s) for s in record.run_secs) < FAILED_S:
+                # under the merged database's own workload: a record keeps its source's,
+                # and pruning is per workload object (two folders holding one workload
+                # shipped it twice)
+                same = merged.commit_workload(record.workload.mod)
+                merged.commit_tuning_record(ms.database.TuningRecord(
+                    record.trace, same, record.run_secs, record.target,
+                    record.args_info))  # fmt: skip
+                added.add(key)
+        held |= added
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}-", dir=destination.parent))
     try:

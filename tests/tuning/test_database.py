@@ -123,6 +123,30 @@ def test_shipping_keeps_the_best_record_of_each_workload(tuned, tmp_path):
     assert len(lines) == len(tasks)
 
 
+def test_an_old_shipped_record_timed_faster_does_not_replace_the_one_just_raced(tuned, tmp_path):
+    """The work folder's verdict was decided on its own best record: shipping keeps that
+    record, whatever time an older shipped record of the workload claims."""
+    from tvm.s_tir import meta_schedule as ms
+
+    symbol, db = tuned
+    target = load_profile("cpu").tvm_target()
+    work, old = open_database(db), open_database(tmp_path / "shipped")
+
+    def mean(record) -> float:
+        return float(np.mean([float(s) for s in record.run_secs]))
+
+    for task in tiny_tasks(symbol, db):  # its slowest schedule, claiming a nanosecond
+        slowest = max(records_of(work, task.mod), key=mean)
+        old.commit_tuning_record(ms.database.TuningRecord(
+            slowest.trace, old.commit_workload(task.mod), [1e-9], target,
+            slowest.args_info))  # fmt: skip
+    ship(db, tmp_path / "shipped", cpu_class(target), {})
+    shipped = open_database(tmp_path / "shipped")
+    for task in tiny_tasks(symbol, db):
+        (kept,) = records_of(shipped, task.mod)
+        assert mean(kept) == pytest.approx(min(mean(r) for r in records_of(work, task.mod)))
+
+
 def test_a_tuned_deploy_gives_the_numbers_of_the_default_build_and_mxnet(tuned, tmp_path):
     from conftest import mxnet_forward
 
