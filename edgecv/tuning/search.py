@@ -275,10 +275,10 @@ def evolutionary(per_iteration: int, gpu: bool = False):
     and none of it from the database: most random samples of a Winograd kernel fail
     MetaSchedule's GPU checks (112 of 128 on SqueezeNet's), and with the defaults' five
     tries of 128 one batch of 32 took 2-4 minutes to sample (Intel's OpenCL runtime, 2
-    cores); with the 30 tile variants of SqueezeNet's stem in the database (heavily
-    unrolled: MetaSchedule's feature extraction walks every unrolled statement), its
-    first batch was not sampled in 9 minutes. Their traces have no sampling decisions
-    for MetaSchedule to mutate anyway."""
+    cores); with the 30 tile variants of SqueezeNet's stem in the database (unrolled
+    code), its first batch was not sampled in 9 minutes (the process in TVM's region
+    analysis), and taking none from the database, about a minute. The rules' traces
+    hold no sampling decisions for MetaSchedule to mutate anyway."""
     if gpu:
         population = max(16, min(64, 2 * per_iteration))
         fails, from_database = 2, 0.0
