@@ -38,11 +38,13 @@ def packed_conv_task(channels: int = 32, size: int = 14, block: int = 16) -> Tas
             y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))
             out = bb.emit_output(y)
         bb.emit_func_output(out)
-    layout = f"NCHW{block}c"
-    mod = relax.transform.ConvertLayout({}, lambda call: {
-        "relax.nn.conv2d": desired_layouts(call, layout)} if call.op.name == "relax.nn.conv2d"
-        else {})(bb.get())  # fmt: skip
-    kernels = lower(mod).kernels
+
+    def packed(call) -> dict:
+        if call.op.name != "relax.nn.conv2d":
+            return {}
+        return {"relax.nn.conv2d": desired_layouts(call, f"NCHW{block}c")}
+
+    kernels = lower(relax.transform.ConvertLayout({}, packed)(bb.get())).kernels
     name, func = next((gv.name_hint, f) for gv, f in kernels.functions.items()
                       if "conv" in gv.name_hint)  # fmt: skip
     return Task(name, workload(func), 1, [name])
