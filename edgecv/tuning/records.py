@@ -92,7 +92,8 @@ def best_seconds(db, mod: tvm.IRModule) -> float | None:
 
 def ship(work: Path, destination: Path, device: DeviceClass, summary: dict) -> int:
     """Merge the records of ``work`` into ``destination`` (the shipped folder), keeping
-    only the best record per workload (``Database.dump_pruned``); returns the number of
+    only the best record per workload (``Database.dump_pruned``), among ``work``'s for
+    the workloads it holds (below); returns the number of
     workloads shipped. The folder is written aside and renamed in, whole, with the
     graph tuner's layout costs it held."""
     merged = ms.database.MemoryDatabase(module_equality="structural")
