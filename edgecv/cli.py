@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from . import progress
-from .errors import EdgecvError, ShapeError, foreign_message
+from .errors import EdgecvError, ShapeError, foreign_message, missing_extra
 from .outputs import check_image_path, check_output_folder, save_arrays, save_image
 
 
@@ -391,9 +391,17 @@ def build_parser() -> argparse.ArgumentParser:
     from .demo import add_parser as add_demo
 
     add_demo(sub, common)
-    from .tuning.command import add_parser as add_tune
-
-    add_tune(sub, common)
+    try:
+        from .tuning.command import add_parser as add_tune
+    except ImportError as err:  # a board's device runtime: no compiler side to tune with
+        refusal = missing_extra(err, "`edgecv tune`")
+        if refusal is None:
+            raise
+        t = sub.add_parser("tune", parents=[common], help="tune kernels (needs edgecv[compiler])")
+        t.add_argument("arguments", nargs=argparse.REMAINDER)
+        t.set_defaults(func=_refuse(refusal))
+    else:
+        add_tune(sub, common)
 
     v = sub.add_parser("devices", parents=[common], help="list OpenCL and CUDA devices here")
     v.set_defaults(func=cmd_devices)
@@ -401,6 +409,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profiles", parents=[common], help="list device profiles")
     p.set_defaults(func=cmd_profiles)
     return parser
+
+
+def _refuse(error: EdgecvError):
+    def refuse(args: argparse.Namespace) -> int:
+        raise error
+
+    return refuse
 
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:
@@ -420,7 +435,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:  # a user reads the warning, not the line of edgecv that raised it
         warnings.formatwarning = _format_warning
     try:
-        return args.func(args)
+        try:
+            return args.func(args)
+        except ImportError as err:  # an optional part this install lacks (a board's)
+            refusal = missing_extra(err, f"`edgecv {args.command}`")
+            if refusal is None:
+                raise
+            raise refusal from None
     except EdgecvError as err:
         if args.verbose:
             traceback.print_exc()

@@ -9,11 +9,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 from .errors import EdgecvError
-from .imaging import Detection, draw, draw_label
+from .imaging import Detection, draw, draw_label, opencv
 from .outputs import check_output_folder
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp"}
@@ -21,6 +20,7 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp"}
 
 def frames(camera: int | None, video: str | None, images: str | None) -> Iterator[np.ndarray]:
     """BGR frames from a camera index, a video file or a folder of images (sorted)."""
+    cv2 = opencv()
     if images is not None:
         folder = Path(images)
         files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if (
@@ -64,6 +64,7 @@ def annotate(model, frame: np.ndarray, result, fps: float | None) -> tuple:
 def fit(frame: np.ndarray, result, size: tuple[int, int]) -> tuple[np.ndarray, list]:
     """``frame`` scaled to fit ``size`` (width, height) with its aspect kept, on black,
     and ``result``'s boxes moved with it (a classifier's classes are kept)."""
+    cv2 = opencv()
     h, w = frame.shape[:2]
     width, height = size
     if (w, h) == (width, height):
@@ -101,6 +102,7 @@ class VideoOut:
         height, width = frame.shape[:2]
         if self.writer is None:
             self.size = (width, height)
+            cv2 = opencv()
             fourcc = cv2.VideoWriter_fourcc(*"mp4v")
             self.writer = cv2.VideoWriter(self.path, fourcc, self.fps, self.size)
             if not self.writer.isOpened():
@@ -115,6 +117,8 @@ class VideoOut:
 
 def cmd_demo(args) -> int:
     from .model import load
+
+    cv2 = opencv()
 
     if args.headless and not args.output:
         raise EdgecvError("--headless needs -o OUT.mp4 (where the annotated video goes)")

@@ -65,6 +65,28 @@ class QuantizedGraphError(UnsupportedOpsError):
         )
 
 
+# Modules of the optional parts of edgecv, and the extra of ``pip install`` that brings each.
+EXTRAS = {
+    "tvm": "compiler", "mxnet": "compiler", "gluoncv": "compiler", "skimage": "compiler",
+    "scipy": "compiler", "xgboost": "compiler", "psutil": "compiler", "tqdm": "compiler",
+    "cloudpickle": "compiler", "tornado": "compiler", "pyopencl": "opencl", "cv2": "images",
+}  # fmt: skip
+
+
+def missing_extra(err: ImportError, what: str) -> EdgecvError | None:
+    """The error for ``what`` (a command) when ``err`` is a module of an extra this install
+    lacks (a board's device runtime has no compiler), else None."""
+    top = (getattr(err, "name", None) or "").partition(".")[0]
+    extra = EXTRAS.get(top)
+    if extra is None:
+        return None
+    if extra == "compiler":
+        needs = f"edgecv's compiler side (a workstation's install), and `{top}` is not here"
+    else:
+        needs = f"`{top}`, which is not installed here"
+    return EdgecvError(f"{what} needs {needs}: pip install 'edgecv[{extra}]'")
+
+
 def foreign_message(err: BaseException, limit: int | None = None) -> str:
     """The meaningful line of another library's error, without its traceback text.
 

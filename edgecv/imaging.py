@@ -6,14 +6,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
 from .errors import EdgecvError
 
 
+def opencv():
+    """OpenCV, imported on first use: a board that only runs tensors needs none."""
+    try:
+        import cv2
+    except ImportError:
+        raise EdgecvError(
+            "decoding, resizing and drawing images needs OpenCV, which is not installed: "
+            "pip install 'edgecv[images]' (or feed tensors: `edgecv run PKG --input x.npy`)"
+        ) from None
+    return cv2
+
+
 def read_image(path: str | Path) -> np.ndarray:
     """Read an image file as an HxWx3 uint8 BGR array (OpenCV's convention)."""
+    cv2 = opencv()
     image = cv2.imread(str(path), cv2.IMREAD_COLOR)
     if image is None:
         raise EdgecvError(f"cannot read image {path}: missing or not an image OpenCV can decode")
@@ -23,6 +35,7 @@ def read_image(path: str | Path) -> np.ndarray:
 def preprocess(image_bgr: np.ndarray, spec: dict[str, Any], shape: tuple[int, ...]) -> np.ndarray:
     """BGR uint8 image -> the model's NCHW float input, as the manifest describes."""
     height, width = shape[2], shape[3]
+    cv2 = opencv()
     resized = cv2.resize(image_bgr, (width, height), interpolation=cv2.INTER_LINEAR)
     rgb = resized[:, :, ::-1] if spec.get("color", "RGB") == "RGB" else resized
     x = rgb.astype(np.float32) * np.float32(spec.get("scale", 1.0))
@@ -73,7 +86,6 @@ def detections(
 
 
 BOX_BGR = (0, 200, 255)  # boxes and their labels' backgrounds
-FONT = cv2.FONT_HERSHEY_SIMPLEX
 
 
 def draw_label(
@@ -86,12 +98,14 @@ def draw_label(
 ) -> tuple[int, int]:
     """Draw ``text`` on a filled rectangle whose top-left is ``corner`` (moved inside the
     image), in place: readable on any photo. Returns the rectangle's size."""
-    (width, height), baseline = cv2.getTextSize(text, FONT, scale, 1)
+    cv2 = opencv()
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    (width, height), baseline = cv2.getTextSize(text, font, scale, 1)
     width, height = width + 6, height + baseline + 4
     x = min(max(corner[0], 0), max(image.shape[1] - width, 0))
     y = min(max(corner[1], 0), max(image.shape[0] - height, 0))
     cv2.rectangle(image, (x, y), (x + width - 1, y + height - 1), background, cv2.FILLED)
-    cv2.putText(image, text, (x + 3, y + height - baseline - 2), FONT, scale, color, 1,
+    cv2.putText(image, text, (x + 3, y + height - baseline - 2), font, scale, color, 1,
                 cv2.LINE_AA)  # fmt: skip
     return width, height
 
@@ -102,12 +116,13 @@ def draw(image_bgr: np.ndarray, found: list[Detection], fps: float | None = None
     Each label sits on a box-coloured tab above its box (inside it at the image's top
     edge); the frame rate is green on black in the top-left corner, drawn last.
     """
+    cv2 = opencv()
     out = image_bgr.copy()
     for det in found:
         x1, y1, x2, y2 = (int(round(v)) for v in det.box)
         cv2.rectangle(out, (x1, y1), (x2, y2), BOX_BGR, 2)
         text = f"{det.label} {det.score:.2f}"
-        (_, height), baseline = cv2.getTextSize(text, FONT, 0.5, 1)
+        (_, height), baseline = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, 0.5, 1)
         above = y1 - 1 - (height + baseline + 4)
         draw_label(out, text, (x1 - 1, above if above >= 0 else y1 + 1))
     if fps is not None:

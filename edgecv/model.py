@@ -13,6 +13,7 @@ from .package import read_manifest
 from .package_format import Plan
 from .runtime.cpu import CPUBackend
 from .runtime.executor import Executor
+from .runtime.host import check_host
 
 
 class DeployedModel:
@@ -32,13 +33,20 @@ class DeployedModel:
         """One backend per device the plan uses: the GPU's, and the CPU's for fallback."""
         kernels = self.manifest["build"]["kernels"]
         if "opencl" not in kernels and "cuda" not in kernels:
-            return {"cpu": CPUBackend.load(self.root / kernels["cpu"])}
+            return {"cpu": self._cpu_backend()}
         backends = {"gpu": self._gpu_backend(on)}
         if "cpu" in plan.devices() or any(b.device == "cpu" for b in plan.buffers):
             if "cpu" not in kernels:
                 raise PackageError(f"{self.root}: the plan runs on the CPU but has no CPU kernels")
-            backends["cpu"] = CPUBackend.load(self.root / kernels["cpu"])
+            backends["cpu"] = self._cpu_backend()
         return backends
+
+    def _cpu_backend(self) -> CPUBackend:
+        """The CPU kernels, once this machine is known to execute them."""
+        check_host(self.manifest["build"].get("host"), self.root)
+        kernels = self.manifest["build"]["kernels"]
+        runtime = kernels.get("tvm_runtime")
+        return CPUBackend.load(self.root / kernels["cpu"], runtime and self.root / runtime)
 
     def _gpu_backend(self, on: str | None):
         kernels = self.manifest["build"]["kernels"]

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 from .errors import EdgecvError, foreign_message
+from .imaging import opencv
 
 
 def check_output_folder(path: str | Path) -> None:
@@ -25,7 +25,7 @@ def check_output_folder(path: str | Path) -> None:
 def check_image_path(path: str | Path) -> None:
     """``path``'s folder exists and OpenCV can write its extension (.jpg, .png, ...)."""
     check_output_folder(path)
-    if not Path(path).suffix or not cv2.haveImageWriter(str(path)):
+    if not Path(path).suffix or not opencv().haveImageWriter(str(path)):
         raise EdgecvError(
             f"cannot write image {path}: OpenCV has no writer for the extension "
             f"`{Path(path).suffix or '(none)'}`; use .jpg, .png or .bmp"
@@ -35,6 +35,7 @@ def check_image_path(path: str | Path) -> None:
 def save_image(path: str | Path, image: np.ndarray) -> None:
     """Write an image, raising (not returning False) when it was not written."""
     check_image_path(path)
+    cv2 = opencv()
     try:
         ok = cv2.imwrite(str(path), image)
     except cv2.error as err:

@@ -21,9 +21,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from tqdm import tqdm
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 T = TypeVar("T")
 
@@ -39,6 +40,11 @@ def bars_enabled() -> bool:
 
 def say(message: str) -> None:
     """Print one stage line to stderr (``[edgecv] message``); shown with or without bars."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # a board's device runtime draws no bars to keep clear of
+        print(f"[edgecv] {message}", file=sys.stderr)
+        return
     tqdm.write(f"[edgecv] {message}", file=sys.stderr)
 
 
@@ -65,6 +71,8 @@ def steps(
     """
     if total is None and hasattr(iterable, "__len__"):
         total = len(iterable)  # type: ignore[arg-type]
+    from tqdm import tqdm
+
     yield from tqdm(
         iterable,
         desc=desc,
@@ -80,6 +88,8 @@ def steps(
 def bar(total: int, desc: str, unit: str = "step") -> tqdm:
     """A bar to advance by hand (``with bar(n, "building") as b: ... b.update(1)``);
     same display rules as :func:`steps`."""
+    from tqdm import tqdm
+
     return tqdm(
         total=total,
         desc=desc,

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import tvm
 from tvm import tirx
-from tvm.support import cc
 
-from ..errors import EdgecvError
+from .host import Host, host_of, link
 
 
 def compile_object(target: tvm.target.Target):
@@ -32,16 +31,10 @@ def compile_object(target: tvm.target.Target):
     return compile_one
 
 
-def link_objects(objects: list[str], output: Path, host: str = "this machine") -> None:
-    """Link kernel objects into the shared library ``output``."""
-    try:
-        cc.create_shared(str(output), objects)
-    except Exception as err:
-        raise EdgecvError(
-            f"cannot link the CPU kernels for {host}: {str(err).strip()[-300:]}. Install a "
-            "C compiler (and a cross compiler for another host CPU), or pass --host native "
-            "to run the package on this machine"
-        ) from None
+def link_objects(objects: list[str], output: Path, host: Host | None = None) -> None:
+    """Link kernel objects into the shared library ``output`` for ``host`` (this
+    machine by default); see :mod:`.host` for the linker of another ISA."""
+    link(host or host_of(tvm.target.Target({"kind": "llvm"})), objects, output)
 
 
 def build_cpu(

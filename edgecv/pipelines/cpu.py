@@ -32,15 +32,14 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     progress(f"scheduling and compiling {len(lowered.kernels.functions)} kernels for "
              f"{target.attrs.get('mcpu', 'the CPU')}")  # fmt: skip
     started = time.perf_counter()
-    write, facts = compile_cpu_kernels(
-        lowered.kernels, target, lowered, options, progress, str(target.attrs.get("mcpu", "cpu"))
-    )
+    write, facts = compile_cpu_kernels(lowered.kernels, target, lowered, options, progress)
+    host = facts.pop("host")
     timings = {**lowered.timings, "build_s": time.perf_counter() - started}
     return Built(
         lowered.plan,
         lowered.constants,
         write,
-        {"schedules": {"cpu": facts}, "layouts": layouts},
+        {"schedules": {"cpu": facts}, "layouts": layouts, "host": host},
         timings,
         lowered.kernel_ops,
     )

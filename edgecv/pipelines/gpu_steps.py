@@ -10,6 +10,7 @@ import tvm
 
 from ..codegen.contained import Compiled
 from ..codegen.gpu_lowering import device_module, lower_to_file
+from ..codegen.host import host_of
 from ..errors import EdgecvError
 from ..fallback import Placement, insert_copies, place
 from ..lowering import Lowered
@@ -110,16 +111,18 @@ def copies_and_cpu_kernels(
         f"placement: {placement.on('gpu')} launches on the GPU, {placement.on('cpu')} on the "
         f"CPU, {len(copies)} device copies ({sum(c.nbytes for c in copies):,} bytes per run)"
     )
-    facts = {"placement": placement_facts(plan, placement, copies)}
+    host = profile.host_target()
+    # the board's CPU, recorded whether or not code runs on it (checked where it does)
+    facts = {"placement": placement_facts(plan, placement, copies),
+             "host": host_of(host).to_json()}  # fmt: skip
     cpu_names = kernels_on(lowered, placement, "cpu")
     write_cpu = None
     if cpu_names:
-        host = profile.host_target()
         progress(f"compiling {len(cpu_names)} CPU fallback kernels for {host.attrs.get('mcpu')}")
         write_cpu, cpu_facts = compile_cpu_kernels(
-            subset(lowered.kernels, cpu_names), host, lowered, options, progress,
-            profile.host.get("mtriple", "this machine"),
-        )  # fmt: skip
+            subset(lowered.kernels, cpu_names), host, lowered, options, progress
+        )
+        del cpu_facts["host"]
         facts["cpu_schedules"] = cpu_facts
     return plan, facts, write_cpu
 

@@ -17,7 +17,7 @@ from ..codegen.contained import DEFAULT_TIME_LIMIT_S, Compiled, CompileOne, comp
 from ..codegen.op_versions import OpVersions
 from ..errors import EdgecvError
 from ..lowering import Lowered
-from ..package_format import Plan
+from ..package_format import TVM_RUNTIME_FILE, Plan
 from ..schedules.stage import ScheduleOrder
 
 Progress = Callable[[str], None]
@@ -146,13 +146,16 @@ def compile_cpu_kernels(
     lowered: Lowered,
     options: BuildOptions,
     progress: Progress,
-    host_label: str,
 ) -> tuple[Callable, dict]:
-    """Schedule and compile CPU kernels; returns how to link them into the package and
-    the schedule facts. A kernel no rule compiles is an error naming it."""
+    """Schedule and compile CPU kernels; returns how to link them into the package (with
+    TVM's runtime library for their host) and the facts: the schedules, and the host
+    the code runs on (``host``). A kernel no rule compiles is an error naming it."""
+    from ..codegen.host import host_of, tvm_runtime_for
     from ..codegen.llvm import compile_object, link_objects
     from .orders import cpu_order, tuning_database
 
+    host = host_of(target)
+    runtime_library = tvm_runtime_for(host, progress)  # before minutes of compiling
     order = cpu_order(target, tuning_database(options.tuning))
     started = time.perf_counter()
     compiled, work = compile_kernels(
@@ -176,11 +179,13 @@ def compile_cpu_kernels(
 
     def write(writer) -> dict[str, str]:
         try:
-            link_objects(objects, writer.path("kernels/cpu.so"), host_label)
+            link_objects(objects, writer.path("kernels/cpu.so"), host)
         finally:
             work.cleanup()
-        return {"cpu": "kernels/cpu.so"}
+        writer.path(TVM_RUNTIME_FILE).write_bytes(runtime_library.read_bytes())
+        return {"cpu": "kernels/cpu.so", "tvm_runtime": TVM_RUNTIME_FILE}
 
     facts = schedule_facts(compiled, lowered.kernel_ops)
     facts["compile_s"] = round(seconds, 3)
+    facts["host"] = host.to_json()
     return write, facts

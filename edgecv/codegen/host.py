@@ -1,0 +1,163 @@
+"""The host a package's CPU code is built for: its triple, its linker, its TVM runtime.
+
+A profile's ``host`` names the board's CPU (``aarch64-linux-gnu``, ``cortex-a72``); the
+workstation deploying is usually another machine (x86-64). Kernels are compiled for the
+board by TVM's LLVM (every LLVM target is in the wheel); linking them needs a linker for
+the board's ISA and C library, which the host's ``cc`` is not. edgecv links foreign
+hosts with Zig's ``zig cc`` from the ``ziglang`` wheel: a pip-installable clang + lld
+that carries the glibc stubs of every version for every Linux ISA, so the compiler
+side's own ``pip install`` brings it (no apt, no sysroot), and the library is linked
+against the oldest glibc of the boards we serve (:data:`GLIBC`), so it loads on their
+distributions. A host of this machine's ISA links with the system's ``cc``, as before.
+
+The package also carries TVM's runtime library for its host (the thread pool and
+workspace functions kernels call back into; :mod:`edgecv.runtime.cpu`): this machine's
+copy when the ISAs agree, else the one inside the ``apache-tvm`` wheel of the board's
+platform (same version), fetched from PyPI once and cached.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import tvm
+
+from ..errors import EdgecvError
+from ..runtime.host import CHECKED_FEATURES, arch_of, this_arch
+from ..runtime.kernel_cache import cache_dir
+
+# JetPack 4 (Jetson Nano) is Ubuntu 18.04: glibc 2.27, the oldest of the profiles' boards.
+GLIBC = "2.27"
+# PyPI platform tags of TVM's wheels, per ISA (for the runtime library of a foreign host).
+WHEEL_PLATFORMS = {"aarch64": ["manylinux_2_28_aarch64", "manylinux_2_27_aarch64"]}
+RUNTIME_LIBRARY = "libtvm_runtime.so"
+ZIG_INSTALL = "pip install 'edgecv[compiler]' (it brings the ziglang toolchain)"
+
+
+@dataclass(frozen=True)
+class Host:
+    """The CPU a package's kernel library runs on."""
+
+    triple: str
+    cpu: str
+    features: tuple[str, ...]  # the checked CPU features its code may use (LLVM names)
+
+    @property
+    def arch(self) -> str:
+        return arch_of(self.triple)
+
+    @property
+    def is_native_isa(self) -> bool:
+        return self.arch == this_arch()
+
+    def to_json(self) -> dict:
+        return {"triple": self.triple, "cpu": self.cpu, "features": list(self.features)}
+
+
+def host_of(target: tvm.target.Target) -> Host:
+    """The host record of an LLVM target (the features its code may use, as recorded in
+    the manifest and checked by :func:`edgecv.runtime.host.check_host`)."""
+    triple = str(target.attrs.get("mtriple", "") or tvm.target.codegen.llvm_get_system_triple())
+    arch = arch_of(triple)
+    enabled = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
+    checked = sorted(enabled & set(CHECKED_FEATURES.get(arch, {})))
+    return Host(triple, str(target.attrs.get("mcpu", "") or "generic"), tuple(checked))
+
+
+def link_command(host: Host, objects: list[str], output: Path) -> list[str] | None:
+    """The command linking ``objects`` into a shared library for ``host``; None means
+    the system's ``cc`` (through TVM's helper), for a host of this machine's ISA."""
+    if host.is_native_isa:
+        return None
+    zig = _zig()
+    target = f"{host.arch}-linux-gnu.{GLIBC}"
+    return [*zig, "cc", "-target", target, "-shared", "-o", str(output), *objects, "-lm"]
+
+
+def _zig() -> list[str]:
+    if importlib.util.find_spec("ziglang") is None:
+        raise EdgecvError(
+            "linking CPU kernels for another CPU architecture needs a cross linker, and the "
+            f"ziglang toolchain is not installed: {ZIG_INSTALL}, or pass --host native to "
+            "build the CPU part for this machine"
+        )
+    return [sys.executable, "-m", "ziglang"]
+
+
+def link(host: Host, objects: list[str], output: Path) -> None:
+    """Link kernel objects into the shared library ``output`` for ``host``."""
+    from tvm.support import cc
+
+    command = link_command(host, objects, output)
+    try:
+        if command is None:
+            cc.create_shared(str(output), objects)
+        else:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                raise RuntimeError(done.stderr.strip() or f"exit status {done.returncode}")
+    except EdgecvError:
+        raise
+    except Exception as err:
+        raise EdgecvError(
+            f"cannot link the CPU kernels for {host.triple}: {str(err).strip()[-300:]}. "
+            + (
+                "Install a C compiler (cc)"
+                if command is None
+                else f"Check the ziglang toolchain ({ZIG_INSTALL})"
+            )
+            + ", or pass --host native to run the package on this machine"
+        ) from None
+
+
+def tvm_runtime_for(host: Host, progress=lambda message: None) -> Path:
+    """TVM's runtime library for ``host``: this machine's, or one fetched for its ISA."""
+    if host.is_native_isa:
+        library = Path(tvm.__file__).parent / "lib" / RUNTIME_LIBRARY
+        if library.is_file():
+            return library
+        raise EdgecvError(f"the TVM wheel here has no {library}; reinstall apache-tvm")
+    platforms = WHEEL_PLATFORMS.get(host.arch)
+    if platforms is None:
+        raise EdgecvError(
+            f"edgecv has no TVM runtime for {host.arch} hosts (known: "
+            f"{', '.join(sorted(WHEEL_PLATFORMS))}); pass --host native"
+        )
+    folder = cache_dir().parent / "tvm-runtime" / f"{tvm.__version__}-{host.arch}"
+    library = folder / RUNTIME_LIBRARY
+    if library.is_file():
+        return library
+    progress(
+        f"fetching TVM's runtime library for {host.arch} (the apache-tvm {tvm.__version__} "
+        "wheel for that platform, about 95 MB from PyPI, once)"
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        command = [
+            *(sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", tmp),
+            *("--only-binary=:all:", "--python-version", "3.11"),
+            *(f"--platform={p}" for p in platforms),
+            f"apache-tvm=={tvm.__version__}",
+        ]
+        done = subprocess.run(command, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("apache_tvm-*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise EdgecvError(
+                f"cannot fetch TVM's runtime library for {host.arch}: `pip download "
+                f"apache-tvm=={tvm.__version__}` for {platforms[0]} failed "
+                f"({(done.stderr or done.stdout).strip()[-300:]}). Where PyPI is not "
+                f"reachable, put that wheel's tvm/lib/{RUNTIME_LIBRARY} at {library}"
+            )
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            data = wheel.read(f"tvm/lib/{RUNTIME_LIBRARY}")
+        partial = Path(tmp) / RUNTIME_LIBRARY
+        partial.write_bytes(data)
+        os.replace(partial, library)
+    return library
