@@ -71,7 +71,9 @@ def detections(
     sy, sx = image_hw[0] / input_hw[0], image_hw[1] / input_hw[1]
     found = []
     for cid, score, box in zip(
-        ids.reshape(-1), scores.reshape(-1), boxes.reshape(-1, 4), strict=True
+        ids.reshape(-1),
+        scores.reshape(-1),
+        boxes.reshape(-1, 4),
     ):
         if cid < 0 or score < threshold:
             continue

@@ -210,7 +210,12 @@ def unpack_if_archive(path: Path) -> Path:
                 )
             staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=path.parent))
             try:
-                tar.extractall(staging, filter="data")
+                # the members were checked above; Python 3.9-3.11 before mid-2023 releases
+                # lack extraction filters, newer ones warn without one
+                if hasattr(tarfile, "data_filter"):
+                    tar.extractall(staging, filter="data")
+                else:
+                    tar.extractall(staging)
                 (staging / target.name).rename(target)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)

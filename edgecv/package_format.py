@@ -140,7 +140,7 @@ class Plan:
                 and writer[r].device == step.device == self.buffers[r].device
                 for r in roots
             ):
-                for r, offset in zip(roots, step.pieces, strict=True):
+                for r, offset in zip(roots, step.pieces):
                     self.buffers[r].piece_of = output.id
                     pieces[r] = offset
                 step.elided = True

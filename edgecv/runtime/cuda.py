@@ -251,7 +251,7 @@ class CUDABackend(Backend):
             params = (ctypes.c_void_p * max(len(values), 1))(
                 *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values]
             )
-            grid = [g // b for g, b in zip(launch.global_size, launch.local_size, strict=True)]
+            grid = [g // b for g, b in zip(launch.global_size, launch.local_size)]
             function = self._function(launch.kernel)
             prepared.append((function, grid, launch.local_size, params, values))
         launch_kernel, check = self.driver.lib.cuLaunchKernel, self.driver.check

@@ -44,8 +44,7 @@ class Executor:
         self.backend = backends[plan.devices()[0]]
         slot_devices = plan.storage_devices or ["cpu"] * len(plan.storage_sizes)
         slots = [
-            backends[device].alloc(size)
-            for size, device in zip(plan.storage_sizes, slot_devices, strict=True)
+            backends[device].alloc(size) for size, device in zip(plan.storage_sizes, slot_devices)
         ]
         self._slots = slots  # views of pieces need their slot kept alive
         tensors: list = [None] * len(plan.buffers)
@@ -102,7 +101,7 @@ class Executor:
         """Run one inference on arrays in the plan's input order; return the outputs."""
         if len(inputs) != len(self.plan.inputs):
             raise ShapeError(f"expected {len(self.plan.inputs)} input(s), got {len(inputs)}")
-        for buffer_id, array in zip(self.plan.inputs, inputs, strict=True):
+        for buffer_id, array in zip(self.plan.inputs, inputs):
             buf = self.plan.buffers[buffer_id]
             array = np.asarray(array)
             if tuple(array.shape) != tuple(buf.shape):
