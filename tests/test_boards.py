@@ -160,8 +160,8 @@ def test_device_runtime_keeps_to_python_3_9():
     """The board's modules parse and run on Python 3.9 (the oldest apache-tvm-ffi has
     aarch64 wheels for): vermin finds nothing newer."""
     done = subprocess.run(
-        [str(Path(sys.executable).with_name("vermin")), "--target=3.9-", "--no-tips", "--violations",
-         *DEVICE_RUNTIME],
+        [str(Path(sys.executable).with_name("vermin")), "--target=3.9-", "--no-tips",
+         "--violations", *DEVICE_RUNTIME],
         capture_output=True, text=True, cwd=REPO,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

@@ -14,12 +14,13 @@ import pytest
 from conftest import mxnet_forward, random_input
 from test_parity import depth_loosening
 
-from edgecv.codegen.cuda import CudaCompileError, build_cuda, compile_source
+from edgecv.codegen.cuda import build_cuda
 from edgecv.frontend.importer import from_mxnet
 from edgecv.frontend.mxnet_graph import load_params, load_symbol
 from edgecv.lowering import lower
 from edgecv.profiles import load_profile
 from edgecv.runtime.cuda import CudaDevice, CudaImages, choose_image, cuda_devices
+from edgecv.runtime.nvcc import CudaCompileError, compile_source
 from edgecv.testing import assert_close
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")

@@ -77,8 +77,8 @@ def get_or_build(parts: Sequence[str | bytes], suffix: str, build: Callable[[], 
 
 def compile_cuda_cached(source: str, arch: str) -> bytes:
     """A cubin for ``arch`` from ``source`` with this machine's nvcc, cached."""
-    from ..codegen.cuda import compile_source, find_nvcc, nvcc_version
     from ..errors import EdgecvError
+    from .nvcc import compile_source, find_nvcc, nvcc_version
 
     nvcc = find_nvcc()
     if nvcc is None:
