@@ -45,8 +45,10 @@ class DeployedModel:
         """The CPU kernels, once this machine is known to execute them."""
         check_host(self.manifest["build"].get("host"), self.root)
         kernels = self.manifest["build"]["kernels"]
-        runtime = kernels.get("tvm_runtime")
-        return CPUBackend.load(self.root / kernels["cpu"], runtime and self.root / runtime)
+        runtime = [
+            self.root / kernels[k] for k in ("tvm_runtime", "tvm_runtime_extra") if k in kernels
+        ]
+        return CPUBackend.load(self.root / kernels["cpu"], runtime)
 
     def _gpu_backend(self, on: str | None):
         kernels = self.manifest["build"]["kernels"]

@@ -73,8 +73,9 @@ class Step:
 # OpenCL sub-buffer starts at the device's base address alignment (1024 bits on Intel
 # graphics and Mali, 4096 on NVIDIA's; a profile may say, see Profile.piece_alignments).
 PIECE_ALIGNMENT = {"cpu": 64, "gpu": 512}
-# TVM's runtime library for the package's host, beside its CPU kernels (runtime/cpu.py).
-TVM_RUNTIME_FILE = "kernels/libtvm_runtime.so"
+# TVM's runtime libraries for the package's host, beside its CPU kernels (runtime/cpu.py):
+# the runtime, and its extra library when a kernel calls one of TVM's library functions.
+TVM_RUNTIME_FILES = ("kernels/libtvm_runtime.so", "kernels/libtvm_runtime_extra.so")
 
 
 @dataclass

@@ -11,9 +11,11 @@ against the oldest glibc of the boards we serve (:data:`GLIBC`), so it loads on 
 distributions. A host of this machine's ISA links with the system's ``cc``, as before.
 
 The package also carries TVM's runtime library for its host (the thread pool and
-workspace functions kernels call back into; :mod:`edgecv.runtime.cpu`): this machine's
-copy when the ISAs agree, else the one inside the ``apache-tvm`` wheel of the board's
-platform (same version), fetched from PyPI once and cached.
+workspace functions kernels call back into; :mod:`edgecv.runtime.cpu`), and its
+``extra`` library when a kernel calls one of TVM's library functions (the CPU
+``box_nms`` sorts with ``tvm.contrib.sort``): this machine's copies when the ISAs
+agree, else those inside the ``apache-tvm`` wheel of the board's platform (same
+version), fetched from PyPI once and cached.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ..runtime.kernel_cache import cache_dir
 GLIBC = "2.27"
 # PyPI platform tags of TVM's wheels, per ISA (for the runtime library of a foreign host).
 WHEEL_PLATFORMS = {"aarch64": ["manylinux_2_28_aarch64", "manylinux_2_27_aarch64"]}
-RUNTIME_LIBRARY = "libtvm_runtime.so"
+RUNTIME_LIBRARIES = ("libtvm_runtime.so", "libtvm_runtime_extra.so")
 ZIG_INSTALL = "pip install 'edgecv[compiler]' (it brings the ziglang toolchain)"
 
 
@@ -117,13 +119,14 @@ def link(host: Host, objects: list[str], output: Path) -> None:
         ) from None
 
 
-def tvm_runtime_for(host: Host, progress=lambda message: None) -> Path:
-    """TVM's runtime library for ``host``: this machine's, or one fetched for its ISA."""
+def tvm_runtime_for(host: Host, progress=lambda message: None) -> dict[str, Path]:
+    """TVM's runtime libraries for ``host`` by file name (:data:`RUNTIME_LIBRARIES`):
+    this machine's, or those of the TVM wheel for its ISA, fetched once."""
     if host.is_native_isa:
-        library = Path(tvm.__file__).parent / "lib" / RUNTIME_LIBRARY
-        if library.is_file():
-            return library
-        raise EdgecvError(f"the TVM wheel here has no {library}; reinstall apache-tvm")
+        folder = Path(tvm.__file__).parent / "lib"
+        if not all((folder / name).is_file() for name in RUNTIME_LIBRARIES):
+            raise EdgecvError(f"the TVM wheel here lacks {RUNTIME_LIBRARIES} in {folder}")
+        return {name: folder / name for name in RUNTIME_LIBRARIES}
     platforms = WHEEL_PLATFORMS.get(host.arch)
     if platforms is None:
         raise EdgecvError(
@@ -131,11 +134,11 @@ def tvm_runtime_for(host: Host, progress=lambda message: None) -> Path:
             f"{', '.join(sorted(WHEEL_PLATFORMS))}); pass --host native"
         )
     folder = cache_dir().parent / "tvm-runtime" / f"{tvm.__version__}-{host.arch}"
-    library = folder / RUNTIME_LIBRARY
-    if library.is_file():
-        return library
+    libraries = {name: folder / name for name in RUNTIME_LIBRARIES}
+    if all(path.is_file() for path in libraries.values()):
+        return libraries
     progress(
-        f"fetching TVM's runtime library for {host.arch} (the apache-tvm {tvm.__version__} "
+        f"fetching TVM's runtime libraries for {host.arch} (the apache-tvm {tvm.__version__} "
         "wheel for that platform, about 95 MB from PyPI, once)"
     )
     folder.mkdir(parents=True, exist_ok=True)
@@ -150,14 +153,21 @@ def tvm_runtime_for(host: Host, progress=lambda message: None) -> Path:
         wheels = list(Path(tmp).glob("apache_tvm-*.whl"))
         if done.returncode != 0 or not wheels:
             raise EdgecvError(
-                f"cannot fetch TVM's runtime library for {host.arch}: `pip download "
+                f"cannot fetch TVM's runtime libraries for {host.arch}: `pip download "
                 f"apache-tvm=={tvm.__version__}` for {platforms[0]} failed "
                 f"({(done.stderr or done.stdout).strip()[-300:]}). Where PyPI is not "
-                f"reachable, put that wheel's tvm/lib/{RUNTIME_LIBRARY} at {library}"
+                f"reachable, put that wheel's tvm/lib/{{{','.join(RUNTIME_LIBRARIES)}}} "
+                f"in {folder}"
             )
         with zipfile.ZipFile(wheels[0]) as wheel:
-            data = wheel.read(f"tvm/lib/{RUNTIME_LIBRARY}")
-        partial = Path(tmp) / RUNTIME_LIBRARY
-        partial.write_bytes(data)
-        os.replace(partial, library)
-    return library
+            for name, path in libraries.items():
+                partial = Path(tmp) / name
+                partial.write_bytes(wheel.read(f"tvm/lib/{name}"))
+                os.replace(partial, path)
+    return libraries
+
+
+def calls_tvm_library(objects: list[str]) -> bool:
+    """Whether compiled kernels call functions of TVM's ``extra`` runtime library (its
+    ``tvm.contrib`` sorts): their names are strings in the objects."""
+    return any(b"tvm.contrib." in Path(o).read_bytes() for o in objects)

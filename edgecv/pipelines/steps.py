@@ -17,7 +17,7 @@ from ..codegen.contained import DEFAULT_TIME_LIMIT_S, Compiled, CompileOne, comp
 from ..codegen.op_versions import OpVersions
 from ..errors import EdgecvError
 from ..lowering import Lowered
-from ..package_format import TVM_RUNTIME_FILE, Plan
+from ..package_format import TVM_RUNTIME_FILES, Plan
 from ..schedules.stage import ScheduleOrder
 
 Progress = Callable[[str], None]
@@ -150,12 +150,12 @@ def compile_cpu_kernels(
     """Schedule and compile CPU kernels; returns how to link them into the package (with
     TVM's runtime library for their host) and the facts: the schedules, and the host
     the code runs on (``host``). A kernel no rule compiles is an error naming it."""
-    from ..codegen.host import host_of, tvm_runtime_for
+    from ..codegen.host import calls_tvm_library, host_of, tvm_runtime_for
     from ..codegen.llvm import compile_object, link_objects
     from .orders import cpu_order, tuning_database
 
     host = host_of(target)
-    runtime_library = tvm_runtime_for(host, progress)  # before minutes of compiling
+    runtime_libraries = tvm_runtime_for(host, progress)  # before minutes of compiling
     order = cpu_order(target, tuning_database(options.tuning))
     started = time.perf_counter()
     compiled, work = compile_kernels(
@@ -176,14 +176,20 @@ def compile_cpu_kernels(
         )
     objects = [compiled[name].facts["object"] for name in compiled]
     seconds = time.perf_counter() - started
+    # the runtime always; its extra library when a kernel calls TVM's library functions
+    keys = ("tvm_runtime", "tvm_runtime_extra")[: 1 + calls_tvm_library(objects)]
 
     def write(writer) -> dict[str, str]:
         try:
             link_objects(objects, writer.path("kernels/cpu.so"), host)
         finally:
             work.cleanup()
-        writer.path(TVM_RUNTIME_FILE).write_bytes(runtime_library.read_bytes())
-        return {"cpu": "kernels/cpu.so", "tvm_runtime": TVM_RUNTIME_FILE}
+        files = {"cpu": "kernels/cpu.so"}
+        for key, relative in zip(keys, TVM_RUNTIME_FILES[: len(keys)], strict=True):
+            library = runtime_libraries[Path(relative).name]
+            writer.path(relative).write_bytes(library.read_bytes())
+            files[key] = relative
+        return files
 
     facts = schedule_facts(compiled, lowered.kernel_ops)
     facts["compile_s"] = round(seconds, 3)

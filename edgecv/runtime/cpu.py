@@ -4,9 +4,11 @@ It needs no TVM compiler: the kernel library is loaded by apache-tvm-ffi's modul
 loader, tensors are NumPy arrays handed to the kernels through DLPack, and the four
 functions generated code calls back into (the thread pool's parallel launch and
 barrier, workspace allocation) come from TVM's runtime library, ``libtvm_runtime.so``
-(3 MB), which a package with CPU kernels carries for its host. Where the TVM wheel is
-installed (the workstation) its own copy is used instead, the same file ``import tvm``
-loads, so the two never load side by side.
+(3 MB), which a package with CPU kernels carries for its host, with
+``libtvm_runtime_extra.so`` when its kernels call TVM's library functions (the CPU
+``box_nms`` sorts with ``tvm.contrib.sort``). Where the TVM wheel is installed (the
+workstation) its own copies are used instead, the files ``import tvm`` loads, so two
+copies never load side by side (they would register the same functions twice).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import importlib.util
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +30,10 @@ from .backend import Backend
 
 # TVM's kernels may assume their tensors start at this alignment (its own allocator's).
 ALIGNMENT = 64
-TVM_RUNTIME_LIBRARY = "libtvm_runtime.so"
+TVM_RUNTIME_LIBRARIES = ("libtvm_runtime.so", "libtvm_runtime_extra.so")
 
 _runtime_lock = threading.Lock()
-_runtime_loaded: list[str] = []
+_runtime_loaded: dict[str, str] = {}  # library file name -> path loaded
 
 
 def pool_threads() -> int:
@@ -40,40 +42,46 @@ def pool_threads() -> int:
     return int(os.environ.get("TVM_NUM_THREADS") or len(os.sched_getaffinity(0)))
 
 
-def installed_tvm_runtime() -> Path | None:
-    """The runtime library of an installed TVM wheel (found without importing TVM)."""
+def installed_tvm_libraries() -> Path | None:
+    """The library folder of an installed TVM wheel (found without importing TVM)."""
     try:
         spec = importlib.util.find_spec("tvm")
     except (ImportError, ValueError):
         return None
     if spec is None or spec.origin is None:
         return None
-    library = Path(spec.origin).parent / "lib" / TVM_RUNTIME_LIBRARY
-    return library if library.is_file() else None
+    folder = Path(spec.origin).parent / "lib"
+    return folder if (folder / TVM_RUNTIME_LIBRARIES[0]).is_file() else None
 
 
-def load_tvm_runtime(packaged: Path | None) -> str:
-    """Make TVM's runtime functions available to kernel libraries loaded after this call;
-    returns which copy serves them (``tvm``: already imported, or a library's path)."""
+def load_tvm_runtime(packaged: Sequence[Path]) -> list[str]:
+    """Make TVM's runtime functions available to kernel libraries loaded after this call:
+    ``packaged`` are a package's copies (the runtime, then its extra library when the
+    kernels need it). Returns the libraries loaded so far (``tvm``: TVM's own, imported)."""
     with _runtime_lock:
-        if _runtime_loaded:
-            return _runtime_loaded[0]
         if sys.modules.get("tvm") is not None:  # the compiler side is here: its runtime too
-            _runtime_loaded.append("tvm")
-            return "tvm"
-        library = installed_tvm_runtime() or packaged
-        if library is None or not Path(library).is_file():
+            return ["tvm"]
+        installed = installed_tvm_libraries()
+        for library in packaged:
+            name = Path(library).name
+            if name in _runtime_loaded:
+                continue
+            chosen = installed / name if installed is not None else Path(library)
+            if not chosen.is_file():
+                raise PackageError(f"TVM's runtime library {chosen} is missing; redeploy")
+            try:  # the runtime's symbols serve the libraries loaded after it
+                ctypes.CDLL(str(chosen), mode=ctypes.RTLD_GLOBAL)
+            except OSError as err:
+                raise PackageError(f"cannot load TVM's runtime library {chosen}: {err}") from None
+            _runtime_loaded[name] = str(chosen)
+        if TVM_RUNTIME_LIBRARIES[0] not in _runtime_loaded:
             raise PackageError(
-                f"this package's CPU kernels need TVM's runtime library ({TVM_RUNTIME_LIBRARY}), "
-                "which it does not carry and no TVM is installed here: redeploy the model with "
-                "this edgecv (packages carry it next to kernels/cpu.so)"
+                f"this package's CPU kernels need TVM's runtime library "
+                f"({TVM_RUNTIME_LIBRARIES[0]}), which it does not carry and no TVM is installed "
+                "here: redeploy the model with this edgecv (packages carry it beside "
+                "kernels/cpu.so)"
             )
-        try:
-            ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
-        except OSError as err:
-            raise PackageError(f"cannot load TVM's runtime library {library}: {err}") from None
-        _runtime_loaded.append(str(library))
-        return str(library)
+        return list(_runtime_loaded.values())
 
 
 class CPUTensor:
@@ -96,9 +104,10 @@ class CPUBackend(Backend):
         self.module = module
 
     @classmethod
-    def load(cls, path: str | Path, runtime_library: str | Path | None = None) -> CPUBackend:
-        """Load a kernel library written by the CPU code stage (``kernels/cpu.so``)."""
-        load_tvm_runtime(Path(runtime_library) if runtime_library else None)
+    def load(cls, path: str | Path, runtime_libraries: Sequence[Path] = ()) -> CPUBackend:
+        """Load a kernel library written by the CPU code stage (``kernels/cpu.so``) after
+        the package's TVM runtime libraries (see :func:`load_tvm_runtime`)."""
+        load_tvm_runtime([Path(p) for p in runtime_libraries])
         try:
             return cls(tvm_ffi.load_module(str(path)))
         except Exception as err:
