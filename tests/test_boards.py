@@ -7,6 +7,7 @@ and OpenCV cannot be imported; under qemu in tests/emulation/test_board_packages
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +155,37 @@ def test_device_runtime_runs_packages_without_the_compiler(profile, small, tmp_p
     ]
     with np.load(tmp_path / "x.npy.out.npz") as outputs:
         assert_close(outputs["arr_0"], reference[0], name=f"small on {profile}")
+
+
+def python_3_9() -> str | None:
+    """A CPython 3.9 on this machine (pyenv's, or on PATH), for the device runtime."""
+    found = sorted(Path("/root/.pyenv/versions").glob("3.9.*/bin/python3.9"))
+    return str(found[-1]) if found else shutil.which("python3.9")
+
+
+@pytest.mark.skipif(python_3_9() is None, reason="no Python 3.9 on this machine")
+def test_device_runtime_installs_and_runs_on_python_3_9(small, tmp_path):
+    """The device runtime installed as a board would, on Python 3.9: `pip install` of this
+    repository (its base dependencies only), then `edgecv run` on a `cpu` package."""
+    symbol, params, x, reference = small
+    path = deploy(str(symbol), tmp_path / "pkg", "cpu", params=str(params), input_shape=SHAPE)
+    venv = tmp_path / "venv"
+    subprocess.run([python_3_9(), "-m", "venv", str(venv)], check=True)
+    install = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", str(REPO)], capture_output=True, text=True
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
+    listed = subprocess.run([str(venv / "bin" / "pip"), "list", "--format=freeze"],
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "apache-tvm-ffi==" in listed and "apache-tvm==" not in listed, listed
+    done = subprocess.run(
+        [str(venv / "bin" / "edgecv"), "run", str(path), "--input", str(_save(tmp_path, x)),
+         "--output", str(tmp_path / "out.npz")],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with np.load(tmp_path / "out.npz") as outputs:
+        assert_close(outputs["output0"], reference[0], name="small on Python 3.9")
 
 
 def test_device_runtime_keeps_to_python_3_9():

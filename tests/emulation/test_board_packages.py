@@ -22,7 +22,7 @@ from graph_tuner.small_model import SHAPE, export_small_model
 from user_models import tiny_yolo
 
 from edgecv.deploy import deploy
-from edgecv.testing import assert_close
+from edgecv.testing import assert_close, match_detections, network_loosening
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
@@ -174,3 +174,18 @@ def test_device_runtime_cli_on_the_board(device_runtime, tmp_path):
     assert "compiler library mapped: False" in done.stdout
     with np.load(out) as npz:
         assert_close(npz["output0"], mxnet_forward(symbol, params, x)[0], name="edgecv run")
+
+
+@pytest.mark.heavy
+def test_ssd_mobilenet_for_aisage_on_the_board(device_runtime, exported, tmp_path):
+    """SSD-512 MobileNet for `aisage`, every launch on the emulated PoCL: MXNet's
+    detections (tens of minutes under qemu; benchmarks/board_runtime.py --ssd times it)."""
+    model = exported("ssd_512_mobilenet1.0_voc")
+    path = deploy(str(model.symbol_path), tmp_path / "board" / "pkg", "aisage",
+                  params=str(model.params_path), input_shape=model.input_shape,
+                  check_on=None)  # fmt: skip
+    x = np.random.RandomState(0).normal(size=model.input_shape).astype(np.float32)
+    outputs, _ = run_on_board(device_runtime, path, x, "load")
+    reference = mxnet_forward(model.symbol_path, model.params_path, x)
+    loosen, scale = network_loosening(model.symbol_path), max(model.input_shape[2:])
+    assert match_detections(outputs, reference, loosen, scale) > 0
