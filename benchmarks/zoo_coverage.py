@@ -10,6 +10,10 @@ costs that model its ``--timeout`` and nothing else.
 
     python benchmarks/zoo_coverage.py --import-only                 # the whole zoo
     python benchmarks/zoo_coverage.py --deploy cpu --families ssd,pose --limit 2
+    python benchmarks/zoo_coverage.py --deploy aisage --on pocl --models mobilenet1.0
+
+A GPU profile's package is built with its CPU part for this machine (``--host native``)
+and run on the OpenCL device ``--on`` names (PoCL stands in for aisage's Mali).
 
 Writes ``<out>.csv`` (one row per model) and ``<out>.md`` (the per-family summary,
 then the failures). ``--import-only`` keeps each exported graph (symbol and parameter
@@ -115,7 +119,9 @@ def _import(meta: dict):
     return from_mxnet(graph, params, shapes)
 
 
-def _deploy_and_compare(meta: dict, profile: str, record: dict, seed: int) -> None:
+def _deploy_and_compare(
+    meta: dict, profile: str, record: dict, seed: int, on: str | None = None
+) -> None:
     import numpy as np
 
     import edgecv
@@ -134,10 +140,11 @@ def _deploy_and_compare(meta: dict, profile: str, record: dict, seed: int) -> No
             params=meta["params"],
             input_shape=shapes if len(shapes) > 1 else shape,
             pretrained=False,
+            host=None if profile == "cpu" else "native",  # its CPU part runs here
         )
         record["compile_s"] = round(time.perf_counter() - t, 1)
         record["compile"] = "ok"
-        model = edgecv.load(path)
+        model = edgecv.load(path, on=on)
         xs = [example_input(s, seed + i) for i, s in enumerate(shapes.values())]
         ours = model.run(*xs)
         times = []
@@ -176,7 +183,7 @@ def worker(args: argparse.Namespace) -> None:
         save()
         if args.deploy:
             stage = "compile"
-            _deploy_and_compare(meta, args.deploy, record, args.seed)
+            _deploy_and_compare(meta, args.deploy, record, args.seed, args.on)
             save()
     except BaseException as err:  # report every failure kind as this model's row
         if stage == "compile" and record.get("compile") == "ok":
@@ -254,6 +261,8 @@ def _run_model(name: str, args, record_path: Path) -> str | None:
         cmd.append("--import-only")
     if args.deploy:
         cmd += ["--deploy", args.deploy]
+    if args.on:
+        cmd += ["--on", args.on]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -297,6 +306,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="at most this many models per family")
     parser.add_argument("--import-only", action="store_true", help="stop after the import")
     parser.add_argument("--deploy", metavar="PROFILE", help="deploy, run, compare (e.g. cpu)")
+    parser.add_argument("--on", help="OpenCL device of a GPU profile's packages (intel, pocl)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per model stage")
     parser.add_argument("--out", type=Path, default=Path("zoo_coverage"))
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "zoo-cache")
