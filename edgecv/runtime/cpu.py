@@ -62,18 +62,19 @@ def load_tvm_runtime(packaged: Sequence[Path]) -> list[str]:
         if sys.modules.get("tvm") is not None:  # the compiler side is here: its runtime too
             return ["tvm"]
         installed = installed_tvm_libraries()
-        for library in packaged:
-            name = Path(library).name
+        wanted = {Path(p).name: Path(p) for p in packaged}
+        if installed is not None:  # TVM's own copies: `import tvm` later loads the same files
+            wanted = {name: installed / name for name in wanted or TVM_RUNTIME_LIBRARIES[:1]}
+        for name, library in wanted.items():
             if name in _runtime_loaded:
                 continue
-            chosen = installed / name if installed is not None else Path(library)
-            if not chosen.is_file():
-                raise PackageError(f"TVM's runtime library {chosen} is missing; redeploy")
+            if not library.is_file():
+                raise PackageError(f"TVM's runtime library {library} is missing; redeploy")
             try:  # the runtime's symbols serve the libraries loaded after it
-                ctypes.CDLL(str(chosen), mode=ctypes.RTLD_GLOBAL)
+                ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
             except OSError as err:
-                raise PackageError(f"cannot load TVM's runtime library {chosen}: {err}") from None
-            _runtime_loaded[name] = str(chosen)
+                raise PackageError(f"cannot load TVM's runtime library {library}: {err}") from None
+            _runtime_loaded[name] = str(library)
         if TVM_RUNTIME_LIBRARIES[0] not in _runtime_loaded:
             raise PackageError(
                 f"this package's CPU kernels need TVM's runtime library "
