@@ -110,6 +110,15 @@ def test_placement_reasons_in_order():
     assert place(plan, ops, gpu_ops="all").devices == ["gpu"] * 4
 
 
+def test_cpu_ops_naming_no_operator_of_the_model_warns_with_its_operators():
+    """`--cpu-ops Pooling` (MXNet's name; the fused operator is `max_pool2d`) would
+    otherwise move nothing, silently."""
+    ops = {"a": ["conv2d", "relu"], "b": ["max_pool2d"], "c": ["add"], "d": ["relu"]}
+    with pytest.warns(UserWarning, match=r"`Pooling` names no operator .* max_pool2d"):
+        placement = place(chain_plan(), ops, "all", cpu_ops=["Pooling", "max_pool2d"])
+    assert [n.kernel for n in placement.cpu_nodes] == ["b"]
+
+
 def test_gpu_only_refuses_with_the_offending_launches():
     ops = {"a": ["conv2d"], "b": ["box_nms"], "c": ["add"], "d": ["relu"]}
     with pytest.raises(GpuOnlyError) as err:

@@ -15,6 +15,7 @@ order they are checked (the first that applies is reported):
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -73,6 +74,14 @@ def place(
     """
     allowed = None if gpu_ops == "all" else set(gpu_ops)
     forced = set(cpu_ops)
+    present = {op for step in plan.steps for op in kernel_ops.get(step.kernel, [step.kernel])}
+    if forced - present:  # a typo, or an MXNet name (`Pooling`) for a fused operator's
+        warnings.warn(
+            f"--cpu-ops: {', '.join(f'`{op}`' for op in sorted(forced - present))} names no "
+            f"operator of this model, so it moves nothing to the CPU; its operators: "
+            f"{', '.join(sorted(present))} (the names `deploy --explain` prints)",
+            stacklevel=2,
+        )
     no_gpu_kernel = no_gpu_kernel or {}
     gpu_build_failed = gpu_build_failed or {}
     placement = Placement([])
