@@ -66,7 +66,9 @@ class Host:
 def host_of(target: tvm.target.Target) -> Host:
     """The host record of an LLVM target (the features its code may use, as recorded in
     the manifest and checked by :func:`edgecv.runtime.host.check_host`)."""
-    triple = str(target.attrs.get("mtriple", "") or tvm.target.codegen.llvm_get_system_triple())
+    triple = str(target.attrs.get("mtriple", ""))
+    if not triple:  # this machine; LLVM's own name for it may carry its build's vendor
+        triple = f"{arch_of(tvm.target.codegen.llvm_get_system_triple())}-linux-gnu"
     arch = arch_of(triple)
     enabled = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)}
     checked = sorted(enabled & set(CHECKED_FEATURES.get(arch, {})))
