@@ -148,6 +148,7 @@ def main() -> int:
             x = np.random.RandomState(0).normal(size=shape).astype(np.float32)
             facts, outputs = on_board(runtime, path, x)
             assert not facts["compiler_library"]
+            print(label, json.dumps(facts), flush=True)  # before the comparison can fail
             reference = mxnet_forward(symbol, params, x)
             if case == "tiny":
                 for got, want in zip(outputs, reference, strict=True):
