@@ -89,6 +89,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         from .package import read_manifest
 
         manifest = read_manifest(path)[1]
+        explain_tuning(manifest)
         explain(manifest)
         explain_layouts(manifest)
         explain_schedules(manifest)
@@ -107,6 +108,12 @@ def tuning_folders(device: str, user_db: str | None) -> list[str]:
     from .tuning.device_class import tuning_folders as folders_of
 
     return folders_of(load_profile(device), user_db)
+
+
+def explain_tuning(manifest: dict) -> None:
+    """Print the tuning databases the build read, highest priority first."""
+    folders = manifest["build"].get("tuning_databases") or ["none"]
+    print(f"tuning databases: {', '.join(folders)}")
 
 
 def explain_layouts(manifest: dict) -> None:
@@ -335,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--explain",
         action="store_true",
-        help="print the placement (CPU launches, copies) and the schedule of each kernel",
+        help="print the tuning databases read, the placement (CPU launches, copies), the "
+        "layouts and the schedule of each kernel",
     )
     d.add_argument(
         "--host",

@@ -18,6 +18,7 @@ from .frontend.importer import from_mxnet
 from .frontend.mxnet_graph import load_params, load_symbol
 from .package import PackageWriter, check_destination
 from .pipelines import BuildOptions, pipeline_for
+from .pipelines.orders import tuning_database
 from .profiles import AVAILABLE_RUNTIMES, Profile, check_profile, load_profile
 from .source import resolve_source, source_record
 
@@ -111,6 +112,9 @@ def deploy(
                                tuning=tuning_folders(profile, None))  # fmt: skip
     built = pipeline_for(profile.runtime).build(imported.mod, profile, options, progress)
     timings.update(built.timings)
+    # the folders the build read records from (missing ones are skipped): the same
+    # database object the build used, read once per process
+    database = tuning_database(options.tuning)
     plan = built.plan
 
     output = Path(output) if output else Path(f"{source.name}-{profile.name}")
@@ -159,6 +163,7 @@ def deploy(
                 **built.facts,
                 "launches": sum(not step.elided for step in plan.steps),
                 "kernel_ops": built.kernel_ops,  # fused MXNet-level ops per kernel
+                "tuning_databases": [str(f) for f in database.folders] if database else [],
                 "intermediate_bytes": sum(plan.storage_sizes),
                 "live_bytes_lower_bound": plan.live_bytes_lower_bound(),
                 "launches_in_place": sum(

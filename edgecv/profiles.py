@@ -1,4 +1,4 @@
-"""Device profiles: one JSON file per device in ``device_profiles/``.
+"""Device profiles: one JSON file per device in ``edgecv/data/device_profiles/``.
 
 A profile names the runtime backend (cpu, opencl, cuda), the TVM target of the
 device and of its host CPU, the device's limits, and which ops run on the GPU.
@@ -23,9 +23,12 @@ AVAILABLE_RUNTIMES = ("cpu", "opencl", "cuda")
 
 
 def profiles_dir() -> Path:
-    """Where profiles are read from: ``$EDGECV_PROFILES`` or the repo's ``device_profiles``."""
+    """Where profiles are read from: ``$EDGECV_PROFILES`` or the ones installed with edgecv
+    (package data, ``edgecv/data/device_profiles``, beside the shipped tuning databases in
+    its ``tuning/`` folder)."""
     env = os.environ.get("EDGECV_PROFILES")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "device_profiles"
+    # A real folder, not a resources Traversable: `edgecv tune --ship` writes into it.
+    return Path(env) if env else Path(__file__).resolve().parent / "data" / "device_profiles"
 
 
 @dataclass(frozen=True)
@@ -169,5 +172,5 @@ def check_profile(profile: Profile) -> None:
     except Exception as err:  # TVM raises ValueError/TVMError on bad target fields
         raise ProfileError(
             f"device profile `{profile.name}` is malformed: {foreign_message(err)}; fix its "
-            "target/host/gpu fields (see device_profiles/*.json)"
+            "target/host/gpu fields (see edgecv/data/device_profiles/*.json)"
         ) from None

@@ -11,7 +11,7 @@ schedule is measured, the tile variants of its default rule timed, then MetaSche
 searches (:mod:`.search`) with the runner of the profile's device (:mod:`.runners`) or
 a fleet of RPC servers (:mod:`.fleet`). Records go to ``--db`` (default: the user's folder of
 the device class, which deploy reads); ``--ship`` also merges the best record per
-workload into ``device_profiles/tuning/<class>/``.
+workload into the shipped folder, ``edgecv/data/device_profiles/tuning/<class>/``.
 """
 
 from __future__ import annotations
@@ -238,7 +238,8 @@ def add_parser(sub, common) -> None:
     t.add_argument("--resume", action="store_true",
                    help="continue: trials and defaults already in --db count")  # fmt: skip
     t.add_argument("--ship", action="store_true",
-                   help="merge the best records into device_profiles/tuning/<class>/")  # fmt: skip
+                   help="merge the best records into the shipped database "
+                        "(edgecv/data/device_profiles/tuning/<class>/)")  # fmt: skip
     t.add_argument("--rpc", metavar="HOST:PORT", help="time on the RPC tracker's servers")
     t.add_argument("--key", help="device key of the RPC servers (with --rpc)")
     t.set_defaults(func=tune)

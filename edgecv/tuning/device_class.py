@@ -7,9 +7,10 @@ ran them. The class is a small JSON dict (recorded in each database's
 ``edgecv_database.json``) and a readable folder name derived from it, e.g.
 ``llvm-x86_64-znver3-avx2`` or ``opencl-intel_graphics-sg16-intel-opencl-amd-epyc-2026.22``.
 
-Folders: the databases shipped with edgecv are ``device_profiles/tuning/<name>/``; a
-user's own are ``<cache>/tuning/<name>/`` (``$EDGECV_CACHE_DIR/../tuning`` or
-``~/.cache/edgecv/tuning``), layered over the shipped one at deploy.
+Folders: the databases shipped with edgecv are package data,
+``edgecv/data/device_profiles/tuning/<name>/`` (beside the profiles); a user's own are
+``<cache>/tuning/<name>/`` (``$EDGECV_CACHE_DIR/../tuning`` or ``~/.cache/edgecv/tuning``),
+layered over the shipped one at deploy.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def profile_class(profile: Profile) -> DeviceClass | None:
 def tuning_folders(profile: Profile, user_db: str | Path | None) -> list[str]:
     """Tuning databases for a deploy, highest priority first: the user's own (``--db``,
     by default their cache folder of the device class), then the one shipped for the
-    profile's device class (``device_profiles/tuning/<class>/``, when it exists)."""
+    profile's device class (``edgecv/data/device_profiles/tuning/<class>/``, when it
+    exists)."""
     device_class = profile_class(profile)
     folders = [str(user_db)] if user_db else []
     if device_class is not None:

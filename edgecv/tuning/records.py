@@ -1,7 +1,7 @@
 """The tuning database on disk: MetaSchedule's JSON database, one folder per device class.
 
 Layout of a folder (``<cache>/tuning/<class>/`` while tuning, pruned copies under
-``device_profiles/tuning/<class>/`` for shipping)::
+``edgecv/data/device_profiles/tuning/<class>/`` for shipping)::
 
     database_workload.json       MetaSchedule: one line per workload (structural hash + IR)
     database_tuning_record.json  MetaSchedule: one line per measured schedule (trace, seconds)
