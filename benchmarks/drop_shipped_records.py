@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from edgecv.schedules.database import META, RECORDS, WORKLOADS
+from edgecv.schedules.database import META, RECORDS, WORKLOADS, expand, pack
 
 
 def main() -> None:
@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--kernel", action="append", required=True, metavar="MODEL:KERNEL")
     parser.add_argument("--why", required=True)
     args = parser.parse_args()
+    expand(args.folder)  # shipped gzipped: plain while edited, packed again below
     meta = json.loads((args.folder / META).read_text())
     hashes = [json.loads(line)[0] for line in (args.folder / WORKLOADS).read_text().splitlines()]
     dropped = set()
@@ -43,6 +44,7 @@ def main() -> None:
     kept = [line for line in lines if json.loads(line)[0] not in dropped]
     (args.folder / RECORDS).write_text("".join(f"{line}\n" for line in kept))
     (args.folder / META).write_text(json.dumps(meta, indent=1) + "\n")
+    pack(args.folder)  # a workload whose default now wins leaves the shipped files
     print(f"dropped {len(lines) - len(kept)} records of {len(dropped)} workloads")
 
 

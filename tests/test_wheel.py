@@ -149,7 +149,7 @@ def test_deploy_reads_the_shipped_database_and_the_package_runs(installed, tmp_p
     shipped = Path(installed.run(installed.python, "-c", where).stdout.strip())
     assert shipped.is_relative_to(installed.site / "edgecv" / "data" / "device_profiles"), shipped
     if (PROFILES / "tuning" / shipped.name).is_dir():
-        assert (shipped / "database_workload.json").is_file(), shipped
+        assert (shipped / "database_workload.json.gz").is_file(), shipped
         assert read == [str(shipped)], read
         assert f"tuning databases: {shipped}" in done.stdout, done.stdout
     else:  # this machine's CPU has no shipped database; the user's folder is empty

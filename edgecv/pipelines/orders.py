@@ -7,7 +7,7 @@ from pathlib import Path
 
 import tvm
 
-from ..schedules.database import RECORDS, WORKLOADS, TuningDatabase
+from ..schedules.database import GZ, RECORDS, WORKLOADS, TuningDatabase
 from ..schedules.stage import ScheduleOrder
 
 
@@ -50,7 +50,7 @@ _DATABASES: dict[tuple, TuningDatabase] = {}
 def _stamp(folder: Path) -> tuple:
     """What changes when a database folder's files are rewritten."""
     stamps = []
-    for name in (WORKLOADS, RECORDS):
+    for name in (WORKLOADS, RECORDS, WORKLOADS + GZ, RECORDS + GZ):
         try:
             stat = (folder / name).stat()
             stamps.append((stat.st_mtime_ns, stat.st_size))

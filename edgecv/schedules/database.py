@@ -11,6 +11,12 @@ over the shipped one).
 A database from another TVM version, or one that cannot be read, is skipped with a
 warning: tuned records are an optimization, never a reason for a build to fail.
 
+Shipped databases are stored gzipped (``database_workload.json.gz``, ...: each workload
+line embeds a whole IRModule, and MetaSchedule's JSON compresses 15-fold) and pruned to
+the workloads deploy can replay (:func:`pack`); deploy reads them through a plain copy
+in the cache (:func:`plain_copy`), and a folder of plain files, a user's or an older
+shipped one, reads as before.
+
 A record is replayed only where tuning found a schedule faster than edgecv's default
 rule, and only under the default rules it was compared with (``edgecv_database.json``
 says so per workload, with :func:`~.fingerprint.target_rules`; the first database
@@ -26,8 +32,10 @@ user's cache folder made mobilenet1.0 4% slower than today's rules.)
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
+import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,6 +53,7 @@ WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
 # Written beside the two files by edgecv: the TVM version that produced the records.
 META = "edgecv_database.json"
+GZ = ".gz"  # the shipped form of WORKLOADS and RECORDS
 
 
 class TuningDatabase:
@@ -65,7 +74,8 @@ class TuningDatabase:
         self._verdicts: list[dict[int, dict]] = []
         self._fingerprints: dict[bool, str] = {}
         for folder in (Path(f) for f in folders):
-            if not (folder / WORKLOADS).is_file() or not (folder / RECORDS).is_file():
+            files = plain_copy(folder)
+            if files is None:
                 continue
             version = _recorded_version(folder)
             if version is not None and version != tvm.__version__:
@@ -77,8 +87,8 @@ class TuningDatabase:
                 continue
             try:
                 database = ms.database.JSONDatabase(
-                    path_workload=str(folder / WORKLOADS),
-                    path_tuning_record=str(folder / RECORDS),
+                    path_workload=str(files / WORKLOADS),
+                    path_tuning_record=str(files / RECORDS),
                     allow_missing=False,
                 )
             except Exception as err:  # corrupt or foreign files: build with the defaults
@@ -185,3 +195,64 @@ def write_meta(folder: Path, device_key: dict, workloads: dict | None = None) ->
     if workloads:
         meta["workloads"] = workloads
     (folder / META).write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def plain_copy(folder: Path) -> Path | None:
+    """A folder holding ``folder``'s two files as plain JSON lines: itself, or for a
+    gzipped (shipped) one a copy in the cache, named by the files' contents and written
+    once; None when ``folder`` holds no database."""
+    if (folder / WORKLOADS).is_file() and (folder / RECORDS).is_file():
+        return folder
+    packed = [folder / (name + GZ) for name in (WORKLOADS, RECORDS)]
+    if not all(p.is_file() for p in packed):
+        return None
+    from ..runtime.kernel_cache import cache_dir, cache_key
+
+    copy = cache_dir().parent / "databases" / cache_key(*(p.read_bytes() for p in packed))[:24]
+    if not all((copy / name).is_file() for name in (WORKLOADS, RECORDS)):
+        copy.mkdir(parents=True, exist_ok=True)
+        for source, name in zip(packed, (WORKLOADS, RECORDS), strict=True):
+            partial = copy / f".{name}.{os.getpid()}"
+            partial.write_bytes(gzip.decompress(source.read_bytes()))
+            os.replace(partial, copy / name)  # concurrent deploys write the same bytes
+    return copy
+
+
+def expand(folder: Path) -> None:
+    """Turn a gzipped database folder back into plain files, in place (before tuning
+    appends to it)."""
+    for name in (WORKLOADS, RECORDS):
+        packed = folder / (name + GZ)
+        if packed.is_file() and not (folder / name).is_file():
+            (folder / name).write_bytes(gzip.decompress(packed.read_bytes()))
+            packed.unlink()
+
+
+def pack(folder: Path) -> tuple[int, int]:
+    """The shipped form of a database folder, in place: only the workloads deploy can
+    replay (those whose verdict in ``edgecv_database.json`` says a record beat the
+    default rule; a workload without a verdict is kept), gzipped without a timestamp
+    (the same records give the same bytes). Returns (workloads kept, workloads before)."""
+    expand(folder)
+    verdicts = _verdicts(folder)
+
+    def kept(line: str) -> bool:
+        facts = verdicts.get(int(json.loads(line)[0]))
+        return facts is None or facts.get("default_s") is None or _beat_default(facts)
+
+    workloads = (folder / WORKLOADS).read_text().splitlines()
+    index = {i for i, line in enumerate(workloads) if kept(line)}
+    records = [r for r in (folder / RECORDS).read_text().splitlines()
+               if int(json.loads(r)[0]) in index]  # fmt: skip
+    # records point at workloads by line number: renumber them for the kept lines
+    renumber = {old: new for new, old in enumerate(sorted(index))}
+    records = [
+        json.dumps([renumber[row[0]], row[1]], separators=(",", ":"))
+        for row in map(json.loads, records)
+    ]
+    lines = {WORKLOADS: [workloads[i] for i in sorted(index)], RECORDS: records}
+    for name, text in lines.items():
+        data = "".join(f"{line}\n" for line in text).encode()
+        (folder / (name + GZ)).write_bytes(gzip.compress(data, mtime=0))
+        (folder / name).unlink()
+    return len(index), len(workloads)

@@ -26,7 +26,16 @@ import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
 from ..graph_tuner.costs import COSTS_FILE
-from ..schedules.database import META, RECORDS, WORKLOADS, write_meta
+from ..schedules.database import (
+    GZ,
+    META,
+    RECORDS,
+    WORKLOADS,
+    expand,
+    pack,
+    plain_copy,
+    write_meta,
+)
 from .device_class import DeviceClass
 
 FAILED_RUN_S = 1e10  # what MetaSchedule stores for a candidate that failed
@@ -41,7 +50,7 @@ def check_database_folder(folder: Path) -> None:
     if folder.exists() and not folder.is_dir():
         raise EdgecvError(f"--db {folder} is a file, not a folder: name a folder for the "
                           "tuning records (it is created when missing)")  # fmt: skip
-    ours = {WORKLOADS, RECORDS, META, COSTS_FILE}
+    ours = {WORKLOADS, RECORDS, WORKLOADS + GZ, RECORDS + GZ, META, COSTS_FILE}
     if folder.is_dir():
         # a costs file is written beside itself then renamed (``layout_costs.<pid>.tmp``)
         names = [p.name for p in folder.iterdir()]
@@ -55,8 +64,10 @@ def check_database_folder(folder: Path) -> None:
 
 
 def open_database(folder: Path) -> ms.database.JSONDatabase:
-    """The JSON database in ``folder`` (created when missing)."""
+    """The JSON database in ``folder`` (created when missing; a gzipped, shipped one is
+    made plain first, so records can be added)."""
     folder.mkdir(parents=True, exist_ok=True)
+    expand(folder)
     return ms.database.JSONDatabase(
         path_workload=str(folder / WORKLOADS),
         path_tuning_record=str(folder / RECORDS),
@@ -103,7 +114,7 @@ def ship(work: Path, destination: Path, device: DeviceClass, summary: dict) -> i
     # would otherwise take its place unraced.
     held: set[int] = set()
     for folder in (work, destination):
-        if not ((folder / WORKLOADS).is_file() and (folder / RECORDS).is_file()):
+        if plain_copy(folder) is None:
             continue
         added = set()
         for record in open_database(folder).get_all_tuning_records():
@@ -129,7 +140,7 @@ def ship(work: Path, destination: Path, device: DeviceClass, summary: dict) -> i
             shutil.copy2(destination / COSTS_FILE, staging / COSTS_FILE)
         shipped = _summary_of(destination) | summary
         write_meta(staging, device.key, shipped)
-        count = len(pruned)
+        count, _ = pack(staging)  # only what deploy replays, gzipped
         old = destination.with_name(destination.name + ".old")
         if destination.exists():
             destination.rename(old)

@@ -5,6 +5,7 @@ warning and the default build (the lookup itself: tests/schedules/test_stage.py)
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
@@ -17,7 +18,7 @@ from edgecv.deploy import deploy
 from edgecv.model import load
 from edgecv.pipelines import BuildOptions
 from edgecv.profiles import load_profile
-from edgecv.schedules.database import TuningDatabase
+from edgecv.schedules.database import GZ, META, RECORDS, WORKLOADS, TuningDatabase
 from edgecv.testing import assert_close
 from edgecv.tuning.command import in_deploy_layouts
 from edgecv.tuning.device_class import cpu_class
@@ -109,8 +110,7 @@ def test_shipping_keeps_the_best_record_of_each_workload(tuned, tmp_path):
     assert costs.read_text() == '{"the graph tuner": "costs"}'  # shipped beside, kept
     tasks = tiny_tasks(symbol, db)
     assert count == len(tasks)
-    lines = (tmp_path / "shipped" / "database_tuning_record.json").read_text().splitlines()
-    assert len(lines) == len(tasks)
+    assert len(shipped_records(tmp_path / "shipped")) == len(tasks)
     shipped = open_database(tmp_path / "shipped")
     full = open_database(db)
     for task in tasks:
@@ -119,8 +119,39 @@ def test_shipping_keeps_the_best_record_of_each_workload(tuned, tmp_path):
         assert float(np.mean([float(s) for s in best.run_secs])) == pytest.approx(min(times))
     # shipped again (the folder already holds these workloads): still one record each
     assert ship(db, tmp_path / "shipped", cpu_class(target), {}) == len(tasks)
-    lines = (tmp_path / "shipped" / "database_tuning_record.json").read_text().splitlines()
-    assert len(lines) == len(tasks)
+    assert len(shipped_records(tmp_path / "shipped")) == len(tasks)
+
+
+def shipped_records(folder):
+    """The record lines of a shipped (gzipped) database folder."""
+    return gzip.decompress((folder / f"{RECORDS}{GZ}").read_bytes()).decode().splitlines()
+
+
+def test_shipped_databases_hold_what_deploy_replays_gzipped(tuned, tmp_path):
+    """Shipping keeps the workloads whose search beat the default rule (the only records
+    deploy replays), gzipped; deploy reads the shipped folder as it read the plain one."""
+    symbol, db = tuned
+    target = load_profile("cpu").tvm_target()
+    plain = search_won_everywhere(db, tmp_path / "plain")
+    meta = json.loads((plain / META).read_text())
+    lost = sorted(meta["workloads"])[1:]  # the search beat the default on one workload
+    for key in lost:
+        meta["workloads"][key]["best_s"] = meta["workloads"][key]["default_s"]
+    (plain / META).write_text(json.dumps(meta))
+    assert ship(plain, tmp_path / "shipped", cpu_class(target), meta["workloads"]) == 1
+    assert sorted(p.name for p in (tmp_path / "shipped").iterdir()) == sorted(
+        [META, f"{RECORDS}{GZ}", f"{WORKLOADS}{GZ}"]
+    )
+    assert len(shipped_records(tmp_path / "shipped")) == 1
+    before, after = TuningDatabase([plain]), TuningDatabase([tmp_path / "shipped"])
+    replayed = 0
+    for task in tiny_tasks(symbol, db):
+        ours, theirs = after.query(task.mod["main"], target), before.query(task.mod["main"], target)
+        assert (ours is None) == (theirs is None)
+        if ours is not None:
+            tvm.ir.assert_structural_equal(ours, theirs)
+            replayed += 1
+    assert replayed == 1
 
 
 def test_an_old_shipped_record_timed_faster_does_not_replace_the_one_just_raced(tuned, tmp_path):
