@@ -34,27 +34,28 @@ MODELS = ["ssd_512_mobilenet1.0_voc", "ssd_512_resnet50_v1_voc", "yolo3_mobilene
 
 def nms_time(executor, x, repeat: int) -> tuple[float, float]:
     """Median (copy seconds, box_nms seconds) over step-by-step timed runs."""
-    plan = executor.plan
     copies, nms = [], []
-    for _ in range(repeat):
-        sync = [b.synchronize for b in set(executor.backends.values())]
+    with executor.context() as context:  # its buffers, launches and queues
+        plan = context.plan
+        sync = [b.synchronize for b in set(context.backends.values())]
         first = plan.buffers[plan.inputs[0]]
-        executor.backends[first.device].upload(executor._tensors[plan.inputs[0]], x)
-        c = n = 0.0
-        for step, launch in zip(plan.steps, executor._launches, strict=True):
-            for s in sync:
-                s()
-            t = time.perf_counter()
-            launch()
-            for s in sync:
-                s()
-            spent = time.perf_counter() - t
-            if step.kind == "copy":
-                c += spent
-            elif step.kernel.startswith("box_nms"):
-                n += spent
-        copies.append(c)
-        nms.append(n)
+        for _ in range(repeat):
+            context.backends[first.device].upload(context.tensors[plan.inputs[0]], x)
+            c = n = 0.0
+            for step, launch in zip(context.steps, context.launches, strict=True):
+                for s in sync:
+                    s()
+                t = time.perf_counter()
+                launch()
+                for s in sync:
+                    s()
+                spent = time.perf_counter() - t
+                if step.kind == "copy":
+                    c += spent
+                elif step.kernel.startswith("box_nms"):
+                    n += spent
+            copies.append(c)
+            nms.append(n)
     return statistics.median(copies), statistics.median(nms)
 
 

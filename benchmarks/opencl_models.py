@@ -53,13 +53,14 @@ def measure(package: Path, on: str, repeat: int, cache: Path) -> dict:
     x = np.random.RandomState(0).uniform(-1, 1, model.input_shape).astype(np.float32)
     latency = time_runs(lambda: model.run(x), repeat, warmup=1)  # the shared harness
     enqueue = []
-    for _ in range(repeat):
-        backend.synchronize()
-        t = time.perf_counter()
-        for launch in executor._launches:
-            launch()
-        enqueue.append(time.perf_counter() - t)
-        backend.synchronize()
+    with executor.context() as context:  # its launches, on its own command queue
+        for _ in range(repeat):
+            context.backend.synchronize()
+            t = time.perf_counter()
+            for launch in context.launches:
+                launch()
+            enqueue.append(time.perf_counter() - t)
+            context.backend.synchronize()
     build = model.manifest["build"]
     inputs = sum(int(np.prod(i["shape"])) * 4 for i in model.manifest["inputs"])
     bound = build["constant_bytes"] + inputs + build["live_bytes_lower_bound"]

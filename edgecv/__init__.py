@@ -20,8 +20,9 @@ from .errors import EdgecvError  # noqa: E402  (after the environment is set)
 __all__ = ["EdgecvError", "__version__", "load"]
 
 
-def load(path, on=None):
-    """Load a deployed package (on OpenCL device ``on``); see :func:`edgecv.model.load`."""
+def load(path, on=None, streams=1):
+    """Load a deployed package (on OpenCL device ``on``, with ``streams`` calls able to
+    run at once from different threads); see :func:`edgecv.model.load`."""
     from .model import load as _load
 
-    return _load(path, on=on)
+    return _load(path, on=on, streams=streams)

@@ -1,4 +1,10 @@
-"""``edgecv.load(path)``: a deployed package, ready to run."""
+"""``edgecv.load(path)``: a deployed package, ready to run.
+
+A loaded model may be shared by threads: ``run`` borrows one of the model's
+``streams`` execution contexts (its own activation memory and launches, see
+:mod:`.runtime.executor`) and calls beyond ``streams`` wait for one, so a result is
+never computed in memory another call is writing.
+"""
 
 from __future__ import annotations
 
@@ -12,21 +18,23 @@ from .imaging import Detection, detections, preprocess, top_k
 from .package import read_manifest
 from .package_format import Plan
 from .runtime.cpu import CPUBackend
-from .runtime.executor import Executor
+from .runtime.executor import Executor, check_streams
 from .runtime.host import check_host
 
 
 class DeployedModel:
-    """A loaded package: call :meth:`run` on tensors or :meth:`predict` on images."""
+    """A loaded package: call :meth:`run` on tensors or :meth:`predict` on images, from
+    any thread (up to ``streams`` calls run at once, the others wait)."""
 
-    def __init__(self, root: Path, manifest: dict, on: str | None = None):
+    def __init__(self, root: Path, manifest: dict, on: str | None = None, streams: int = 1):
+        streams = check_streams(streams)  # before any kernel is loaded
         self.root = root
         self.manifest = manifest
         plan = Plan.from_json((root / "plan.json").read_text())
         with np.load(root / "params.npz") as npz:
             constants = {k: npz[k] for k in npz.files}
         t = time.perf_counter()
-        self.executor = Executor(plan, self._backends(plan, on), constants)
+        self.executor = Executor(plan, self._backends(plan, on), constants, streams)
         self.load_s = time.perf_counter() - t
 
     def _backends(self, plan: Plan, on: str | None) -> dict:
@@ -97,8 +105,15 @@ class DeployedModel:
     def classes(self) -> list[str]:
         return self.manifest.get("classes", [])
 
+    @property
+    def streams(self) -> int:
+        """How many calls may run at once (execution contexts)."""
+        return len(self.executor.contexts)
+
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        """Run on raw input tensors (no preprocessing); outputs in the model's order."""
+        """Run on raw input tensors (no preprocessing); outputs in the model's order.
+        Thread-safe: waits for an idle execution context when ``streams`` calls are
+        already running."""
         return self.executor.run(list(inputs))
 
     def preprocess(self, image_bgr: np.ndarray) -> np.ndarray:
@@ -129,13 +144,30 @@ def _default_device(manifest: dict) -> str:
     return ""  # the first device found
 
 
-def load(path: str | Path, on: str | None = None) -> DeployedModel:
+def load(path: str | Path, on: str | None = None, streams: int = 1) -> DeployedModel:
     """Load a package folder (or ``.tar.gz``) written by ``edgecv deploy``.
 
-    ``on`` picks the OpenCL device (part of "platform / device", case-insensitive).
+    Parameters
+    ----------
+    path : str or Path
+        The package folder or its ``.tar.gz``.
+    on : str, optional
+        The OpenCL device (part of "platform / device", case-insensitive) or CUDA
+        device; the package's usual one by default.
+    streams : int
+        How many calls of ``run`` may be in flight at once from different threads, each
+        in its own execution context (activation memory, bound launches, command
+        queue); further calls wait for one. 1 (the default) runs calls one at a time
+        with the memory of one inference; N > 1 costs N times the activation memory.
+
+    Returns
+    -------
+    DeployedModel
+        The model, safe to share between threads.
     """
+    streams = check_streams(streams)
     root, manifest = read_manifest(path)
-    return DeployedModel(root, manifest, on)
+    return DeployedModel(root, manifest, on, streams)
 
 
 __all__ = ["Detection", "DeployedModel", "load"]

@@ -43,18 +43,41 @@ def profile_steps(model, x: np.ndarray, repeat: int = 5) -> list[KernelTime]:
     list of KernelTime
         Sorted by time, largest first.
     """
-    executor = model.executor
     kernel_ops = model.manifest["build"].get("kernel_ops", {})
-    gpu = executor.backends.get("gpu")
-    event_based = gpu is not None and hasattr(gpu, "start_profiling")
+    with model.executor.context() as context:  # no other call runs in it meanwhile
+        runs, counts = _profile_in(context, x, repeat)
+    keys = {k for r in runs for k in r}
+    event_based = _event_based(context.backends.get("gpu"))
+    result = [
+        KernelTime(
+            kernel=name,
+            device=device,
+            seconds=float(np.median([r.get((name, device), 0.0) for r in runs])),
+            launches=counts[(name, device)],
+            ops=list(kernel_ops.get(name, [])),
+            how="OpenCL events" if device == "gpu" and event_based else "host timer",
+        )
+        for name, device in keys
+    ]
+    return sorted(result, key=lambda k: -k.seconds)
+
+
+def _event_based(gpu) -> bool:
+    return gpu is not None and hasattr(gpu, "start_profiling")
+
+
+def _profile_in(context, x: np.ndarray, repeat: int) -> tuple[list[dict], dict]:
+    """Per-kernel seconds of each of ``repeat`` runs in ``context``, and launch counts."""
+    gpu = context.backends.get("gpu")  # the context's stream: its queue is profiled
+    event_based = _event_based(gpu)
     runs: list[dict[tuple[str, str], float]] = []
     counts: dict[tuple[str, str], int] = defaultdict(int)
     for i in range(max(repeat, 1)):
         spent: dict[tuple[str, str], float] = defaultdict(float)
-        executor.run([x])  # inputs in place; then the launches one by one
+        context.run([x])  # inputs in place; then the launches one by one
         if event_based:
             gpu.start_profiling()
-        for step, launch in zip(executor.steps, executor._launches, strict=True):
+        for step, launch in zip(context.steps, context.launches, strict=True):
             name = step.kernel if step.kind == "kernel" else "device copy"
             device = step.device if step.kind == "kernel" else "copy"
             start = time.perf_counter()
@@ -69,16 +92,4 @@ def profile_steps(model, x: np.ndarray, repeat: int = 5) -> list[KernelTime]:
             for kernel, _, seconds in gpu.stop_profiling():
                 spent[(kernel, "gpu")] += seconds
         runs.append(spent)
-    keys = {k for r in runs for k in r}
-    result = [
-        KernelTime(
-            kernel=name,
-            device=device,
-            seconds=float(np.median([r.get((name, device), 0.0) for r in runs])),
-            launches=counts[(name, device)],
-            ops=list(kernel_ops.get(name, [])),
-            how="OpenCL events" if device == "gpu" and event_based else "host timer",
-        )
-        for name, device in keys
-    ]
-    return sorted(result, key=lambda k: -k.seconds)
+    return runs, counts

@@ -1,4 +1,10 @@
-"""The interface every device backend implements (CPU now; OpenCL and CUDA plug in)."""
+"""The interface every device backend implements (CPU, OpenCL, CUDA).
+
+A backend is shared by every execution context of a loaded model (see
+:mod:`.executor`): its kernels and the constants uploaded through it are read-only
+after loading. What a context needs of its own on a device it gets from
+:meth:`Backend.stream`.
+"""
 
 from __future__ import annotations
 
@@ -43,3 +49,16 @@ class Backend:
 
     def synchronize(self) -> None:
         """Wait for queued work (no-op for synchronous devices)."""
+
+    def stream(self) -> Backend:
+        """This backend as one execution context uses it: the same device, kernels and
+        memory, with work ordered apart from other contexts' where the device queues
+        work (OpenCL: a command queue of its own). Kernels bound, uploads, downloads and
+        :meth:`synchronize` through the result concern that context alone. A device that
+        runs each call to completion in the calling thread (the CPU) needs nothing more:
+        the backend itself."""
+        return self
+
+    def make_current(self) -> None:
+        """Ready the calling thread to use this backend (CUDA keeps the current context
+        per thread); called at the start of every inference, so it must stay cheap."""

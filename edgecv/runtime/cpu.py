@@ -9,6 +9,11 @@ barrier, workspace allocation) come from TVM's runtime library, ``libtvm_runtime
 ``box_nms`` sorts with ``tvm.contrib.sort``). Where the TVM wheel is installed (the
 workstation) its own copies are used instead, the files ``import tvm`` loads, so two
 copies never load side by side (they would register the same functions twice).
+
+One loaded library serves every execution context of a model (see :mod:`.executor`):
+the generated functions keep no state of their own, and TVM's thread pool and
+workspace memory belong to the thread that calls them, so calls from several
+threads on their own buffers do not meet.
 """
 
 from __future__ import annotations

@@ -9,6 +9,13 @@ driver JIT-compiles it), and otherwise compiles the shipped source with the nvcc
 the device, caching the result on disk (:mod:`.kernel_cache`). Launches recorded at
 build time are bound to their buffers once; an inference only calls
 ``cuLaunchKernel``.
+
+Every execution context of a model (see :mod:`.executor`) binds its own launches,
+argument arrays and workspaces, and all of them run on the legacy default stream of
+the device's primary CUDA context: work from several threads is ordered there, each
+on its own buffers, so concurrent calls are right, one kernel after another. The
+driver keeps the current CUDA context per thread, so an inference first makes it
+current in its calling thread (:meth:`CUDABackend.make_current`).
 """
 
 from __future__ import annotations
@@ -264,6 +271,11 @@ class CUDABackend(Backend):
                 )
 
         return run
+
+    def make_current(self) -> None:
+        """The loading thread has the context current; any other thread running the
+        model would otherwise find none (CUDA_ERROR_INVALID_CONTEXT)."""
+        self.driver.call("cuCtxSetCurrent", self.context)
 
     def synchronize(self) -> None:
         self.driver.call("cuCtxSynchronize")

@@ -6,11 +6,17 @@ cache (:mod:`.kernel_cache`), buffers allocated once by the executor, and each k
 call replays the launches recorded at build time (:class:`~edgecv.package_format.Launch`)
 with ``clEnqueueNDRangeKernel``. Devices are refused, with the reason, before any
 compilation when they lack an extension the program uses.
+
+The context, program and memory are shared by every execution context of a model;
+each context gets its own command queue (:meth:`OpenCLBackend.stream`) and binds its
+own ``cl.Kernel`` objects: a kernel's arguments are state of the kernel object, which
+two threads enqueueing it with their own buffers would overwrite for each other.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import re
 import time
 import warnings
@@ -137,8 +143,26 @@ class OpenCLBackend(Backend):
         self.queue = cl.CommandQueue(self.context)
         self.events: list | None = None  # (step kernel, OpenCL kernel, event) when profiling
         self.launches = launches
-        self.allocated_bytes = 0
+        self._memory = _DeviceMemory()  # one count for this backend and its streams
         self.label = _label(self.device.platform, self.device)
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes allocated on the device through this backend and its streams."""
+        return self._memory.allocated
+
+    @allocated_bytes.setter
+    def allocated_bytes(self, value: int) -> None:
+        self._memory.allocated = value
+
+    def stream(self) -> OpenCLBackend:
+        """This backend with a command queue of its own (an execution context's): the
+        device, program and memory count are shared, and kernels bound through it,
+        its copies, profiling and :meth:`synchronize` use that queue alone."""
+        stream = copy.copy(self)
+        stream.queue = self.cl.CommandQueue(self.context)
+        stream.events = None
+        return stream
 
     def alloc(self, nbytes: int):
         nbytes = max(nbytes, 4)
@@ -262,6 +286,11 @@ class OpenCLBackend(Backend):
             self.queue.finish()
         except self.cl.MemoryError as err:  # lazy allocation fails at first use
             raise DeviceMemoryError(f"{self.label} ran out of memory: {err}") from None
+
+
+@dataclass
+class _DeviceMemory:
+    allocated: int = 0
 
 
 class DeviceNotFoundError(EdgecvError):

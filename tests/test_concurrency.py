@@ -1,0 +1,155 @@
+"""One loaded model called from several threads at once (issue 32): every call's
+outputs are those of the same input run alone, on the CPU and on both OpenCL
+runtimes, whether the calls wait for the model's one execution context
+(``streams=1``) or run in contexts of their own (``streams=3``).
+
+The serial run is the reference: the same kernels on the same input give the same
+bits, so any difference is a call that read or wrote another's memory. It is itself
+checked against MXNet once, so that a model that is wrong everywhere does not pass.
+Threads switch every 10 microseconds here (Python's default: 5 ms), so that calls
+interleave at many points of an inference of this tiny model.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import pytest
+from conftest import mxnet_forward, needs_pocl
+from graph_tuner.small_model import SHAPE, export_small_model
+from test_opencl import device_or_skip
+
+import edgecv
+from edgecv.deploy import deploy
+from edgecv.errors import EdgecvError, ShapeError
+from edgecv.pipelines import BuildOptions
+from edgecv.testing import assert_close
+
+THREADS, CALLS = 4, 20
+# what is built does not matter here, only that it is quick: no layout search, no tuning
+# database, no check on a device at deploy time
+QUICK = BuildOptions(check_on=None, layout="NCHW", tuning=None)
+
+# (profile, OpenCL device): the CPU package, Intel's CPU OpenCL runtime, PoCL
+TARGETS = [
+    ("cpu", None),
+    ("deeplens", "intel"),
+    pytest.param("aisage", "pocl", marks=needs_pocl()),
+]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    symbol, params = export_small_model(tmp_path_factory.mktemp("small") / "small")
+    return symbol, params
+
+
+@pytest.fixture(scope="module")
+def package(small, tmp_path_factory):
+    """The small model deployed for a profile, once per profile."""
+    symbol, params = small
+    deployed = {}
+
+    def get(profile: str):
+        if profile not in deployed:
+            out = tmp_path_factory.mktemp(profile) / "pkg"
+            deployed[profile] = deploy(str(symbol), out, profile, params=str(params),
+                                       input_shape=SHAPE, host="native", options=QUICK)  # fmt: skip
+        return deployed[profile]
+
+    return get
+
+
+@pytest.fixture
+def fast_thread_switches():
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    yield
+    sys.setswitchinterval(before)
+
+
+def run_from_threads(model, inputs: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """Outputs of ``model.run`` on each input, from THREADS threads started together."""
+    results: list = [None] * len(inputs)
+    errors: list[BaseException] = []
+    start = threading.Barrier(THREADS)
+
+    def work(first: int) -> None:
+        try:
+            start.wait()
+            for i in range(first, len(inputs), THREADS):
+                results[i] = model.run(inputs[i])
+        except BaseException as err:  # re-raised in the test's thread below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.mark.parametrize("streams", [1, 3])
+@pytest.mark.parametrize(("profile", "on"), TARGETS)
+def test_threads_sharing_a_model_get_the_serial_results(
+    small, package, profile, on, streams, fast_thread_switches
+):
+    if on is not None:
+        device_or_skip(on)
+    model = edgecv.load(package(profile), on=on, streams=streams)
+    assert model.streams == streams
+    rng = np.random.RandomState(streams)
+    inputs = [rng.normal(size=SHAPE).astype(np.float32) for _ in range(THREADS * CALLS)]
+    serial = [model.run(x) for x in inputs]
+    concurrent = run_from_threads(model, inputs)
+    wrong = [
+        i for i, (got, want) in enumerate(zip(concurrent, serial, strict=True))
+        if any(not np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    ]  # fmt: skip
+    assert not wrong, (
+        f"{len(wrong)} of {len(inputs)} calls from {THREADS} threads differ from the same "
+        f"input run alone (calls {wrong[:10]}...)"
+    )
+    # after the threads: MXNet's OpenMP workers spin a while after a forward pass, and
+    # on 2 cores they kept Intel's runtime from interleaving calls at all
+    assert_close(serial[0][0], mxnet_forward(*small, inputs[0])[0], f"small model on {profile}")
+
+
+@pytest.mark.parametrize("streams", [0, -2, 1.5, "2", True])
+def test_streams_below_one_or_not_a_count_is_refused(package, streams):
+    with pytest.raises(EdgecvError, match=rf"streams={streams!r}: expected a whole number"):
+        edgecv.load(package("cpu"), streams=streams)
+
+
+def test_a_failed_call_gives_its_context_back(package):
+    """A call refused mid-way (a wrong input shape) must not keep the only context:
+    every later call would wait for it forever."""
+    model = edgecv.load(package("cpu"), streams=1)
+    for _ in range(2):
+        with pytest.raises(ShapeError):
+            model.run(np.zeros((1, 3, 8, 8), np.float32))
+    done = []
+    later = threading.Thread(target=lambda: done.append(model.run(np.zeros(SHAPE, np.float32))))
+    later.start()
+    later.join(timeout=30)
+    assert done, "a call after two refused ones is still waiting for an execution context"
+
+
+def test_streams_contexts_share_constants_and_own_activations(package):
+    """Each context adds its activation and input memory; the constants are uploaded
+    once, whatever the number of streams."""
+    one = edgecv.load(package("cpu"), streams=1).executor
+    three = edgecv.load(package("cpu"), streams=3).executor
+    per_context = one.contexts[0].allocated_bytes
+    assert per_context > 0
+    assert three.allocated_bytes - one.allocated_bytes == 2 * per_context
+    shared = [i for i, b in enumerate(one.plan.buffers) if b.kind == "const"]
+    assert shared
+    first, second = three.contexts[0].tensors, three.contexts[1].tensors
+    assert all(first[i] is second[i] for i in shared)
+    assert all(first[i] is not second[i] for i in one.plan.inputs)
