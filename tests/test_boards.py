@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from conftest import mxnet_forward
 from graph_tuner.small_model import SHAPE, export_small_model
+from test_wheel import build_wheel
 
 import edgecv
 from edgecv.deploy import deploy
@@ -165,14 +166,15 @@ def python_3_9() -> str | None:
 
 @pytest.mark.skipif(python_3_9() is None, reason="no Python 3.9 on this machine")
 def test_device_runtime_installs_and_runs_on_python_3_9(small, tmp_path):
-    """The device runtime installed as a board would, on Python 3.9: `pip install` of this
-    repository (its base dependencies only), then `edgecv run` on a `cpu` package."""
+    """The device runtime installed as a board would, on Python 3.9: `pip install` of
+    edgecv's wheel (its base dependencies only), then `edgecv run` on a `cpu` package."""
     symbol, params, x, reference = small
     path = deploy(str(symbol), tmp_path / "pkg", "cpu", params=str(params), input_shape=SHAPE)
     venv = tmp_path / "venv"
     subprocess.run([python_3_9(), "-m", "venv", str(venv)], check=True)
+    wheel = build_wheel(tmp_path / "build")  # with its base dependencies, from PyPI
     install = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", str(REPO)], capture_output=True, text=True
+        [str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True
     )
     assert install.returncode == 0, install.stderr[-2000:]
     listed = subprocess.run([str(venv / "bin" / "pip"), "list", "--format=freeze"],

@@ -63,18 +63,26 @@ def _run(*args, cwd: Path | None = None) -> None:
     assert done.returncode == 0, f"{args}\n{done.stdout}\n{done.stderr}"
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Installed:
-    source = tmp_path_factory.mktemp("source")
+def build_wheel(folder: Path) -> Path:
+    """edgecv's wheel, built from a copy of the sources in ``folder`` (building in the
+    checkout would let a leftover ``build/`` put old files into it)."""
+    source = folder / "source"
     for name in SOURCES:
         if (REPO / name).is_dir():
             ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
             shutil.copytree(REPO / name, source / name, ignore=ignore)
         else:
+            source.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, source / name)
-    dist = tmp_path_factory.mktemp("dist")
+    dist = folder / "dist"
     _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist, ".", cwd=source)
     (wheel,) = dist.glob("edgecv-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Installed:
+    wheel = build_wheel(tmp_path_factory.mktemp("build"))
 
     # Another path: a venv without pip (ensurepip alone takes 15 s), the wheel installed
     # into it by this pip (--python).

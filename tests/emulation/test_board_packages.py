@@ -19,12 +19,12 @@ import pytest
 from conftest import mxnet_forward
 from emulation import aarch64
 from graph_tuner.small_model import SHAPE, export_small_model
+from test_wheel import build_wheel
 from user_models import tiny_yolo
 
 from edgecv.deploy import deploy
 from edgecv.testing import assert_close, match_detections, network_loosening
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
     aarch64.unavailable_reason() is not None, reason=str(aarch64.unavailable_reason())
 )
@@ -80,11 +80,8 @@ print(json.dumps({
 def device_runtime(tmp_path_factory) -> Path:
     """edgecv installed from its wheel as a board installs it (its dependencies are the
     prepared aarch64 wheels); no TVM anywhere on the board's path."""
-    wheels = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels),
-                    str(REPO)], check=True, capture_output=True)  # fmt: skip
+    wheel = build_wheel(tmp_path_factory.mktemp("wheel"))
     target = tmp_path_factory.mktemp("device-runtime")
-    (wheel,) = wheels.glob("edgecv-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     str(target), str(wheel)], check=True, capture_output=True)  # fmt: skip
     assert not (aarch64.site_packages() / "tvm").exists()
