@@ -32,6 +32,7 @@ from pathlib import Path
 import tvm
 
 from ..errors import EdgecvError
+from ..runtime.cpu import TVM_RUNTIME_LIBRARIES as RUNTIME_LIBRARIES
 from ..runtime.host import CHECKED_FEATURES, arch_of, this_arch
 from ..runtime.kernel_cache import cache_dir
 
@@ -39,7 +40,6 @@ from ..runtime.kernel_cache import cache_dir
 GLIBC = "2.27"
 # PyPI platform tags of TVM's wheels, per ISA (for the runtime library of a foreign host).
 WHEEL_PLATFORMS = {"aarch64": ["manylinux_2_28_aarch64", "manylinux_2_27_aarch64"]}
-RUNTIME_LIBRARIES = ("libtvm_runtime.so", "libtvm_runtime_extra.so")
 ZIG_INSTALL = "pip install 'edgecv[compiler]' (it brings the ziglang toolchain)"
 
 
