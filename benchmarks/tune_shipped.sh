@@ -43,8 +43,9 @@ case "${1:-cpu}" in
     models=("$@")
     [ ${#models[@]} -gt 0 ] || models=(mobilenet1.0 resnet50_v1 squeezenet1.0
       ssd_512_mobilenet1.0_voc ssd_512_resnet50_v1_voc yolo3_mobilenet1.0_coco yolo3_darknet53_voc)
+    on=(); [ "$device" = aisage ] && on=(--on pocl)  # PoCL stands in for the Mali
     for model in "${models[@]}"; do
-      tune "$model" "$device" --rules-only
+      tune "$model" "$device" --rules-only "${on[@]}"
     done ;;
   verdicts)
     trials=0

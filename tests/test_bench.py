@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -88,6 +89,54 @@ def test_bench_reports_percentiles_kernels_and_baselines(package, tmp_path):
     assert report["peak_rss_mib"] > 0 and report["load_s"] > 0
     assert "p50 ms" in result.stdout and "top kernels" in result.stdout
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_streams_reports_throughput_of_concurrent_callers(package, tmp_path):
+    """--streams 3: every runtime called by 3 threads at once, round after round; the
+    package with three streams and with one, each baseline set up for concurrent
+    callers or listed with why not (MXNet's forward pass is not thread-safe)."""
+    out = tmp_path / "streams.json"
+    result = run_cli(
+        "bench", package, "--streams", "3", "--repeat", "10", "--warmup", "1",
+        "--vs", "mxnet,onnxruntime,openvino", "--json", out,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["streams"] == 3
+    runtimes = report["runtimes"]
+    assert {"edgecv", "edgecv 1 stream"} <= set(runtimes)
+    assert "not safe from several threads" in report["not_run"]["mxnet"]
+    for name in ("onnxruntime", "openvino"):
+        if all(importlib.util.find_spec(m) for m in (name, "onnx")):
+            assert name in runtimes, report["not_run"]
+    for name, r in runtimes.items():
+        # 10 calls a caller: 2 rounds of 5, each round's rate its calls over its time
+        assert (r["callers"], r["rounds"], r["calls"]) == (3, 2, 30), name
+        assert 0 < r["throughput_min_per_s"] <= r["throughput_per_s"], name
+        assert 0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"], name
+    assert "3 callers at once" in result.stdout and "inf/s" in result.stdout
+    assert_one_error_line(run_cli("bench", package, "--streams", "0"), "--streams 0")
+
+
+def test_alternate_concurrent_runs_every_caller_in_its_own_thread_in_rounds():
+    from edgecv.bench.harness import alternate_concurrent
+
+    seen: dict[str, set] = {"a": set(), "b": set()}
+    order: list[str] = []
+
+    def caller(name):
+        def run():
+            seen[name].add(threading.current_thread())
+            order.append(name)
+
+        return run
+
+    timed = alternate_concurrent({n: [caller(n), caller(n)] for n in "ab"}, rounds=2, calls=3)
+    assert {len(s) for s in seen.values()} == {4}  # a new thread per caller and round
+    # rounds in turns: each round is one untimed and 3 timed calls of both callers
+    assert order == ["a"] * 8 + ["b"] * 8 + ["a"] * 8 + ["b"] * 8
+    assert [len(t.latencies) for t in timed.values()] == [12, 12]
+    assert all(len(t.per_round) == 2 for t in timed.values())
 
 
 def test_missing_source_is_listed_not_fatal(package, tmp_path):

@@ -153,3 +153,33 @@ def test_streams_contexts_share_constants_and_own_activations(package):
     first, second = three.contexts[0].tensors, three.contexts[1].tensors
     assert all(first[i] is second[i] for i in shared)
     assert all(first[i] is not second[i] for i in one.plan.inputs)
+
+
+def test_streams_split_the_cores_between_the_calling_threads(package):
+    """With streams=N each inference runs its CPU kernels on cores/N threads of the
+    thread calling it (TVM's pool is per calling thread), so N calls at once keep the
+    cores busy without oversubscribing them; a thread that then calls a model with
+    one stream gets every core back."""
+    import tvm_ffi
+
+    from edgecv.runtime.cpu import pool_threads
+
+    cores = pool_threads()
+    pooled = {}
+
+    def threads_after(model, key) -> None:
+        model.run(np.zeros(SHAPE, np.float32))
+        pooled[key] = tvm_ffi.get_global_func("runtime.NumThreads")()
+
+    split = edgecv.load(package("cpu"), streams=2)
+    whole = edgecv.load(package("cpu"), streams=1)
+    for key, model in [("split", split), ("whole", whole)]:
+        thread = threading.Thread(target=threads_after, args=(model, key))
+        thread.start()
+        thread.join()
+    assert pooled == {"split": max(1, cores // 2), "whole": cores}
+    # one thread, the split model then the whole one: the share is undone
+    both = threading.Thread(target=lambda: (threads_after(split, "a"), threads_after(whole, "b")))
+    both.start()
+    both.join()
+    assert (pooled["a"], pooled["b"]) == (max(1, cores // 2), cores)

@@ -5,6 +5,14 @@ the reason (not installed, export failed, load failed): ``edgecv bench`` lists t
 and goes on. ONNX Runtime and OpenVINO run the ONNX file MXNet's own exporter writes
 (``mx.onnx.export_model``, which needs onnx < 1.15). OpenVINO runs in FP32: on CPUs
 with AVX-512 BF16 it would pick bf16 by default, which is not the comparison we want.
+
+With ``streams`` > 1 (``edgecv bench --streams N``, N concurrent callers) each is set
+up the way its own documentation says to serve them: OpenVINO with
+``PERFORMANCE_HINT=THROUGHPUT`` (it picks its streams) and an infer request per
+caller; ONNX Runtime's one session, whose ``run`` is safe from several threads, with
+the cores split between the callers (``intra_op_num_threads`` = cores / N, as edgecv
+splits them between its streams). MXNet's Gluon forward pass is not safe to call
+from several threads, so it is not timed there.
 """
 
 from __future__ import annotations
@@ -37,6 +45,13 @@ class Baseline:
     run: Callable[[np.ndarray], list[np.ndarray]]
     load_s: float
     notes: list[str] = field(default_factory=list)  # what its model lacks (export warnings)
+    # a run function for one more concurrent caller (OpenVINO: its own infer request);
+    # None: ``run`` itself is safe from several threads
+    new_caller: Callable[[], Callable[[np.ndarray], list[np.ndarray]]] | None = None
+
+    def callers(self, count: int) -> list[Callable[[np.ndarray], list[np.ndarray]]]:
+        """A run function for each of ``count`` concurrent callers."""
+        return [self.new_caller() if self.new_caller else self.run for _ in range(count)]
 
 
 def _module(name: str, hint: str):
@@ -102,11 +117,11 @@ def export_onnx(
     return path, notes
 
 
-def onnxruntime_baseline(onnx_path: Path) -> Baseline:
+def onnxruntime_baseline(onnx_path: Path, streams: int = 1) -> Baseline:
     ort = _module("onnxruntime", "pip install 'edgecv[bench]'")
     start = time.perf_counter()
     options = ort.SessionOptions()
-    options.intra_op_num_threads = pool_threads()
+    options.intra_op_num_threads = max(1, pool_threads() // streams)
     options.log_severity_level = 3  # not one warning per initializer of an MXNet export
     try:
         session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
@@ -118,7 +133,13 @@ def onnxruntime_baseline(onnx_path: Path) -> Baseline:
     def run(x: np.ndarray) -> list[np.ndarray]:
         return list(session.run(None, {name: x}))
 
-    return Baseline("onnxruntime", ort.__version__, run, time.perf_counter() - start)
+    baseline = Baseline("onnxruntime", ort.__version__, run, time.perf_counter() - start)
+    if streams > 1:
+        baseline.notes.append(
+            f"{streams} callers share one session, {options.intra_op_num_threads} "
+            "intra-op thread(s) each run"
+        )
+    return baseline
 
 
 def _open_opencl_runtimes_first() -> None:
@@ -132,44 +153,70 @@ def _open_opencl_runtimes_first() -> None:
     opencl_devices()
 
 
-def openvino_baseline(onnx_path: Path) -> Baseline:
+def openvino_baseline(onnx_path: Path, streams: int = 1) -> Baseline:
     _open_opencl_runtimes_first()
     ov = _module("openvino", "pip install 'edgecv[bench]'")
     start = time.perf_counter()
     config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": pool_threads()}
+    if streams > 1:
+        config["PERFORMANCE_HINT"] = "THROUGHPUT"
     try:
         compiled = ov.Core().compile_model(str(onnx_path), "CPU", config)
     except Exception as err:
         msg = f"cannot load the ONNX export: {foreign_message(err)[:200]}"
         raise BaselineUnavailable(msg) from None
-    request = compiled.create_infer_request()
     outputs = compiled.outputs
 
-    def run(x: np.ndarray) -> list[np.ndarray]:
-        result = request.infer([x])
-        return [np.array(result[o]) for o in outputs]
+    def new_caller() -> Callable[[np.ndarray], list[np.ndarray]]:
+        request = compiled.create_infer_request()
+
+        def run(x: np.ndarray) -> list[np.ndarray]:
+            result = request.infer([x])
+            return [np.array(result[o]) for o in outputs]
+
+        return run
 
     version = ov.get_version().split("-")[0]
-    return Baseline("openvino", version, run, time.perf_counter() - start)
+    baseline = Baseline("openvino", version, new_caller(), time.perf_counter() - start)
+    baseline.new_caller = new_caller
+    if streams > 1:
+        chosen = compiled.get_property("NUM_STREAMS")
+        requests = compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")
+        baseline.notes.append(
+            f"PERFORMANCE_HINT=THROUGHPUT chose {chosen} stream(s), optimal infer requests "
+            f"{requests}; {streams} callers, an infer request each"
+        )
+    return baseline
 
 
 def build_baselines(
-    names: list[str], symbol: Path, params: Path, shape: tuple[int, ...], work: Path
+    names: list[str],
+    symbol: Path,
+    params: Path,
+    shape: tuple[int, ...],
+    work: Path,
+    streams: int = 1,
 ) -> tuple[list[Baseline], dict[str, str]]:
-    """The baselines ``names`` that load, and the reason for each that does not."""
+    """The baselines ``names`` that load, and the reason for each that does not; set up
+    for ``streams`` concurrent callers (module docstring)."""
     built, failed = [], {}
     exported: list = []  # the ONNX export, made once for both runtimes that need it
     for name in names:
         try:
             if name in ("onnxruntime", "openvino") and not exported:
                 exported.append(export_onnx(symbol, params, shape, work))
+            if name == "mxnet" and streams > 1:
+                raise BaselineUnavailable(
+                    "MXNet's Gluon forward pass is not safe from several threads; "
+                    "time it without --streams"
+                )
             if name == "mxnet":
                 built.append(mxnet_baseline(symbol, params, shape))
             elif name in ("onnxruntime", "openvino"):
                 path, notes = exported[0]
                 loader = onnxruntime_baseline if name == "onnxruntime" else openvino_baseline
-                built.append(loader(path))
-                built[-1].notes = notes
+                built.append(loader(path, streams))
+                built[-1].notes = notes + built[-1].notes
             else:
                 failed[name] = f"unknown baseline; known: {', '.join(KNOWN)}"
         except BaselineUnavailable as err:

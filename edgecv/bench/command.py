@@ -1,5 +1,10 @@
 """``edgecv bench PACKAGE``: latency percentiles, load time, memory, the kernels that
-take the time, and baselines timed in alternating turns in the same process."""
+take the time, and baselines timed in alternating turns in the same process.
+
+``--streams N`` times throughput instead: the package loaded with N execution
+contexts, N threads calling it at once, beside the baselines set up for N callers
+(:mod:`.baselines`) and beside the same package with one context (what the streams
+buy), in alternating rounds (:func:`.harness.alternate_concurrent`)."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from ..outputs import check_output_folder
 from ..runtime.cpu import pool_threads
 from ..testing import TOLERANCES
 from .baselines import KNOWN, build_baselines
-from .harness import alternate
+from .harness import TURN, alternate, alternate_concurrent
 from .steps import profile_steps
 
 
@@ -144,9 +149,12 @@ def cmd_bench(args) -> int:
     unknown = [n for n in wanted if n not in KNOWN]
     if unknown:
         raise EdgecvError(f"--vs: unknown baseline(s) {unknown}; known: {', '.join(KNOWN)}")
+    streams = args.streams
+    if streams is not None and streams < 1:
+        raise EdgecvError(f"--streams {streams}: give how many callers at once, 1 or more")
     rss_before = _peak_rss_mib()
     start = time.perf_counter()
-    model = load(args.package, on=args.on)
+    model = load(args.package, on=args.on, streams=streams or 1)
     load_s = time.perf_counter() - start
     model.require_one_input("bench")
     x = bench_input(model)
@@ -155,6 +163,10 @@ def cmd_bench(args) -> int:
     rss_after = _peak_rss_mib()  # before any baseline is loaded into this process
     detection = model.manifest["model"].get("task") == "detection"
     runners = {"edgecv": lambda: model.run(x)}
+    callers: dict[str, list] = {"edgecv": [lambda: model.run(x)] * (streams or 1)}
+    if streams is not None:
+        one = load(args.package, on=args.on, streams=1)
+        callers["edgecv 1 stream"] = [lambda: one.run(x)] * streams
     report: dict = {
         "package": str(args.package),
         "model": model.manifest["model"]["name"],
@@ -167,7 +179,10 @@ def cmd_bench(args) -> int:
         "rss_growth_mib": rss_after - rss_before,
         "runtimes": {"edgecv": {"version": __version__, "load_s": load_s}},
         "not_run": {},
+        "streams": streams,
     }
+    if streams is not None:
+        report["runtimes"]["edgecv 1 stream"] = {"version": __version__, "load_s": load_s}
     with tempfile.TemporaryDirectory(prefix="edgecv-bench-") as tmp:
         if wanted:
             try:
@@ -176,7 +191,9 @@ def cmd_bench(args) -> int:
                 report["not_run"] = {name: str(err) for name in wanted}
             else:
                 progress.say(f"loading baselines: {', '.join(wanted)}")
-                built, failed = build_baselines(wanted, symbol, params, tuple(x.shape), Path(tmp))
+                built, failed = build_baselines(
+                    wanted, symbol, params, tuple(x.shape), Path(tmp), streams or 1
+                )
                 report["not_run"] = failed
                 for b in built:
                     try:  # one that loads but cannot run the input is listed, not fatal
@@ -186,20 +203,37 @@ def cmd_bench(args) -> int:
                         report["not_run"][b.name] = f"failed on the input: {why}"
                         continue
                     runners[b.name] = lambda b=b: b.run(x)
+                    callers[b.name] = [lambda f=f: f(x) for f in b.callers(streams or 1)]
                     report["runtimes"][b.name] = {
                         "version": b.version,
                         "load_s": b.load_s,
                         "agreement": agree,
                         "notes": b.notes,
                     }
-        progress.say(f"timing {', '.join(runners)}: {args.repeat} runs each, in alternating turns")
-        timed = alternate(runners, args.repeat, args.warmup)
-    for name, t in timed.items():
-        report["runtimes"][name].update(t.summary_ms())
+        if streams is None:
+            progress.say(
+                f"timing {', '.join(runners)}: {args.repeat} runs each, in alternating turns"
+            )
+            for name, t in alternate(runners, args.repeat, args.warmup).items():
+                report["runtimes"][name].update(t.summary_ms())
+        else:
+            rounds = -(-args.repeat // TURN)
+            progress.say(
+                f"timing {', '.join(callers)} with {streams} callers at once: {rounds} rounds "
+                f"of {TURN} calls a caller each, in alternating rounds"
+            )
+            for fn in (f for fns in callers.values() for f in fns[:1]):
+                for _ in range(args.warmup):
+                    fn()
+            for name, t in alternate_concurrent(callers, rounds, TURN).items():
+                report["runtimes"][name].update(t.summary())
     report["kernels"] = [vars(k) for k in kernels]
-    from .report import plot, print_report
+    from .report import plot, print_report, print_throughput_report
 
-    print_report(report, top=args.top)
+    if streams is None:
+        print_report(report, top=args.top)
+    else:
+        print_throughput_report(report, top=args.top)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
         print(f"wrote {args.json}")
@@ -221,4 +255,10 @@ def add_parser(sub, common) -> None:
     b.add_argument("--json", help="write every number to this JSON file")
     b.add_argument("--plot", help="write a latency chart to this .png (needs matplotlib)")
     b.add_argument("--top", type=int, default=10, help="kernels listed in the profile")
+    b.add_argument(
+        "--streams",
+        type=int,
+        help="time throughput with N callers at once: the package loaded with N streams, "
+        "OpenVINO's THROUGHPUT hint, ONNX Runtime with N callers",
+    )
     b.set_defaults(func=cmd_bench)

@@ -11,10 +11,16 @@ keep spinning for milliseconds after a run returns, and TVM's pool yields the co
 them: with one settle run and one timed run a turn (squeezenet1.0, 2 cores, medians
 of 60), edgecv measured 8.2 ms and OpenVINO 8.0; in turns of 5 settle and 10 timed
 runs, 5.0 and 4.8, as each measures alone.
+
+Throughput under concurrent callers (``edgecv bench --streams N``) is timed the same
+way, a ROUND at a time: N threads, each one runtime's caller, start together and make
+a fixed number of calls; the round's throughput is all their calls over its wall
+time, and the runtimes take rounds in turns (:func:`alternate_concurrent`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -124,3 +130,92 @@ def alternating_medians(
 def median_time(fn: Callable[[], object], repeat: int, warmup: int = 1) -> float:
     """Median seconds of ``repeat`` calls of ``fn`` after ``warmup`` untimed ones."""
     return time_runs(fn, repeat, warmup).median
+
+
+@dataclass
+class Throughput:
+    """What N callers calling one runtime at once got, round by round."""
+
+    name: str
+    callers: int
+    per_round: np.ndarray  # inferences per second of each round, all callers together
+    latencies: np.ndarray  # seconds of every timed call, every caller
+
+    def summary(self) -> dict[str, float]:
+        """Median throughput over the rounds, and the calls' latency percentiles (ms)."""
+        return {
+            "throughput_per_s": float(np.median(self.per_round)),
+            "throughput_min_per_s": float(np.min(self.per_round)),
+            "callers": self.callers,
+            "rounds": len(self.per_round),
+            "p50_ms": float(np.percentile(self.latencies, 50)) * 1e3,
+            "p90_ms": float(np.percentile(self.latencies, 90)) * 1e3,
+            "p99_ms": float(np.percentile(self.latencies, 99)) * 1e3,
+            "calls": len(self.latencies),
+        }
+
+
+def _round(callers: Sequence[Callable[[], object]], calls: int) -> tuple[float, list[float]]:
+    """One round: every caller in a thread of its own makes one untimed call (the
+    previous runtime's spinning pool threads settle meanwhile), all wait for each
+    other, then each makes ``calls`` timed calls. Returns the round's throughput and
+    every call's seconds."""
+    ready = threading.Barrier(len(callers) + 1)
+    latencies: list[list[float]] = [[] for _ in callers]
+    errors: list[BaseException] = []
+
+    def work(index: int, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except BaseException as err:  # reported after the round, in the caller's thread
+            errors.append(err)
+        ready.wait()
+        if errors:
+            return
+        mine = latencies[index]
+        for _ in range(calls):
+            start = time.perf_counter()
+            fn()
+            mine.append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=work, args=(i, fn)) for i, fn in enumerate(callers)]
+    for thread in threads:
+        thread.start()
+    ready.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return len(callers) * calls / wall, [s for mine in latencies for s in mine]
+
+
+def alternate_concurrent(
+    runners: dict[str, Sequence[Callable[[], object]]], rounds: int, calls: int
+) -> dict[str, Throughput]:
+    """Throughput of each runtime under concurrent callers, in alternating rounds.
+
+    Parameters
+    ----------
+    runners : dict
+        Name -> one function per caller thread, each doing one complete inference
+        (callers of one runtime may need their own request object: OpenVINO's).
+    rounds : int
+        Rounds of each runtime, taken in turns (A, B, C, A, B, C, ...) so that a
+        change of the machine's load hits each alike.
+    calls : int
+        Timed calls of each caller in a round.
+    """
+    per_round: dict[str, list[float]] = {name: [] for name in runners}
+    latencies: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(max(rounds, 1)):
+        for name, callers in runners.items():
+            rate, seconds = _round(callers, max(calls, 1))
+            per_round[name].append(rate)
+            latencies[name].extend(seconds)
+    return {
+        name: Throughput(name, len(runners[name]), np.asarray(per_round[name]),
+                         np.asarray(latencies[name]))
+        for name in runners
+    }  # fmt: skip

@@ -5,8 +5,7 @@ from __future__ import annotations
 from ..errors import EdgecvError
 
 
-def print_report(report: dict, top: int = 10) -> None:
-    """The bench report as text: summary, runtimes table, not-run list, top kernels."""
+def _summary(report: dict) -> None:
     shape = "x".join(map(str, report["input_shape"]))
     print(
         f"{report['model']} ({report['profile']} package) on {report['device']}, "
@@ -16,6 +15,20 @@ def print_report(report: dict, top: int = 10) -> None:
         f"load {report['load_s']:.2f} s; peak RSS {report['peak_rss_mib']:.0f} MiB "
         f"(+{report['rss_growth_mib']:.0f} MiB loading and running the package)"
     )
+
+
+def _agreement(r: dict) -> str:
+    agree = r.get("agreement")
+    if agree is None:
+        return "(reference)"
+    if "error" in agree:
+        return agree["error"]
+    return f"max |diff|/scale {agree['max_rel_diff']:.1e}, same top-1: {agree['same_top1']}"
+
+
+def print_report(report: dict, top: int = 10) -> None:
+    """The bench report as text: summary, runtimes table, not-run list, top kernels."""
+    _summary(report)
     header = (
         f"{'runtime':<22}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'inf/s':>8}{'load s':>8}"
         f"{'edgecv x':>10}  agreement with edgecv"
@@ -24,18 +37,38 @@ def print_report(report: dict, top: int = 10) -> None:
     print("-" * len(header))
     ours = report["runtimes"]["edgecv"]["p50_ms"]
     for name, r in report["runtimes"].items():
-        agree = r.get("agreement")
-        if agree is None:
-            text = "(reference)"
-        elif "error" in agree:
-            text = agree["error"]
-        else:
-            text = f"max |diff|/scale {agree['max_rel_diff']:.1e}, same top-1: {agree['same_top1']}"
         print(
             f"{name + ' ' + r['version']:<22}{r['p50_ms']:>9.2f}{r['p90_ms']:>9.2f}"
             f"{r['p99_ms']:>9.2f}{r['throughput_per_s']:>8.1f}{r['load_s']:>8.2f}"
-            f"{r['p50_ms'] / ours:>10.2f}  {text}"
+            f"{r['p50_ms'] / ours:>10.2f}  {_agreement(r)}"
         )
+    _notes_and_kernels(report, top)
+
+
+def print_throughput_report(report: dict, top: int = 10) -> None:
+    """The ``--streams`` report: throughput of each runtime under N callers at once
+    (median over the rounds, and the worst round), per-call latency, the ratio."""
+    _summary(report)
+    streams = report["streams"]
+    print(f"{streams} callers at once; edgecv loaded with streams={streams}")
+    header = (
+        f"{'runtime':<26}{'inf/s':>8}{'worst':>8}{'p50 ms':>9}{'p90 ms':>9}"
+        f"{'vs edgecv':>11}  agreement with edgecv"
+    )
+    print(header)
+    print("-" * len(header))
+    ours = report["runtimes"]["edgecv"]["throughput_per_s"]
+    for name, r in report["runtimes"].items():
+        print(
+            f"{name + ' ' + r['version']:<26}{r['throughput_per_s']:>8.1f}"
+            f"{r['throughput_min_per_s']:>8.1f}{r['p50_ms']:>9.2f}{r['p90_ms']:>9.2f}"
+            f"{ours / r['throughput_per_s']:>10.2f}x  {_agreement(r)}"
+        )
+    print("vs edgecv: edgecv's throughput over the runtime's (above 1: edgecv serves more)")
+    _notes_and_kernels(report, top)
+
+
+def _notes_and_kernels(report: dict, top: int) -> None:
     notes: dict[str, list[str]] = {}  # one line per note, naming the runtimes it concerns
     for name, r in report["runtimes"].items():
         for note in r.get("notes", []):

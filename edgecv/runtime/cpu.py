@@ -13,11 +13,15 @@ copies never load side by side (they would register the same functions twice).
 One loaded library serves every execution context of a model (see :mod:`.executor`):
 the generated functions keep no state of their own, and TVM's thread pool and
 workspace memory belong to the thread that calls them, so calls from several
-threads on their own buffers do not meet.
+threads on their own buffers do not meet. The cores are split between a model's
+execution contexts (:meth:`CPUBackend.stream`): each calling thread's pool gets its
+share, so N inferences in flight keep N x (cores / N) threads busy instead of N x
+cores threads fighting over the cores.
 """
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import importlib.util
 import os
@@ -39,12 +43,31 @@ TVM_RUNTIME_LIBRARIES = ("libtvm_runtime.so", "libtvm_runtime_extra.so")
 
 _runtime_lock = threading.Lock()
 _runtime_loaded: dict[str, str] = {}  # library file name -> path loaded
+# The worker count this thread's TVM pool was last set to by edgecv (None: TVM's default,
+# TVM_NUM_THREADS workers). TVM keeps one pool per calling thread.
+_this_thread = threading.local()
+# TVM's pool modes (threading_backend.h): workers share every core the process may use,
+# none pinned, as the default pool's workers run
+_SHARE_ALL_CORES = -3
 
 
 def pool_threads() -> int:
     """The threads edgecv's CPU kernels run on: ``TVM_NUM_THREADS``, which importing
     edgecv sets to the cores this process may use unless the user set it."""
     return int(os.environ.get("TVM_NUM_THREADS") or len(os.sched_getaffinity(0)))
+
+
+def use_threads(count: int) -> None:
+    """Run the CPU kernels the calling thread calls on ``count`` threads (its own
+    included). TVM keeps a thread pool per calling thread; this sizes that one. Cheap
+    when nothing changes (called before every inference of a context)."""
+    if getattr(_this_thread, "threads", None) == count:
+        return
+    if getattr(_this_thread, "threads", None) is None and count == pool_threads():
+        return  # TVM's default pool already has this size
+    configure = tvm_ffi.get_global_func("runtime.config_threadpool")
+    configure(_SHARE_ALL_CORES, count, [str(c) for c in sorted(os.sched_getaffinity(0))])
+    _this_thread.threads = count
 
 
 def installed_tvm_libraries() -> Path | None:
@@ -108,6 +131,8 @@ class CPUBackend(Backend):
 
     def __init__(self, module: Any):
         self.module = module
+        self.streams = 0  # execution contexts made from it: they share the cores
+        self._shared_by: CPUBackend = self  # the backend whose streams share the cores
 
     @classmethod
     def load(cls, path: str | Path, runtime_libraries: Sequence[Path] = ()) -> CPUBackend:
@@ -118,6 +143,25 @@ class CPUBackend(Backend):
             return cls(tvm_ffi.load_module(str(path)))
         except Exception as err:
             raise PackageError(f"cannot load CPU kernels from {path}: {err}") from None
+
+    def stream(self) -> CPUBackend:
+        """This backend as one execution context uses it: the same kernels, and a share
+        of the cores. The cores this process may use (``TVM_NUM_THREADS``) are split
+        evenly between every stream made from this backend (at least one thread each):
+        a model loaded with ``streams=2`` on 2 cores runs each inference on one core,
+        two at once. The share applies to the thread running the inference, while it
+        runs it (:meth:`make_current`)."""
+        stream = copy.copy(self)
+        self.streams += 1
+        return stream
+
+    @property
+    def threads(self) -> int:
+        """Threads an inference through this stream runs its kernels on."""
+        return max(1, pool_threads() // max(1, self._shared_by.streams))
+
+    def make_current(self) -> None:
+        use_threads(self.threads)
 
     def alloc(self, nbytes: int) -> np.ndarray:
         raw = np.empty(nbytes + ALIGNMENT, np.uint8)
