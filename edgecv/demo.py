@@ -1,12 +1,17 @@
-"""``edgecv demo PACKAGE``: a package on live frames (camera, video file or a folder of
+"""``edgecv demo PACKAGE``: a package on live frames (cameras, video files or folders of
 images) with boxes, class names, scores and an FPS overlay; per-frame latency printed.
 ``--headless -o OUT.mp4`` writes the annotated video instead of opening a window.
+Several sources play at once, one thread and one stream of the model each.
 """
 
 from __future__ import annotations
 
+import argparse
+import queue
+import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +120,84 @@ class VideoOut:
             self.writer.release()
 
 
+class AddSource(argparse.Action):
+    """Collects ``--camera``/``--video``/``--images`` in command-line order, each may be
+    given several times: ``args.sources`` is a list of (kind, value)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        sources = list(getattr(namespace, "sources", None) or [])
+        sources.append((self.const, values))
+        namespace.sources = sources
+
+
+def source_name(kind: str, value) -> str:
+    return f"camera {value}" if kind == "camera" else f"{kind} {value}"
+
+
+def output_paths(output: str | None, count: int) -> list[str | None]:
+    """Where each source's annotated video goes: ``-o OUT.mp4`` itself for one source,
+    ``OUT-1.mp4``, ``OUT-2.mp4``, ... for several (in the order given)."""
+    if output is None:
+        return [None] * count
+    if count == 1:
+        return [output]
+    path = Path(output)
+    return [str(path.with_name(f"{path.stem}-{i}{path.suffix}")) for i in range(1, count + 1)]
+
+
+class Player:
+    """One source played through the shared model: its frames, its video writer, its
+    smoothed frame rate. Several run at once, each in a thread of its own, each
+    inference in an execution context of its own (the model is loaded with a stream
+    per source)."""
+
+    def __init__(self, index: int, kind: str, value, output: str | None, args, many: bool):
+        self.index, self.kind, self.value = index, kind, value
+        self.name = source_name(kind, value)
+        self.out = VideoOut(output, args.fps) if output else None
+        self.output = output
+        self.args = args
+        self.prefix = f"source {index} " if many else ""
+        self.count = 0
+        self.error: BaseException | None = None
+
+    def frames(self) -> Iterator[np.ndarray]:
+        return frames(
+            self.value if self.kind == "camera" else None,
+            self.value if self.kind == "video" else None,
+            self.value if self.kind == "images" else None,
+        )
+
+    def play(self, model, show: Callable[[Player, np.ndarray], None], stop: threading.Event):
+        """Every frame: predict, annotate, print the latency, write and/or show it."""
+        fps = None
+        try:
+            for count, frame in enumerate(self.frames(), start=1):
+                self.count = count
+                start = time.perf_counter()
+                result = model.predict(frame, threshold=self.args.threshold)
+                elapsed = time.perf_counter() - start
+                fps = 1.0 / elapsed if fps is None else 0.9 * fps + 0.1 / elapsed  # smoothed
+                if self.out is not None and self.out.size is not None:
+                    frame, result = fit(frame, result, self.out.size)
+                shown, result = annotate(model, frame, result, fps)  # the first frame too
+                what = f"{result} detections" if model.task != "classification" else result
+                line = f"{self.prefix}frame {count}: {elapsed * 1e3:.1f} ms  {what}\n"
+                sys.stdout.write(line)  # one write: print writes the text and its end apart
+                sys.stdout.flush()
+                if self.out is not None:
+                    self.out.write(shown)
+                show(self, shown)
+                if stop.is_set() or (self.args.max_frames and self.count >= self.args.max_frames):
+                    break
+        except BaseException as err:  # re-raised by cmd_demo, in the main thread
+            self.error = err
+            stop.set()
+        finally:
+            if self.out is not None:
+                self.out.close()
+
+
 def cmd_demo(args) -> int:
     from .model import load
 
@@ -122,55 +205,87 @@ def cmd_demo(args) -> int:
 
     if args.headless and not args.output:
         raise EdgecvError("--headless needs -o OUT.mp4 (where the annotated video goes)")
+    sources = getattr(args, "sources", None) or [("camera", 0)]
+    outputs = output_paths(args.output, len(sources))
     if args.output:
         if not args.output.endswith(".mp4"):
             raise EdgecvError(f"-o {args.output}: the demo writes .mp4 video")
         check_output_folder(args.output)
-    model = load(args.package, on=args.on)
+    many = len(sources) > 1
+    # a stream per source: their inferences run at once, each with its share of the cores
+    model = load(args.package, on=args.on, streams=len(sources))
     model.require_one_input("demo")
-    out = VideoOut(args.output, args.fps) if args.output else None
-    fps, count = None, 0
+    if many:
+        names = ", ".join(f"{i}: {source_name(*s)}" for i, s in enumerate(sources, start=1))
+        print(f"{len(sources)} sources, a stream each ({names})", flush=True)
+    players = [
+        Player(i, kind, value, out, args, many)
+        for i, ((kind, value), out) in enumerate(zip(sources, outputs, strict=True), start=1)
+    ]
+    stop = threading.Event()
+    shown: queue.SimpleQueue = queue.SimpleQueue()  # windows are drawn by the main thread
+
+    def show(player: Player, frame: np.ndarray) -> None:
+        if not args.headless:
+            shown.put((player, frame))
+
+    threads = [
+        threading.Thread(target=p.play, args=(model, show, stop), daemon=True) for p in players
+    ]
+    for thread in threads:
+        thread.start()
     try:
-        for count, frame in enumerate(frames(args.camera, args.video, args.images), start=1):
-            start = time.perf_counter()
-            result = model.predict(frame, threshold=args.threshold)
-            elapsed = time.perf_counter() - start
-            fps = 1.0 / elapsed if fps is None else 0.9 * fps + 0.1 / elapsed  # smoothed
-            if out is not None and out.size is not None:
-                frame, result = fit(frame, result, out.size)
-            shown, result = annotate(model, frame, result, fps)  # the first frame has it too
-            what = f"{result} detections" if model.task != "classification" else result
-            print(f"frame {count}: {elapsed * 1e3:.1f} ms  {what}", flush=True)
-            if out is not None:
-                out.write(shown)
-            if not args.headless:
-                cv2.imshow("edgecv demo (q quits)", shown)
-                if cv2.waitKey(1) & 0xFF == ord("q"):
-                    break
-            if args.max_frames and count >= args.max_frames:
-                break
+        while any(t.is_alive() for t in threads):
+            if args.headless:
+                time.sleep(0.05)
+                continue
+            try:
+                player, frame = shown.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            cv2.imshow(f"edgecv demo {player.index}: {player.name} (q quits)", frame)
+            if cv2.waitKey(1) & 0xFF == ord("q"):
+                stop.set()
+    except KeyboardInterrupt:
+        stop.set()
     finally:
-        if out is not None:
-            out.close()
+        for thread in threads:
+            thread.join()
         if not args.headless:
             cv2.destroyAllWindows()
-    if out is not None:
-        print(f"wrote {args.output} ({count} frames)")
+    for player in players:
+        if player.error is not None:
+            raise player.error
+    for player in players:
+        if player.out is not None:
+            print(f"wrote {player.output} ({player.count} frames)")
     return 0
 
 
 def add_parser(sub, common) -> None:
     """Register ``demo`` on the CLI's subparsers."""
-    d = sub.add_parser("demo", parents=[common], help="run a package on a camera/video/images")
+    d = sub.add_parser(
+        "demo",
+        parents=[common],
+        help="run a package on cameras/videos/images",
+        description="Sources may be repeated and mixed (--video a.mp4 --camera 0): each "
+        "plays in a thread of its own through one loaded model with a stream per source.",
+    )
     d.add_argument("package", help="package folder or .tar.gz")
-    source = d.add_mutually_exclusive_group()
-    source.add_argument("--camera", type=int, help="camera index (default 0)")
-    source.add_argument("--video", help="a video file")
-    source.add_argument("--images", help="a folder of images, shown in name order")
+    add = {"action": AddSource, "dest": "sources"}
+    d.add_argument("--camera", type=int, const="camera", help="camera index (default 0)", **add)
+    d.add_argument("--video", const="video", help="a video file", **add)
+    d.add_argument(
+        "--images", const="images", help="a folder of images, shown in name order", **add
+    )
     d.add_argument("--headless", action="store_true", help="no window (needs -o)")
-    d.add_argument("-o", "--output", help="write the annotated video here (.mp4)")
+    d.add_argument(
+        "-o", "--output",
+        help="write the annotated video here (.mp4); with several sources OUT-1.mp4, "
+        "OUT-2.mp4, ... in the order given",
+    )  # fmt: skip
     d.add_argument("--fps", type=float, default=10.0, help="frame rate of the written video")
     d.add_argument("--threshold", type=float, default=0.5, help="detection score threshold")
-    d.add_argument("--max-frames", type=int, default=0, help="stop after N frames (0: all)")
+    d.add_argument("--max-frames", type=int, default=0, help="stop after N frames of each source")
     d.add_argument("--on", help="OpenCL device: part of its platform/device name")
     d.set_defaults(func=cmd_demo)

@@ -97,16 +97,21 @@ def check_video(path, frames):
         check_box_and_fps(shown, expected_box(original), original)
 
 
-def test_demo_on_a_video(detector_package, tmp_path):
-    frames = photos()
-    video = tmp_path / "clip.mp4"
-    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 5, (160, 120))
+def write_clip(path, frames) -> list[np.ndarray]:
+    """``frames`` as an mp4 at ``path``; returns them as the decoder reads them back
+    (the mp4 is lossy: compare with those)."""
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 5, (160, 120))
     for frame in frames:
         writer.write(frame)
     writer.release()
-    # Compare with the frames as the decoder returns them (the mp4 is lossy).
-    capture = cv2.VideoCapture(str(video))
-    decoded = [capture.read()[1] for _ in frames]
+    capture = cv2.VideoCapture(str(path))
+    return [capture.read()[1] for _ in frames]
+
+
+def test_demo_on_a_video(detector_package, tmp_path):
+    frames = photos()
+    video = tmp_path / "clip.mp4"
+    decoded = write_clip(video, frames)
     out = tmp_path / "annotated.mp4"
     result = run_cli("demo", detector_package, "--video", video, "--headless", "-o", out)
     assert result.returncode == 0, result.stderr
@@ -125,6 +130,36 @@ def test_demo_on_an_image_folder(detector_package, tmp_path):
     result = run_cli("demo", detector_package, "--images", folder, "--headless", "-o", out)
     assert result.returncode == 0, result.stderr
     check_video(out, frames)
+
+
+def test_demo_plays_several_sources_at_once(detector_package, tmp_path):
+    """A video and a folder of images in one run: each plays in its own thread through
+    the one loaded model (a stream each) and gets its own annotated video, right."""
+    video = tmp_path / "clip.mp4"
+    decoded = write_clip(video, photos())
+    folder = tmp_path / "images"
+    folder.mkdir()
+    stills = photos()[::-1][:3]
+    for i, frame in enumerate(stills):
+        cv2.imwrite(str(folder / f"{i:02d}.png"), frame)
+    out = tmp_path / "annotated.mp4"
+    result = run_cli(
+        "demo", detector_package, "--video", video, "--images", folder, "--headless", "-o", out
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("2 sources, a stream each (1: video ")
+    assert sum(line.startswith("source 1 frame ") for line in lines) == len(decoded), lines
+    assert sum(line.startswith("source 2 frame ") for line in lines) == len(stills)
+    assert not out.exists()
+    check_video(tmp_path / "annotated-1.mp4", decoded)
+    check_video(tmp_path / "annotated-2.mp4", stills)
+    # one source that fails ends the run with its one error line
+    assert_one_error_line(
+        run_cli("demo", detector_package, "--video", video, "--video", tmp_path / "none.mp4",
+                "--headless", "-o", tmp_path / "c.mp4"),
+        "does not exist",
+    )  # fmt: skip
 
 
 def test_demo_fits_photos_of_other_sizes_into_the_video(detector_package, tmp_path):
