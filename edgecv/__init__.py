@@ -2,7 +2,7 @@
 
 import os as _os
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 # TVM sizes its CPU thread pool from physical cores it detects, which gives 1 thread on
 # some VMs with 2 usable cores; use every core this process may run on unless the

@@ -13,43 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from . import progress
+from .arguments import SHAPE_HELP, input_shapes, parse_shape
 from .errors import EdgecvError, ShapeError, foreign_message, missing_extra
 from .outputs import check_image_path, check_output_folder, save_arrays, save_image
-
-
-def _shape(text: str):
-    """``N,C,H,W`` (the model's one input), or ``NAME=N,C,H,W`` (one of several)."""
-    name, _, dims = text.rpartition("=")
-    try:
-        shape = tuple(int(v) for v in dims.replace("x", ",").split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected N,C,H,W or NAME=N,C,H,W integers, got {text!r}"
-        ) from None
-    if len(shape) != 4 or min(shape) <= 0:
-        raise argparse.ArgumentTypeError(f"expected 4 positive integers N,C,H,W, got {text!r}")
-    return (name, shape) if name else shape
-
-
-def input_shapes(values: list | None):
-    """The ``--input-shape`` options given: None, one shape, or a shape per named input."""
-    if not values:
-        return None
-    named = [v for v in values if isinstance(v[0], str)]
-    if not named and len(values) == 1:
-        return values[0]
-    if len(named) != len(values):
-        raise EdgecvError(
-            "--input-shape: a model with several inputs takes one NAME=N,C,H,W per input "
-            "(e.g. --input-shape data0=1,3,127,127 --input-shape data1=1,3,287,287)"
-        )
-    return dict(named)
-
-
-SHAPE_HELP = (
-    "N,C,H,W (default: the model's usual size); NAME=N,C,H,W once per input for a model "
-    "with several inputs"
-)
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -103,9 +69,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 def tuning_folders(device: str, user_db: str | None) -> list[str]:
     """Tuning databases for a deploy for the profile named ``device``: see
-    :func:`edgecv.tuning.device_class.tuning_folders`."""
+    :func:`edgecv.schedules.device_class.tuning_folders`."""
     from .profiles import load_profile
-    from .tuning.device_class import tuning_folders as folders_of
+    from .schedules.device_class import tuning_folders as folders_of
 
     return folders_of(load_profile(device), user_db)
 
@@ -319,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("model", help="zoo name/alias (ssd_mobilenet, resnet50, ...) or *-symbol.json")
     d.add_argument("--params", help="weights file (.params)")
     d.add_argument("--device", default="cpu", help="device profile (see `edgecv profiles`)")
-    d.add_argument("--input-shape", type=_shape, action="append", help=SHAPE_HELP)
+    d.add_argument("--input-shape", type=parse_shape, action="append", help=SHAPE_HELP)
     d.add_argument("-o", "--output", help="package folder (default ./MODEL-DEVICE)")
     d.add_argument(
         "--random-weights",

@@ -18,8 +18,9 @@ from .frontend.importer import from_mxnet
 from .frontend.mxnet_graph import load_params, load_symbol
 from .package import PackageWriter, check_destination
 from .pipelines import BuildOptions, pipeline_for
-from .pipelines.orders import tuning_database
 from .profiles import AVAILABLE_RUNTIMES, Profile, check_profile, load_profile
+from .schedules.device_class import tuning_folders
+from .schedules.orders import tuning_database
 from .source import resolve_source, source_record
 
 log = logging.getLogger(__name__)
@@ -106,8 +107,6 @@ def deploy(
         imported = from_mxnet(graph, weights, source.graph_inputs)
         timings["import_s"] = time.perf_counter() - t
     if options is None:  # the databases the CLI reads: the user's, then the shipped one
-        from .tuning.device_class import tuning_folders
-
         options = BuildOptions(list(cpu_ops), gpu_only, check_on,
                                tuning=tuning_folders(profile, None))  # fmt: skip
     built = pipeline_for(profile.runtime).build(imported.mod, profile, options, progress)

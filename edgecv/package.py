@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 from .errors import PackageError
 
 FORMAT = "edgecv-package"

@@ -76,6 +76,13 @@ class Profile:
         return size
 
     @property
+    def default_opencl_device(self) -> str:
+        """The OpenCL device a build checks its program on and kernels are timed on when
+        none is named (part of its name): Intel's runtime for a device with Intel
+        subgroups, else "" (the first real device)."""
+        return "intel" if self.raw.get("gpu", {}).get("intel_subgroups") is True else ""
+
+    @property
     def piece_alignments(self) -> dict[str, int]:
         """Bytes at which an input of a concatenation may start inside its output on each
         device of the plan (:meth:`~edgecv.package_format.Plan.plan_memory`): on an

@@ -29,9 +29,9 @@ EM_AARCH64 = 183  # ELF e_machine of aarch64
 # Modules of the board's device runtime (what `edgecv.load(...).run(x)` and `edgecv run`
 # import); they keep to the oldest Python the device runtime's wheels support.
 DEVICE_RUNTIME = [
-    "edgecv/__init__.py", "edgecv/errors.py", "edgecv/model.py", "edgecv/package.py",
-    "edgecv/package_format.py", "edgecv/imaging.py", "edgecv/outputs.py",
-    "edgecv/progress.py", "edgecv/cli.py", "edgecv/runtime",
+    "edgecv/__init__.py", "edgecv/_version.py", "edgecv/errors.py", "edgecv/model.py",
+    "edgecv/package.py", "edgecv/package_format.py", "edgecv/imaging.py", "edgecv/outputs.py",
+    "edgecv/progress.py", "edgecv/arguments.py", "edgecv/cli.py", "edgecv/runtime",
 ]  # fmt: skip
 COMPILER_MODULES = ("tvm", "mxnet", "gluoncv", "cv2", "tqdm", "skimage", "scipy", "xgboost")
 

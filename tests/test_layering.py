@@ -1,23 +1,69 @@
-"""Imports run one way: the board's device runtime never reaches into the compiler side.
+"""Imports run one way: each module of edgecv imports only from the floors below its
+own, and the board's device runtime never reaches into the compiler side.
 
 Every import statement of a module is read from its source (those inside functions
-too), so an import added anywhere in the runtime that would pull in TVM's compiler,
-MXNet or a compiler stage fails here, not on a board.
+too), so an import added anywhere that reaches up a floor, closes a cycle, or would pull
+TVM's compiler, MXNet or a compiler stage into the runtime fails here, not on a board.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 EDGECV = Path(__file__).resolve().parent.parent / "edgecv"
-# What `edgecv.load(path).run(x)` imports: the runtime and the package reader.
+
+# The floors of edgecv, lowest first: the one place the order is written down
+# (docs/architecture.md says what each holds). A name is a package or a module directly
+# under edgecv/; "__init__" is edgecv/__init__.py, the public face (`edgecv.load`,
+# `edgecv.__version__`). A module imports from its own package and from lower floors,
+# never from a higher floor nor from another name of its own floor.
+FLOORS = [
+    # the device side: what a board runs (`edgecv.load(path).run(x)`, `edgecv run`)
+    ["errors", "_version", "progress"],
+    ["package_format", "arguments", "imaging"],
+    ["package", "runtime", "outputs"],
+    ["model"],
+    ["__init__"],
+    # the compiler side, in the order of the flow
+    ["_mxnet", "ops", "profiles"],
+    ["testing", "frontend"],
+    ["source"],
+    ["lowering"],
+    ["fallback"],
+    ["schedules"],
+    ["codegen"],
+    ["graph_tuner"],  # times candidate layouts through lowering, schedules and code
+    ["pipelines"],
+    ["tuning", "deploy"],  # tuning runs the pipeline's stages up to the kernels it tunes
+    ["bench", "demo"],
+    ["cli"],
+]
+FLOOR = {name: floor for floor, names in enumerate(FLOORS) for name in names}
+
+
+def module_of(path: Path) -> str:
+    """``edgecv/tuning/command.py`` -> ``edgecv.tuning.command``; a package's
+    ``__init__.py`` -> the package."""
+    parts = path.relative_to(EDGECV.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def floor_name(module: str) -> str:
+    """The name in FLOORS a module of edgecv belongs to."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+MODULES = {module_of(p): p for p in sorted(EDGECV.rglob("*.py"))}
+# What `edgecv.load(path).run(x)` and `edgecv run` import: the floors of the device side.
 DEVICE_SIDE = [
-    *sorted((EDGECV / "runtime").glob("*.py")),
-    *(EDGECV / f"{name}.py" for name in ("__init__", "errors", "model", "package",
-                                         "package_format", "imaging", "outputs", "progress")),
+    path for module, path in MODULES.items()
+    if FLOOR.get(floor_name(module), len(FLOORS)) <= FLOOR["__init__"]
 ]  # fmt: skip
 # The compiler side: edgecv's stages and the libraries only they need.
 COMPILER_SIDE = {
@@ -60,3 +106,107 @@ def test_the_device_runtime_never_imports_the_compiler_side(path):
         if any(name == c or name.startswith(c + ".") for c in COMPILER_SIDE)
     )  # fmt: skip
     assert not bad, f"{path.relative_to(EDGECV)} imports the compiler side: {bad}"
+
+
+@functools.cache
+def edgecv_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of an edgecv module in ``path``, those inside
+    functions too; ``from edgecv import __version__`` imports ``edgecv`` itself."""
+    package = ".".join(path.relative_to(EDGECV.parent).with_suffix("").parts[:-1])
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join([*parts[: len(parts) - node.level + 1], *filter(None, [base])])
+            for alias in node.names:  # a submodule by name, else a name of ``base``
+                name = f"{base}.{alias.name}"
+                found.append((node.lineno, name if name in MODULES else base))
+    return sorted(
+        {(line, module) for line, module in found
+         if module == "edgecv" or module.startswith("edgecv.")}
+    )  # fmt: skip
+
+
+def edges() -> Iterator[tuple[Path, int, str, str]]:
+    """(file, line, importer, imported) for every import of an edgecv module."""
+    for module, path in MODULES.items():
+        for line, imported in edgecv_imports(path):
+            while imported not in MODULES:  # ``edgecv.pkg.name`` -> ``edgecv.pkg``
+                imported = imported.rpartition(".")[0]
+            yield path, line, module, imported
+
+
+def test_edgecv_imports_resolve_submodules_and_names():
+    assert (18, "edgecv.errors") in edgecv_imports(EDGECV / "__init__.py")
+    pipelines = edgecv_imports(EDGECV / "pipelines" / "__init__.py")
+    assert {m for _, m in pipelines} >= {"edgecv.pipelines.steps", "edgecv.pipelines.cpu"}
+
+
+def test_every_package_and_module_has_a_floor():
+    names = {floor_name(m) for m in MODULES}
+    assert not names - FLOOR.keys(), f"no floor in FLOORS for {sorted(names - FLOOR.keys())}"
+    assert not FLOOR.keys() - names, f"FLOORS names what is gone: {sorted(FLOOR.keys() - names)}"
+    assert sum(map(len, FLOORS)) == len(FLOOR), "a name is on two floors"
+
+
+def test_no_module_imports_from_a_higher_floor():
+    upward = []
+    for path, line, module, imported in edges():
+        here, there = floor_name(module), floor_name(imported)
+        if here != there and FLOOR[there] >= FLOOR[here]:
+            upward.append(
+                f"{path.relative_to(EDGECV.parent)}:{line}: {module} ({here}, floor "
+                f"{FLOOR[here]}) imports {imported} ({there}, floor {FLOOR[there]})"
+            )
+    assert not upward, "imports from a floor not below the importer's:\n" + "\n".join(upward)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+@pytest.mark.parametrize("level", ["package", "module"])
+def test_no_import_cycles(level):
+    """No cycle between edgecv's packages (and top-level modules), nor between modules."""
+    unit = floor_name if level == "package" else (lambda module: module)
+    graph: dict[str, set[str]] = {}
+    where: dict[tuple[str, str], str] = {}
+    for path, line, module, imported in edges():
+        a, b = unit(module), unit(imported)
+        if a != b:
+            graph.setdefault(a, set()).add(b)
+            where.setdefault((a, b), f"{path.relative_to(EDGECV.parent)}:{line}")
+    found = [
+        ", ".join(f"{a} -> {b} ({where[a, b]})" for a in cycle for b in graph[a] & set(cycle))
+        for cycle in cycles(graph)
+    ]
+    assert not found, f"import cycles between {level}s:\n" + "\n".join(found)

@@ -151,7 +151,7 @@ def test_deploy_reads_the_shipped_database_and_the_package_runs(installed, tmp_p
     # The shipped database of this machine's device class, as the installed edgecv finds it.
     where = (
         "from edgecv.profiles import load_profile; "
-        "from edgecv.tuning.device_class import profile_class; "
+        "from edgecv.schedules.device_class import profile_class; "
         "print(profile_class(load_profile('cpu')).shipped_folder())"
     )
     shipped = Path(installed.run(installed.python, "-c", where).stdout.strip())

@@ -22,6 +22,7 @@ from ..runtime.nvcc import (
     nvcc_architectures,
     nvcc_version,
 )
+from ..schedules.orders import gpu_order
 from ..schedules.stage import KernelChoice, ScheduleOrder
 from .gpu_lowering import lower_device
 
@@ -72,8 +73,6 @@ def build_cuda(
     """Schedule and lower every kernel in this process, generate CUDA, and compile it
     when this nvcc supports the arch (tests; deploy runs :mod:`edgecv.pipelines.cuda`)."""
     if order is None:
-        from ..pipelines.orders import gpu_order
-
         order = gpu_order(target, None)
     lowered = lower_device(kernels, order)
     result = generate_cuda(lowered.device_mod, target, compile_binaries)

@@ -13,6 +13,8 @@ from pathlib import Path
 import tvm
 from tvm import tirx
 
+from ..schedules.orders import cpu_order
+from ..schedules.stage import schedule_in_process
 from .host import Host, host_of, link
 
 
@@ -43,8 +45,5 @@ def build_cpu(
     """Schedule (by edgecv's CPU rules, unless ``schedule`` is False) and compile kernels
     into one in-memory module, in this process (tests, benchmarks)."""
     if schedule:
-        from ..pipelines.orders import cpu_order
-        from ..schedules.stage import schedule_in_process
-
         kernels = schedule_in_process(kernels, cpu_order(target))
     return tvm.tirx.build(kernels, target=target)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import tvm
 
 from ..package_format import Launch
+from ..schedules.orders import gpu_order
 from ..schedules.stage import KernelChoice, ScheduleOrder
 from .gpu_lowering import lower_device
 
@@ -92,8 +93,6 @@ def build_opencl(
     edgecv's GPU rules for ``target``, no tuning database).
     """
     if order is None:
-        from ..pipelines.orders import gpu_order
-
         order = gpu_order(target, subgroup)
     lowered = lower_device(kernels, order)
     text, requires = generate_opencl(lowered.device_mod, target, lowered.subgroup_kernels, subgroup)

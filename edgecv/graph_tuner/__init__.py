@@ -7,8 +7,9 @@ measured kernel and layout-transform times.
   iterated greedy when the states explode;
 - :mod:`.costs`, :mod:`.measure`, :mod:`.devices`: kernel and transform times, measured
   on the device and cached;
-- :mod:`.apply`, :mod:`.legalize`, :mod:`.activations`: the plan applied with Relax's
-  ``ConvertLayout``, packed convolutions legalized to ``conv2d_NCHWc``-style computes;
+- :mod:`.apply`, :mod:`.activations`: the plan applied with Relax's ``ConvertLayout``
+  (the lowering legalizes packed convolutions to ``conv2d_NCHWc``-style computes and
+  Winograd's: :mod:`edgecv.lowering.legalize`, :mod:`edgecv.lowering.winograd`);
 - :mod:`.stage`: all of it as the pipeline stage before the Relax passes.
 """
 

@@ -34,13 +34,13 @@ from tvm import relax, tirx
 
 from .. import __version__
 from ..lowering import lower
+from ..lowering.legalize import WINOGRAD
+from ..lowering.winograd import SIDES, eligible
+from ..lowering.winograd import signature as call_signature
 from .apply import convert_layouts
 from .extract import Extracted
 from .graph import block_of, is_packed, packed, plain
-from .legalize import WINOGRAD
 from .solver import uniform_plans
-from .winograd import SIDES, eligible
-from .winograd import signature as call_signature
 
 COSTS_FILE = "layout_costs.json"
 # What the cached times mean; entries of another version are measured again. Raise it

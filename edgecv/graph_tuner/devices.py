@@ -14,26 +14,23 @@ import re
 from pathlib import Path
 
 from ..profiles import Profile
+from ..schedules.device_class import cpu_class, user_tuning_dir
 from ..schedules.fingerprint import target_rules
+from ..schedules.orders import cpu_order, tuning_database
 from .costs import CostCache
 
 
 def user_costs_folder(device_key: str) -> Path:
     """The default folder of a device's measured costs: the device's folder among the
-    user's tuning databases (:func:`edgecv.tuning.device_class.user_tuning_dir`)."""
-    from ..tuning.device_class import user_tuning_dir
-
+    user's tuning databases (:func:`edgecv.schedules.device_class.user_tuning_dir`)."""
     return user_tuning_dir() / re.sub(r"[^A-Za-z0-9_.-]+", "-", device_key).strip("-")
 
 
 def meter_for(profile: Profile, options):
     """(meter, cost cache, why not): the meter is None when the profile's device is not
     on this machine."""
-    from ..pipelines.orders import cpu_order, tuning_database
-
     database = tuning_database(options.tuning)
     if profile.runtime == "cpu":
-        from ..tuning.device_class import cpu_class
         from .measure import CpuMeter
 
         target = profile.tvm_target()

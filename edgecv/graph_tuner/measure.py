@@ -34,8 +34,8 @@ from ..codegen.contained import compile_contained
 from ..codegen.llvm import compile_object, link_objects
 from ..runtime.cpu import pool_threads
 from ..schedules.database import TuningDatabase
+from ..schedules.device_class import cpu_class
 from ..schedules.stage import ScheduleOrder
-from ..tuning.device_class import cpu_class
 from .costs import (
     DIRECT,
     CostCache,

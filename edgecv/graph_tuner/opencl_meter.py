@@ -17,18 +17,17 @@ from ..codegen.opencl import generate_opencl
 from ..errors import EdgecvError
 from ..profiles import Profile
 from ..schedules.database import TuningDatabase
+from ..schedules.orders import gpu_order
 from .costs import work_folder
 from .measure import ROUNDS, Progress, memory_groups
 
 
 def opencl_meter(profile: Profile, options, database: TuningDatabase | None):
     """(meter, why not): the meter is None when no device of the profile's kind is here."""
-    from ..pipelines.gpu_steps import default_opencl_device
-    from ..pipelines.orders import gpu_order
     from ..runtime.opencl import is_simulator
     from ..runtime.opencl_devices import opencl_devices
 
-    query = default_opencl_device(profile.raw)
+    query = profile.default_opencl_device
     found = [d for d in opencl_devices() if d.matches(query) and not is_simulator(d.platform)]
     if not found:
         return None, f"no OpenCL device matching `{query or 'any'}` here to time kernels on"

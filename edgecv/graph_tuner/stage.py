@@ -62,8 +62,8 @@ def _winograd_choices(extracted, plan: Plan, costs) -> list[dict]:
     """The packed convolutions whose fastest algorithm was Winograd's, each with its
     signature (how legalization finds it again) and tile side. Convolutions of one
     signature take the side that is fastest for them together."""
+    from ..lowering.winograd import signature
     from .costs import winograd_side
-    from .winograd import signature
 
     by_signature: dict[tuple, dict[str, float]] = {}
     names: dict[tuple, list[str]] = {}
@@ -145,8 +145,8 @@ def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule
         meter, cache, why_not = meter_for(profile, options)
         if meter is None and cache is None:
             return mod, {**facts, "chosen": "NCHW", "reason": why_not}
+        from ..lowering.winograd import SIDES
         from .measure import measure_costs
-        from .winograd import SIDES
 
         # Winograd measured beside direct on every device: the CPU and GPU rules both
         # schedule it (edgecv.schedules.cpu.winograd, edgecv.schedules.gpu.winograd)

@@ -1,4 +1,6 @@
-"""Target-independent lowering: Relax passes, fused kernels and the static plan."""
+"""Target-independent lowering: Relax passes (with the legalization of packed and
+Winograd convolutions, :mod:`.legalize`, :mod:`.winograd`), fused kernels and the
+static plan."""
 
 from .relax_passes import MAX_FUSION_DEPTH, Lowered, lower, op_name, relax_passes
 

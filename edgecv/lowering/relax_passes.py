@@ -24,6 +24,7 @@ from tvm import relax
 
 from ..package_format import Plan
 from .in_place import concat_pieces, elementwise_inputs, root_blocks
+from .legalize import legalize_map
 from .plan_extraction import extract_plan
 
 log = logging.getLogger(__name__)
@@ -47,11 +48,9 @@ def relax_passes() -> tvm.transform.Pass:
 
 
 def fusion_passes(winograd: dict | None = None) -> tvm.transform.Pass:
-    """Legalize every op to a PrimFunc (convolutions the graph tuner packed by its own
-    legalization, those in ``winograd`` by Winograd's algorithm), then group them
-    (FuseOps) into kernels-to-be."""
-    from ..graph_tuner.legalize import legalize_map
-
+    """Legalize every op to a PrimFunc (convolutions the graph tuner packed by edgecv's
+    legalization, :mod:`.legalize`; those in ``winograd`` by Winograd's algorithm), then
+    group them (FuseOps) into kernels-to-be."""
     return tvm.transform.Sequential(
         [
             relax.transform.LegalizeOps(customize_legalize_map=legalize_map(winograd)),

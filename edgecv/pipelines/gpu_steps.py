@@ -16,7 +16,7 @@ from ..fallback import Placement, insert_copies, place
 from ..lowering import Lowered
 from ..package_format import Launch, Plan, launches_to_json
 from ..profiles import Profile
-from .orders import gpu_order, tuning_database
+from ..schedules.orders import gpu_order, tuning_database
 from .steps import (
     BuildOptions,
     Progress,
@@ -192,7 +192,7 @@ def check_on_device(profile: Profile, source: str, requires: list[str], launches
         return {}
     from ..runtime.opencl import ProgramBuildError, compile_on_device
 
-    query = default_opencl_device(profile.raw) if check_on == "auto" else check_on
+    query = profile.default_opencl_device if check_on == "auto" else check_on
     progress(f"compiling the OpenCL program on `{query or 'the first device'}`")
     try:
         compile_on_device(query, source, requires)
@@ -233,11 +233,6 @@ def _crashing(names: list[str], program: ProgramOf, query: str) -> list[str]:
             if err.crashed:
                 found += _crashing(part, program, query)
     return found or names
-
-
-def default_opencl_device(profile_raw: dict) -> str:
-    gpu = profile_raw.get("gpu", {})
-    return "intel" if gpu.get("intel_subgroups") is True else ""
 
 
 def empty_module() -> tvm.IRModule:

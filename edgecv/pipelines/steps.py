@@ -18,6 +18,7 @@ from ..codegen.op_versions import OpVersions
 from ..errors import EdgecvError
 from ..lowering import Lowered
 from ..package_format import TVM_RUNTIME_FILES, Plan
+from ..schedules.orders import cpu_order, tuning_database
 from ..schedules.stage import ScheduleOrder
 
 Progress = Callable[[str], None]
@@ -152,7 +153,6 @@ def compile_cpu_kernels(
     the code runs on (``host``). A kernel no rule compiles is an error naming it."""
     from ..codegen.host import calls_tvm_library, host_of, tvm_runtime_for
     from ..codegen.llvm import compile_object, link_objects
-    from .orders import cpu_order, tuning_database
 
     host = host_of(target)
     runtime_libraries = tvm_runtime_for(host, progress)  # before minutes of compiling

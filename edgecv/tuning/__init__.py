@@ -2,7 +2,6 @@
 
 =====================  ==============================================================
 :mod:`.tasks`          a model's kernels as deploy sees them -> tuning tasks, weighted
-:mod:`.device_class`   which database belongs to which device (key, folder names)
 :mod:`.builder`        candidates compiled in forked children (no per-build TVM import)
 :mod:`.runners`        timing on the device: LLVM, OpenCL (pyopencl), CUDA (refused
                        without a GPU)
@@ -12,6 +11,7 @@
 :mod:`.command`        the ``tune`` and ``rpc-server`` commands
 =====================  ==============================================================
 
-Deploy reads what this stage writes (:class:`edgecv.schedules.database.TuningDatabase`)
-and nothing here is imported by deploy but :mod:`.device_class`.
+Deploy reads what this stage writes (:class:`edgecv.schedules.database.TuningDatabase`,
+in the folder of the device class, :mod:`edgecv.schedules.device_class`) and imports
+nothing from here.
 """

@@ -24,11 +24,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import progress
+from ..arguments import SHAPE_HELP, input_shapes, parse_shape
 from ..errors import EdgecvError
 from ..profiles import Profile, load_profile
 from ..schedules.database import write_meta
+from ..schedules.device_class import DeviceClass, cpu_class, find_device, opencl_class
 from ..schedules.fingerprint import target_rules
-from .device_class import DeviceClass, cpu_class, opencl_class
+from ..schedules.orders import cpu_order, gpu_order
 from .records import best_seconds, check_database_folder, open_database, ship
 from .search import Budget, head_to_head, measure_defaults, search, sweep_variants
 from .tasks import Task, extract_tasks, import_model
@@ -36,8 +38,6 @@ from .tasks import Task, extract_tasks, import_model
 
 def _runner_setup(profile: Profile, on: str | None, rpc: str | None, key: str | None):
     """(device class, schedule order, compiler, runner) for the profile's device."""
-    from ..pipelines.orders import cpu_order, gpu_order
-
     target = profile.tvm_target()
     if profile.runtime == "cpu":
         from .runners.llvm import LLVMCompiler, LocalLLVMRunner
@@ -50,7 +50,7 @@ def _runner_setup(profile: Profile, on: str | None, rpc: str | None, key: str | 
             runner = LocalLLVMRunner()
         return cpu_class(target), cpu_order(target), LLVMCompiler(target), runner
     if profile.runtime == "opencl":
-        from .runners.opencl import LocalOpenCLRunner, OpenCLCompiler, find_device
+        from .runners.opencl import LocalOpenCLRunner, OpenCLCompiler
 
         subgroup = profile.intel_subgroup_size
         device = find_device(profile, on)
@@ -69,8 +69,6 @@ def _runner_setup(profile: Profile, on: str | None, rpc: str | None, key: str | 
 
 def tune(args: argparse.Namespace) -> int:
     """Run ``edgecv tune`` (see the module docstring); returns the exit status."""
-    from ..cli import input_shapes
-
     say = progress.say
     profile = load_profile(args.device)
     if args.rpc and not args.key:
@@ -216,9 +214,7 @@ def add_parser(sub, common) -> None:
     t.add_argument("model", help="zoo name/alias or *-symbol.json, as for deploy")
     t.add_argument("--params", help="weights file (.params)")
     t.add_argument("--device", default="cpu", help="device profile (see `edgecv profiles`)")
-    from ..cli import SHAPE_HELP, _shape
-
-    t.add_argument("--input-shape", type=_shape, action="append", help=SHAPE_HELP)
+    t.add_argument("--input-shape", type=parse_shape, action="append", help=SHAPE_HELP)
     t.add_argument("--random-weights", action="store_true", help="seeded random weights")
     t.add_argument("--seed", type=int, default=0, help="seed of random weights")
     t.add_argument("--on", help="OpenCL device to time on: part of its name (intel, pocl)")

@@ -36,7 +36,7 @@ from ..schedules.database import (
     plain_copy,
     write_meta,
 )
-from .device_class import DeviceClass
+from ..schedules.device_class import DeviceClass
 
 FAILED_RUN_S = 1e10  # what MetaSchedule stores for a candidate that failed
 FAILED_S = 1e9  # a record at or above: failed

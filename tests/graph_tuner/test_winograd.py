@@ -10,7 +10,7 @@ import tvm
 from conftest import needs_pocl
 from tvm import relax, te, topi
 
-from edgecv.graph_tuner import winograd
+from edgecv.lowering import winograd
 from edgecv.profiles import load_profile
 from edgecv.schedules.cpu import Winograd, schedule_cpu
 from edgecv.testing import assert_close

@@ -15,7 +15,6 @@ from tvm import relax
 from edgecv.codegen.cuda import build_cuda
 from edgecv.codegen.opencl import build_opencl
 from edgecv.lowering import lower
-from edgecv.pipelines.orders import gpu_order
 from edgecv.profiles import load_profile
 from edgecv.runtime.opencl import OpenCLBackend
 from edgecv.schedules.gpu import (
@@ -30,6 +29,7 @@ from edgecv.schedules.gpu import (
     safe_rule,
 )
 from edgecv.schedules.gpu.conv2d import channel_tile, conv_tile
+from edgecv.schedules.orders import gpu_order
 from edgecv.testing import assert_close
 
 TARGET = load_profile("deeplens").tvm_target()

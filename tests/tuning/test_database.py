@@ -19,9 +19,9 @@ from edgecv.model import load
 from edgecv.pipelines import BuildOptions
 from edgecv.profiles import load_profile
 from edgecv.schedules.database import GZ, META, RECORDS, WORKLOADS, TuningDatabase
+from edgecv.schedules.device_class import cpu_class
 from edgecv.testing import assert_close
 from edgecv.tuning.command import in_deploy_layouts
-from edgecv.tuning.device_class import cpu_class
 from edgecv.tuning.records import commit_schedule, open_database, records_of, ship
 from edgecv.tuning.tasks import extract_tasks, import_model
 
@@ -282,9 +282,9 @@ def test_a_record_for_an_opencl_profile_applies_at_deploy_and_matches_mxnet(tune
     of the layouts deploy chooses (`tune` puts the model in them first)."""
     from conftest import mxnet_forward
 
-    from edgecv.pipelines.orders import gpu_order
     from edgecv.schedules.database import write_meta
     from edgecv.schedules.fingerprint import rules_fingerprint
+    from edgecv.schedules.orders import gpu_order
     from edgecv.tuning.command import in_deploy_layouts
     from edgecv.tuning.tasks import default_schedules
 
@@ -334,7 +334,7 @@ def test_a_void_verdict_first_does_not_hide_a_current_one_after_it(tuned, tmp_pa
 def test_record_timed_fast_long_ago_loses_to_the_default_timed_beside_it(tmp_path):
     """A record stored with a time from a faster moment (here: a one-thread schedule
     claiming a nanosecond) is timed again beside the default before it may win."""
-    from edgecv.pipelines.orders import cpu_order
+    from edgecv.schedules.orders import cpu_order
     from edgecv.tuning.builder import ForkedBuilder
     from edgecv.tuning.runners.llvm import LLVMCompiler, LocalLLVMRunner
     from edgecv.tuning.search import head_to_head, measure_defaults
@@ -357,9 +357,10 @@ def test_a_gpu_default_is_not_timed_against_its_own_record(tmp_path):
     code: it is not raced against it (such races came out up to 16% apart)."""
     from test_opencl import device_or_skip
 
-    from edgecv.pipelines.orders import gpu_order
+    from edgecv.schedules.device_class import find_device
+    from edgecv.schedules.orders import gpu_order
     from edgecv.tuning.builder import ForkedBuilder
-    from edgecv.tuning.runners.opencl import LocalOpenCLRunner, OpenCLCompiler, find_device
+    from edgecv.tuning.runners.opencl import LocalOpenCLRunner, OpenCLCompiler
     from edgecv.tuning.search import head_to_head, measure_defaults
 
     device_or_skip("intel(r) opencl")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from edgecv.pipelines.orders import tuning_database
 from edgecv.schedules.database import RECORDS, WORKLOADS
+from edgecv.schedules.orders import tuning_database
 
 
 def test_a_database_is_read_once_until_its_files_change(tmp_path):

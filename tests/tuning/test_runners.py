@@ -14,7 +14,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.builder import BuilderInput
 from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-from edgecv.pipelines.orders import cpu_order
+from edgecv.schedules.orders import cpu_order
 from edgecv.tuning.builder import ForkedBuilder
 from edgecv.tuning.tasks import default_schedules
 
@@ -48,7 +48,8 @@ def test_opencl_runner_orders_one_work_item_and_a_scheduled_matmul(tmp_path, dev
     from conftest import pocl_unusable
 
     from edgecv.profiles import load_profile
-    from edgecv.tuning.runners.opencl import LocalOpenCLRunner, OpenCLCompiler, find_device
+    from edgecv.schedules.device_class import find_device
+    from edgecv.tuning.runners.opencl import LocalOpenCLRunner, OpenCLCompiler
 
     if device == "pocl" and pocl_unusable():
         pytest.skip(pocl_unusable())
@@ -74,7 +75,8 @@ def test_opencl_batch_with_a_candidate_the_compiler_crashes_on(tmp_path, monkeyp
 
     from edgecv.profiles import load_profile
     from edgecv.runtime import compiler_process
-    from edgecv.tuning.runners.opencl import LocalOpenCLRunner, OpenCLCompiler, find_device
+    from edgecv.schedules.device_class import find_device
+    from edgecv.tuning.runners.opencl import LocalOpenCLRunner, OpenCLCompiler
 
     device_or_skip("intel(r) opencl")
     target = target_of("intel")

@@ -16,9 +16,10 @@ from edgecv.tuning.tasks import rule_variants
 @pytest.fixture(scope="module")
 def intel(tmp_path_factory):
     """(order, builder, runner) on Intel's OpenCL runtime for the deeplens profile."""
-    from edgecv.pipelines.orders import gpu_order
+    from edgecv.schedules.device_class import find_device
+    from edgecv.schedules.orders import gpu_order
     from edgecv.tuning.builder import ForkedBuilder
-    from edgecv.tuning.runners.opencl import LocalOpenCLRunner, OpenCLCompiler, find_device
+    from edgecv.tuning.runners.opencl import LocalOpenCLRunner, OpenCLCompiler
 
     device_or_skip("intel(r) opencl")
     profile = load_profile("deeplens")
@@ -53,7 +54,7 @@ def test_each_tile_is_timed_once_within_the_trials_and_raced_after(intel, tmp_pa
 
 
 def test_a_rule_without_knobs_offers_nothing_and_the_sweep_is_skipped(tmp_path):
-    from edgecv.pipelines.orders import cpu_order
+    from edgecv.schedules.orders import cpu_order
     from edgecv.tuning.builder import ForkedBuilder
     from edgecv.tuning.runners.llvm import LLVMCompiler, LocalLLVMRunner
 

@@ -1,6 +1,6 @@
 """What the CPU and GPU Winograd rules share: the block names of the kernel
-:mod:`edgecv.graph_tuner.winograd` builds (not imported: rules stay free of the graph
-tuner) and its fused epilogue, applied as the output transform writes each pixel."""
+:mod:`edgecv.lowering.winograd` builds (not imported: the rules depend on TVM alone)
+and its fused epilogue, applied as the output transform writes each pixel."""
 
 from __future__ import annotations
 

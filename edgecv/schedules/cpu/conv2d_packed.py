@@ -1,5 +1,5 @@
 """CPU rule: convolutions in a packed layout (``NCHW[x]c``), the kernels the graph
-tuner's packed conv2d legalizes to (:mod:`edgecv.graph_tuner.legalize`).
+tuner's packed conv2d legalizes to (:mod:`edgecv.lowering.legalize`).
 
 In ``NCHW[x]c`` the output channel block is the innermost axis of the output and of
 the (pre-packed) weights, so the vectors of a register tile are plain loads and stores:
@@ -24,8 +24,8 @@ from .loop_nest import (
     unroll,
 )
 
-# The compute names of edgecv.graph_tuner.legalize (not imported: rules stay free of
-# the graph tuner).
+# The compute names of edgecv.lowering.legalize (not imported: the rules depend on TVM
+# alone).
 CONV2D = "conv2d_NCHWc"
 DEPTHWISE = "depthwise_conv2d_NCHWc"
 

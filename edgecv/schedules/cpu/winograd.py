@@ -1,5 +1,5 @@
 """CPU rule: Winograd convolution in the packed layout, the kernel
-:mod:`edgecv.graph_tuner.winograd` legalizes a stride-1 3x3 packed conv2d to.
+:mod:`edgecv.lowering.winograd` legalizes a stride-1 3x3 packed conv2d to.
 
 Four nests, each in parallel over its own outer axes:
 

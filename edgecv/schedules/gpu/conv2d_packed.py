@@ -30,7 +30,7 @@ from .base import (
     max_threads,
 )
 
-CONV2D = "conv2d_NCHWc"  # the computes of edgecv.graph_tuner.legalize
+CONV2D = "conv2d_NCHWc"  # the computes of edgecv.lowering.legalize
 DEPTHWISE = "depthwise_conv2d_NCHWc"
 
 # Register tile per work-item. On Intel's CPU runtime (MobileNet/ResNet layers, 16c),

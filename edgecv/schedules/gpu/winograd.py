@@ -1,5 +1,5 @@
 """Winograd convolution in the packed layout on OpenCL and CUDA: the kernel
-:mod:`edgecv.graph_tuner.winograd` legalizes a stride-1 3x3 packed conv2d to.
+:mod:`edgecv.lowering.winograd` legalizes a stride-1 3x3 packed conv2d to.
 
 Three launches, in each the channel lanes on the first work-item axis (Intel's CPU
 runtime turns them into vector lanes; a GPU reads them as one coalesced row):

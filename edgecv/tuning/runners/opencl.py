@@ -29,38 +29,10 @@ from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerInput
 
 from ...codegen.gpu_lowering import device_module, lower_kernel
 from ...codegen.opencl import generate_opencl
-from ...errors import EdgecvError
 from ...package_format import launches_from_json, launches_to_json
-from ...profiles import Profile
 from ..builder import Compiler
 from .llvm import TimingConfig, args_json
 from .results import done, failed
-
-
-def find_device(profile: Profile, on: str | None):
-    """The pyopencl device ``--on`` names (part of its name), else the profile's default:
-    Intel's runtime for a profile with Intel subgroups, else the first real device."""
-    from ...pipelines.gpu_steps import default_opencl_device
-    from ...runtime.opencl import is_simulator
-    from ...runtime.opencl_devices import register_pip_runtimes
-
-    register_pip_runtimes()
-    import pyopencl as cl
-
-    try:
-        every = [(p, d) for p in cl.get_platforms() for d in p.get_devices()]
-    except cl.Error:
-        every = []
-    query = (on if on is not None else default_opencl_device(profile.raw)).lower()
-    found = [(p, d) for p, d in every if query in f"{p.name} / {d.name} / {p.vendor}".lower()
-             and (on is not None or not is_simulator(p.name))]  # fmt: skip
-    if not found:
-        names = "; ".join(f"{p.name.strip()} / {d.name.strip()}" for p, d in every) or "none"
-        raise EdgecvError(
-            f"no OpenCL device matches `{query or 'any'}` to tune {profile.name} on "
-            f"(devices here: {names}); pick one with --on"
-        )
-    return found[0][1]
 
 
 class OpenCLCompiler(Compiler):

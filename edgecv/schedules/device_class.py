@@ -11,6 +11,9 @@ Folders: the databases shipped with edgecv are package data,
 ``edgecv/data/device_profiles/tuning/<name>/`` (beside the profiles); a user's own are
 ``<cache>/tuning/<name>/`` (``$EDGECV_CACHE_DIR/../tuning`` or ``~/.cache/edgecv/tuning``),
 layered over the shipped one at deploy.
+
+An OpenCL class names the device that timed it: :func:`find_device` finds it here
+(``edgecv tune --on``, or the profile's default device).
 """
 
 from __future__ import annotations
@@ -104,6 +107,31 @@ def cuda_class(target: tvm.target.Target, device_name: str, driver: str) -> Devi
     return DeviceClass(key, "-".join(_slug(p) for p in ("cuda", arch, device_name, driver)))
 
 
+def find_device(profile: Profile, on: str | None):
+    """The pyopencl device ``--on`` names (part of its name), else the profile's default:
+    Intel's runtime for a profile with Intel subgroups, else the first real device."""
+    from ..runtime.opencl import is_simulator  # OpenCL's backend: only where it is asked for
+    from ..runtime.opencl_devices import register_pip_runtimes
+
+    register_pip_runtimes()
+    import pyopencl as cl
+
+    try:
+        every = [(p, d) for p in cl.get_platforms() for d in p.get_devices()]
+    except cl.Error:
+        every = []
+    query = (on if on is not None else profile.default_opencl_device).lower()
+    found = [(p, d) for p, d in every if query in f"{p.name} / {d.name} / {p.vendor}".lower()
+             and (on is not None or not is_simulator(p.name))]  # fmt: skip
+    if not found:
+        names = "; ".join(f"{p.name.strip()} / {d.name.strip()}" for p, d in every) or "none"
+        raise EdgecvError(
+            f"no OpenCL device matches `{query or 'any'}` to tune {profile.name} on "
+            f"(devices here: {names}); pick one with --on"
+        )
+    return found[0][1]
+
+
 def profile_class(profile: Profile) -> DeviceClass | None:
     """The device class whose database a deploy for ``profile`` reads.
 
@@ -119,8 +147,6 @@ def profile_class(profile: Profile) -> DeviceClass | None:
         return cpu_class(profile.tvm_target())
     if profile.runtime == "opencl":
         try:
-            from .runners.opencl import find_device
-
             device = find_device(profile, None)
         except EdgecvError:
             return None

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import tvm
 
-from ..schedules.database import GZ, RECORDS, WORKLOADS, TuningDatabase
-from ..schedules.stage import ScheduleOrder
+from .database import GZ, RECORDS, WORKLOADS, TuningDatabase
+from .stage import ScheduleOrder
 
 
 def cpu_order(target: tvm.target.Target, database: TuningDatabase | None = None) -> ScheduleOrder:
     """edgecv's CPU rules for an LLVM target."""
-    from ..schedules import cpu
+    from . import cpu
 
     return ScheduleOrder(target, cpu.default_rules(target), cpu.safe_rule(), database)
 
@@ -23,7 +23,7 @@ def gpu_order(
 ) -> ScheduleOrder:
     """edgecv's GPU rules for an OpenCL or CUDA target (``subgroup``: the device's Intel
     subgroup size, which adds the subgroup variants)."""
-    from ..schedules import gpu
+    from . import gpu
 
     return ScheduleOrder(target, gpu.default_rules(target, subgroup), gpu.safe_rule(), database)
 

@@ -1,9 +1,10 @@
 """Packed convolutions as TE computes: what ``relax.nn.conv2d`` in an ``NCHW[x]c``
 layout legalizes to.
 
-TVM's default legalization refuses layouts with a channel block. The graph tuner
-passes :func:`legalize_map` to ``LegalizeOps(customize_legalize_map=...)``; it turns a
-packed ``conv2d`` into one of two computes in the style of ``topi.nn.conv2d_NCHWc``:
+TVM's default legalization refuses layouts with a channel block, which the graph tuner
+gives convolutions. The Relax passes (:func:`.relax_passes.fusion_passes`) pass
+:func:`legalize_map` to ``LegalizeOps(customize_legalize_map=...)``; it turns a packed
+``conv2d`` into one of two computes in the style of ``topi.nn.conv2d_NCHWc``:
 
 - ``conv2d_NCHWc``: data ``[N, C/ib, H, W, ib]`` (or plain ``[N, C, H, W]`` for a first
   convolution whose channels do not divide into blocks), weights

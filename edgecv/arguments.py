@@ -1,0 +1,43 @@
+"""Command-line arguments that more than one command takes: ``--input-shape`` of
+``deploy`` (:mod:`edgecv.cli`) and ``tune`` (:mod:`edgecv.tuning.command`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .errors import EdgecvError
+
+
+def parse_shape(text: str):
+    """``N,C,H,W`` (the model's one input), or ``NAME=N,C,H,W`` (one of several)."""
+    name, _, dims = text.rpartition("=")
+    try:
+        shape = tuple(int(v) for v in dims.replace("x", ",").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected N,C,H,W or NAME=N,C,H,W integers, got {text!r}"
+        ) from None
+    if len(shape) != 4 or min(shape) <= 0:
+        raise argparse.ArgumentTypeError(f"expected 4 positive integers N,C,H,W, got {text!r}")
+    return (name, shape) if name else shape
+
+
+def input_shapes(values: list | None):
+    """The ``--input-shape`` options given: None, one shape, or a shape per named input."""
+    if not values:
+        return None
+    named = [v for v in values if isinstance(v[0], str)]
+    if not named and len(values) == 1:
+        return values[0]
+    if len(named) != len(values):
+        raise EdgecvError(
+            "--input-shape: a model with several inputs takes one NAME=N,C,H,W per input "
+            "(e.g. --input-shape data0=1,3,127,127 --input-shape data1=1,3,287,287)"
+        )
+    return dict(named)
+
+
+SHAPE_HELP = (
+    "N,C,H,W (default: the model's usual size); NAME=N,C,H,W once per input for a model "
+    "with several inputs"
+)
