@@ -8,15 +8,17 @@ never computed in memory another call is writing.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .errors import PackageError
+from .errors import EdgecvError, PackageError
 from .imaging import Detection, detections, preprocess, top_k
 from .package import read_manifest
 from .package_format import Plan
+from .runtime.context import one_line
 from .runtime.cpu import CPUBackend
 from .runtime.executor import Executor, check_streams
 from .runtime.host import check_host
@@ -30,11 +32,25 @@ class DeployedModel:
         streams = check_streams(streams)  # before any kernel is loaded
         self.root = root
         self.manifest = manifest
-        plan = Plan.from_json((root / "plan.json").read_text())
-        with np.load(root / "params.npz") as npz:
-            constants = {k: npz[k] for k in npz.files}
+        plan = _read_plan(root, manifest)
+        constants = _read_params(root)
         t = time.perf_counter()
-        self.executor = Executor(plan, self._backends(plan, on), constants, streams)
+        backends = self._backends(plan, on)
+        try:
+            self.executor = Executor(plan, backends, constants, streams)
+        except EdgecvError:
+            raise
+        except MemoryError:
+            raise PackageError(
+                f"{root} needs more memory than this machine can give it (constants "
+                f"{sum(a.nbytes for a in constants.values()):,} bytes, activations "
+                f"{sum(plan.storage_sizes):,} bytes per stream); load it with fewer streams "
+                "or on a larger machine"
+            ) from None
+        except Exception as err:  # a device call failing while the model is set up
+            raise PackageError(
+                f"cannot set up {root} on its device: {type(err).__name__}: {one_line(err)}"
+            ) from None
         self.load_s = time.perf_counter() - t
 
     def _backends(self, plan: Plan, on: str | None) -> dict:
@@ -53,6 +69,11 @@ class DeployedModel:
         """The CPU kernels, once this machine is known to execute them."""
         check_host(self.manifest["build"].get("host"), self.root)
         kernels = self.manifest["build"]["kernels"]
+        if "cpu" not in kernels:
+            raise PackageError(
+                f"{self.root}/manifest.json names no CPU kernels (`build.kernels.cpu`) for a "
+                "plan that runs on the CPU; redeploy the model"
+            )
         runtime = [
             self.root / kernels[k] for k in ("tvm_runtime", "tvm_runtime_extra") if k in kernels
         ]
@@ -61,21 +82,19 @@ class DeployedModel:
     def _gpu_backend(self, on: str | None):
         kernels = self.manifest["build"]["kernels"]
         if "opencl" in kernels:
-            from .package_format import launches_from_json
             from .runtime.opencl import OpenCLBackend
 
-            launches = launches_from_json((self.root / kernels["opencl_launches"]).read_text())
-            source = (self.root / kernels["opencl"]).read_text()
+            launches = _read_launches(self.root, kernels, "opencl_launches")
+            source = _read_text(self.root, kernels, "opencl")
             requires = self.manifest["build"].get("requires", [])
             return OpenCLBackend(on or _default_device(self.manifest), source, launches, requires)
         if "cuda" in kernels:
-            from .package_format import launches_from_json
             from .runtime.cuda import CUDABackend, CudaImages
 
-            launches = launches_from_json((self.root / kernels["cuda_launches"]).read_text())
+            launches = _read_launches(self.root, kernels, "cuda_launches")
             images = CudaImages(
                 arch=self.manifest["build"]["cuda"]["arch"],
-                source=(self.root / kernels["cuda"]).read_text(),
+                source=_read_text(self.root, kernels, "cuda"),
                 cubin=_read_optional(self.root, kernels.get("cuda_cubin"), binary=True),
                 ptx=_read_optional(self.root, kernels.get("cuda_ptx"), binary=False),
             )
@@ -133,12 +152,66 @@ def _read_optional(root: Path, relative: str | None, binary: bool):
     if relative is None:
         return None
     path = root / relative
-    return path.read_bytes() if binary else path.read_text()
+    try:
+        return path.read_bytes() if binary else path.read_text()
+    except (OSError, ValueError) as err:
+        raise PackageError(f"cannot read {path}: {one_line(err)}; redeploy the model") from None
+
+
+def _read_text(root: Path, kernels: dict, key: str) -> str:
+    """The package's text file ``build.kernels[key]``, refused when absent or not text."""
+    if key not in kernels:
+        raise PackageError(f"{root}/manifest.json names no `build.kernels.{key}`; redeploy")
+    return _read_optional(root, kernels[key], binary=False)
+
+
+def _read_launches(root: Path, kernels: dict, key: str) -> dict:
+    from .package_format import launches_from_json
+
+    try:
+        return launches_from_json(_read_text(root, kernels, key))
+    except ValueError as err:  # not JSON, or not launches (FormatError)
+        raise PackageError(f"{root / kernels[key]} is malformed: {err}; redeploy") from None
+
+
+def _read_plan(root: Path, manifest: dict) -> Plan:
+    """The package's plan, checked (:meth:`Plan.check`) and matching the manifest's
+    inputs: a damaged plan is refused here, not met half-way through an inference."""
+    path = root / "plan.json"
+    try:
+        plan = Plan.from_json(path.read_bytes().decode("utf-8"))
+    except OSError as err:
+        raise PackageError(f"cannot read {path}: {err.strerror or err}; redeploy") from None
+    except ValueError as err:  # not UTF-8 or JSON, or not a plan (FormatError)
+        reason = err.msg if isinstance(err, json.JSONDecodeError) else one_line(err)
+        raise PackageError(f"{path} is malformed: {reason}; redeploy the model") from None
+    declared = [(i["shape"], i["dtype"]) for i in manifest["inputs"]]
+    planned = [(list(plan.buffers[b].shape), plan.buffers[b].dtype) for b in plan.inputs]
+    if declared != planned:
+        raise PackageError(
+            f"{path} takes inputs {planned} (shape, dtype) and its manifest says {declared}; "
+            "the package is inconsistent: redeploy the model"
+        )
+    return plan
+
+
+def _read_params(root: Path) -> dict[str, np.ndarray]:
+    """The package's constants by name; an unreadable params.npz is refused in one line."""
+    path = root / "params.npz"
+    try:
+        with np.load(path) as npz:
+            return {k: npz[k] for k in npz.files}
+    except MemoryError:
+        raise PackageError(f"{path} needs more memory than this machine has") from None
+    except Exception as err:  # BadZipFile, zlib.error, ValueError, EOFError, OSError, ...
+        raise PackageError(
+            f"cannot read {path} ({type(err).__name__}: {one_line(err)}); redeploy the model"
+        ) from None
 
 
 def _default_device(manifest: dict) -> str:
     """The OpenCL device a package runs on unless ``--on`` says otherwise."""
-    gpu = manifest["profile"].get("gpu", {})
+    gpu = manifest["profile"].get("gpu") or {}
     if gpu.get("intel_subgroups") is True:
         return "intel"  # needs cl_intel_subgroups: Intel's runtime
     return ""  # the first device found

@@ -22,12 +22,13 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from ._version import __version__
 from .errors import PackageError
+from .package_format import TVM_RUNTIME_FILES
 
 FORMAT = "edgecv-package"
 FORMAT_VERSION = 2  # 2: plans place steps and buffers on devices (CPU fallback)
@@ -74,8 +75,10 @@ def check_destination(destination: str | Path, force: bool = False) -> None:
             "edgecv will not delete or write into it: choose another -o"
         )
     if not force:
-        model = manifest.get("model", {}).get("name", "?")
-        profile = manifest.get("profile", {}).get("name", "?")
+        model, profile = (
+            part.get("name", "?") if isinstance(part, dict) else "?"
+            for part in (manifest.get("model"), manifest.get("profile"))
+        )
         raise PackageError(
             f"{path} already holds an edgecv package ({model} for {profile}); "
             "pass --force to replace it, or choose another -o"
@@ -229,7 +232,14 @@ def unpack_if_archive(path: Path) -> Path:
 
 
 def read_manifest(path: str | Path, verify: bool = True) -> tuple[Path, dict[str, Any]]:
-    """Locate a package, check its manifest (and checksums), return (folder, manifest)."""
+    """Locate a package, check its manifest (and checksums), return (folder, manifest).
+
+    The manifest is checked field by field (:func:`check_manifest`); with ``verify``
+    every file it lists is checked against its sha256, and every file the loader reads
+    (the plan, the params, each kernel file) must be listed: nothing of a package is
+    read, and no kernel library reaches the dynamic loader, before its bytes are known
+    to be the ones the deploy wrote.
+    """
     root = unpack_if_archive(Path(path))
     manifest_path = root / MANIFEST
     if not root.exists():
@@ -237,30 +247,204 @@ def read_manifest(path: str | Path, verify: bool = True) -> tuple[Path, dict[str
     if not manifest_path.is_file():
         raise PackageError(f"{root} is not an edgecv package: {MANIFEST} is missing")
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as err:
-        raise PackageError(f"{manifest_path} is corrupt: {err}") from None
-    if manifest.get("format") != FORMAT:
-        raise PackageError(f"{root} is not an edgecv package (format {manifest.get('format')!r})")
-    if manifest.get("format_version") != FORMAT_VERSION:
+        manifest = json.loads(manifest_path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as err:  # not UTF-8, not JSON, nested too deep
+        reason = err.msg if isinstance(err, json.JSONDecodeError) else type(err).__name__
         raise PackageError(
-            f"{root} has package format {manifest.get('format_version')}, this edgecv reads "
-            f"format {FORMAT_VERSION}; redeploy the model with this edgecv"
+            f"{manifest_path} is corrupt ({reason}); redeploy the model or copy the package again"
+        ) from None
+    except OSError as err:
+        raise PackageError(f"cannot read {manifest_path}: {err.strerror or err}") from None
+    check_manifest(manifest, root)
+    if verify:
+        files = manifest["files"]
+        for relative in loaded_files(manifest):
+            if relative not in files:
+                raise PackageError(
+                    f"{manifest_path} lists no checksum for {relative}, which the loader "
+                    "reads; the manifest is damaged: redeploy the model"
+                )
+        for relative, expected in files.items():
+            file = root / relative
+            if not file.is_file():
+                raise PackageError(f"package {root} is missing {relative}; redeploy the model")
+            try:
+                actual = sha256(file)
+            except OSError as err:
+                raise PackageError(f"cannot read package file {file}: {err.strerror}") from None
+            if actual != expected:
+                raise PackageError(f"package file {file} is corrupt (checksum mismatch); redeploy")
+    return root, manifest
+
+
+def loaded_files(manifest: dict[str, Any]) -> list[str]:
+    """The package files :func:`edgecv.load` reads, relative to the package folder."""
+    return ["plan.json", "params.npz", *manifest["build"]["kernels"].values()]
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# The shared libraries a package's loader opens, by their key in build.kernels: each is
+# always this file (written by edgecv.pipelines, see also TVM_RUNTIME_FILES).
+LIBRARY_FILES = {
+    "cpu": "kernels/cpu.so",
+    "tvm_runtime": TVM_RUNTIME_FILES[0],
+    "tvm_runtime_extra": TVM_RUNTIME_FILES[1],
+}
+
+
+def check_manifest(manifest: Any, root: Path) -> None:
+    """Refuse, with one line naming the field, a manifest the loader could not use: its
+    format, format version and edgecv version first (a manifest of another version may
+    hold other fields), then every field that loading and running the package read."""
+    if not isinstance(manifest, dict):
+        raise PackageError(
+            f"{root / MANIFEST} holds a JSON {type(manifest).__name__}, not an edgecv "
+            "manifest; redeploy the model"
         )
-    built_with = manifest.get("versions", {}).get("edgecv")
+    if manifest.get("format") != FORMAT:
+        raise PackageError(
+            f"{root} is not an edgecv package (format {manifest.get('format')!r:.60})"
+        )
+    version = manifest.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise PackageError(
+            f"{root} has package format {version!r:.40}, this edgecv reads format "
+            f"{FORMAT_VERSION}; redeploy the model with this edgecv"
+        )
+    versions = manifest.get("versions")
+    built_with = versions.get("edgecv") if isinstance(versions, dict) else None
     if built_with != __version__:
+        if not (isinstance(built_with, str) and built_with.isprintable()):
+            built_with = f"{built_with!r:.40}"
         raise PackageError(
             f"{root} was built by edgecv {built_with}, this is edgecv {__version__}; kernels and "
             "plans are not portable across versions: redeploy the model"
         )
-    if verify:
-        for relative, expected in manifest.get("files", {}).items():
-            file = root / relative
-            if not file.is_file():
-                raise PackageError(f"package {root} is missing {relative}; redeploy the model")
-            if sha256(file) != expected:
-                raise PackageError(f"package file {file} is corrupt (checksum mismatch); redeploy")
-    return root, manifest
+    fields = _Fields(manifest, root)
+    files = fields.get("files", dict)
+    for relative, digest in files.items():
+        _check_relative(relative, f"files: {relative!r}", root)
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            fields.fail(f"files.{relative}", "a sha256 (64 hex digits)", digest)
+    kernels = fields.get("build.kernels", dict)
+    if not kernels:
+        fields.fail("build.kernels", "the package's kernel files", kernels)
+    for name, relative in kernels.items():
+        field = f"build.kernels.{name if name.isprintable() else repr(name)}"
+        if not isinstance(relative, str):
+            fields.fail(field, "a file of the package", relative)
+        _check_relative(relative, field, root)
+        # what the dynamic loader opens is named by the format, not by the manifest: the
+        # package's TVM runtime opened as its kernel library registers TVM's functions a
+        # second time, and the process aborts
+        expected = LIBRARY_FILES.get(name)
+        if relative != expected and (expected or relative in LIBRARY_FILES.values()):
+            fields.fail(
+                field,
+                f"{expected!r}" if expected else "a file no other entry of build.kernels names",
+                relative,
+            )
+    host = fields.get("build.host", (dict, type(None)), required=False)
+    if host:
+        fields.get("build.host.triple", str)
+        fields.get("build.host.cpu", (str, type(None)), required=False)
+        fields.strings("build.host.features", required=False)
+    fields.strings("build.requires", required=False)
+    if "cuda" in kernels:
+        fields.get("build.cuda.arch", (str, int))
+    inputs = fields.get("inputs", list)
+    if not inputs:
+        fields.fail("inputs", "one entry per model input", inputs)
+    for index in range(len(inputs)):
+        fields.tensor(f"inputs.{index}")
+    for index in range(len(fields.get("outputs", list))):
+        fields.tensor(f"outputs.{index}")
+    fields.get("model.name", str)
+    fields.get("model.task", str)
+    fields.get("profile.name", str)
+    fields.get("profile.runtime", str)
+    fields.get("profile.gpu", dict, required=False)
+    fields.get("preprocessing.color", str, required=False)
+    fields.get("preprocessing.scale", (int, float), required=False)
+    for key in ("mean", "std"):
+        values = fields.get(f"preprocessing.{key}", list)
+        if len(values) != 3 or not all(_is_number(v) for v in values):
+            fields.fail(f"preprocessing.{key}", "3 numbers (R, G, B)", values)
+    fields.strings("classes", required=False)
+
+
+class _Fields:
+    """Typed reads of a manifest's fields by dotted path, refusing a missing or
+    ill-typed one with its path, what it should be and what was found."""
+
+    _MISSING = object()
+
+    def __init__(self, manifest: dict[str, Any], root: Path):
+        self.manifest, self.root = manifest, root
+
+    def fail(self, path: str, expected: str, found: Any) -> NoReturn:
+        shown = "nothing" if found is self._MISSING else f"{type(found).__name__} {found!r:.60}"
+        raise PackageError(
+            f"{self.root / MANIFEST}: field `{path}` should be {expected}, found {shown}; the "
+            "manifest is damaged or from another tool: redeploy the model"
+        )
+
+    def get(self, path: str, kinds: type | tuple[type, ...], required: bool = True) -> Any:
+        value: Any = self.manifest
+        for key in path.split("."):
+            if isinstance(value, list) and key.isdigit() and int(key) < len(value):
+                value = value[int(key)]
+            elif isinstance(value, dict) and key in value:
+                value = value[key]
+            else:
+                value = self._MISSING
+                break
+        if value is self._MISSING and not required:
+            return None
+        if value is self._MISSING or not isinstance(value, kinds) or isinstance(value, bool):
+            kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+            names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            self.fail(path, f"a {names}", value)
+        return value
+
+    def strings(self, path: str, required: bool = True) -> list[str] | None:
+        values = self.get(path, list, required)
+        if values is not None and not all(isinstance(v, str) for v in values):
+            self.fail(path, "a list of strings", values)
+        return values
+
+    def tensor(self, path: str) -> None:
+        self.get(f"{path}.name", str)
+        shape = self.get(f"{path}.shape", list)
+        if not all(type(d) is int and d >= 0 for d in shape):
+            self.fail(f"{path}.shape", "a list of sizes (whole numbers >= 0)", shape)
+        dtype = self.get(f"{path}.dtype", str)
+        try:
+            np.dtype(dtype)
+        except TypeError:
+            self.fail(f"{path}.dtype", "a NumPy dtype name", dtype)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_relative(relative: str, field: str, root: Path) -> None:
+    """A file named by the manifest must lie inside the package folder: a relative
+    path, no ``..``, so a damaged or hostile manifest cannot make the loader read or
+    load a file from elsewhere."""
+    parts = PurePosixPath(relative).parts
+    if (
+        not relative
+        or relative.startswith(("/", "\\"))
+        or re.match(r"^[A-Za-z]:", relative)
+        or ".." in parts
+        or not relative.isprintable()  # a control character: no file deploy writes
+    ):
+        raise PackageError(
+            f"{root / MANIFEST}: `{field}` names {relative!r}, which is not a file inside the "
+            "package; the manifest is damaged: redeploy the model"
+        )
 
 
 def archive(root: str | Path, force: bool = False) -> Path:

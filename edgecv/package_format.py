@@ -14,6 +14,7 @@ launches its device functions (grid, work-group, arguments, workspaces).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -38,7 +39,8 @@ class Buffer:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        # Python ints: exact for any shape (a damaged plan's too), where int64 wraps
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
 
 @dataclass
@@ -309,16 +311,176 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
-        raw = json.loads(text)
-        buffers = [Buffer(**{**b, "shape": tuple(b["shape"])}) for b in raw["buffers"]]
-        return cls(
-            buffers=buffers,
-            steps=[Step(**s) for s in raw["steps"]],
-            inputs=raw["inputs"],
-            outputs=raw["outputs"],
-            storage_sizes=raw["storage_sizes"],
-            storage_devices=raw.get("storage_devices", ["cpu"] * len(raw["storage_sizes"])),
+        """The plan ``text`` holds, checked (:meth:`check`): a :class:`FormatError` (a
+        ValueError) names what is malformed, where a plan built wrong or damaged would
+        otherwise fail deep in the executor, or write outside its memory."""
+        try:
+            raw = json.loads(text)
+        except RecursionError:
+            raise FormatError("the plan is nested too deep to be one") from None
+        if not isinstance(raw, dict):
+            raise FormatError(f"the plan is a JSON {type(raw).__name__}, not an object")
+        try:
+            buffers = [
+                Buffer(**{**_object(b, "buffer"), "shape": tuple(_object(b, "buffer")["shape"])})
+                for b in _list(raw, "buffers")
+            ]
+            plan = cls(
+                buffers=buffers,
+                steps=[Step(**_object(s, "step")) for s in _list(raw, "steps")],
+                inputs=_list(raw, "inputs"),
+                outputs=_list(raw, "outputs"),
+                storage_sizes=_list(raw, "storage_sizes"),
+                storage_devices=raw.get("storage_devices", ["cpu"] * len(raw["storage_sizes"])),
+            )
+        except (KeyError, TypeError) as err:  # a field missing, unknown or not iterable
+            what = f"field {err} is missing" if isinstance(err, KeyError) else str(err)
+            raise FormatError(f"the plan is malformed: {_escaped(what)}") from None
+        plan.check()
+        return plan
+
+    def check(self) -> None:
+        """Raise :class:`FormatError` unless every index the plan holds points where it
+        must and every tensor fits the memory it is placed in: what the executor relies
+        on when it views storage slots and binds kernels to them."""
+        n, slots = len(self.buffers), self.storage_sizes
+        _require(_ints(slots, 0), "storage_sizes", "sizes in bytes", slots)
+        devices = self.storage_devices
+        _require(
+            isinstance(devices, list)
+            and len(devices) == len(slots)
+            and all(d in DEVICES for d in devices),
+            "storage_devices",
+            f"one of {DEVICES} per storage slot",
+            devices,
         )
+        for i, buf in enumerate(self.buffers):
+            at = f"buffer {i}"
+            _require(buf.id == i, f"{at}: id", f"{i} (buffers in id order)", buf.id)
+            _require(_ints(buf.shape, 0), f"{at}: shape", "sizes (whole numbers >= 0)", buf.shape)
+            _require(_is_dtype(buf.dtype), f"{at}: dtype", "a NumPy dtype name", buf.dtype)
+            _require(buf.kind in BUFFER_KINDS, f"{at}: kind", f"one of {BUFFER_KINDS}", buf.kind)
+            _require(buf.device in DEVICES, f"{at}: device", f"one of {DEVICES}", buf.device)
+            _require(isinstance(buf.name, str), f"{at}: name", "a string", buf.name)
+            if buf.kind == "view":
+                _require(
+                    _index(buf.view_of, i), f"{at}: view_of", f"a buffer before it (< {i})",
+                    buf.view_of,
+                )  # fmt: skip
+                root = self.buffers[self.root(i)]
+                _require(
+                    buf.nbytes <= root.nbytes, f"{at}: shape",
+                    f"at most the {root.nbytes} bytes of the buffer it views", buf.shape,
+                )  # fmt: skip
+            if buf.kind == "temp":
+                _require(_index(buf.storage, len(slots)), f"{at}: storage", "a slot", buf.storage)
+                _require(_ints([buf.offset], 0), f"{at}: offset", "bytes >= 0", buf.offset)
+                end = buf.offset + buf.nbytes
+                _require(
+                    end <= slots[buf.storage] and devices[buf.storage] == buf.device,
+                    f"{at}: offset",
+                    f"a place inside storage slot {buf.storage} ({slots[buf.storage]} bytes on "
+                    f"the {devices[buf.storage]})",
+                    f"{buf.offset} + {buf.nbytes} bytes on the {buf.device}",
+                )
+            if buf.piece_of is not None:
+                _require(_index(buf.piece_of, n), f"{at}: piece_of", "a buffer", buf.piece_of)
+        for i, buf in enumerate(self.buffers):  # owner() follows these: no loop
+            seen, piece = {i}, buf
+            while piece.piece_of is not None:
+                piece = self.buffers[self.root(piece.piece_of)]
+                _require(piece.id not in seen, f"buffer {i}: piece_of", "no loop", buf.piece_of)
+                seen.add(piece.id)
+        for i, step in enumerate(self.steps):
+            at = f"step {i}"
+            _require(isinstance(step.kernel, str), f"{at}: kernel", "a name", step.kernel)
+            _require(
+                isinstance(step.args, list) and all(_index(a, n) for a in step.args),
+                f"{at}: args", "buffer ids", step.args,
+            )  # fmt: skip
+            outputs = step.num_outputs
+            _require(
+                _ints([outputs], 1) and outputs <= len(step.args),
+                f"{at}: num_outputs", "1 to the number of args", outputs,
+            )  # fmt: skip
+            _require(step.kind in STEP_KINDS, f"{at}: kind", f"one of {STEP_KINDS}", step.kind)
+            _require(step.device in DEVICES, f"{at}: device", f"one of {DEVICES}", step.device)
+            if step.kind == "copy":
+                _require(len(step.args) == 2, f"{at}: args", "[source, destination]", step.args)
+                source, destination = (self.buffers[a] for a in step.args)
+                _require(
+                    source.nbytes == destination.nbytes, f"{at}: args",
+                    "two buffers of one size", step.args,
+                )  # fmt: skip
+            inputs = len(step.args) - outputs
+            _require(
+                isinstance(step.elementwise_inputs, list)
+                and all(_index(p, inputs) for p in step.elementwise_inputs),
+                f"{at}: elementwise_inputs", "input positions", step.elementwise_inputs,
+            )  # fmt: skip
+            _require(_ints(step.pieces, 0), f"{at}: pieces", "byte offsets", step.pieces)
+            _require(isinstance(step.elided, bool), f"{at}: elided", "true or false", step.elided)
+        for name in ("inputs", "outputs"):
+            ids = getattr(self, name)
+            _require(
+                isinstance(ids, list) and all(_index(b, n) for b in ids), name, "buffer ids", ids
+            )
+        for b in self.inputs:
+            kind = self.buffers[b].kind
+            _require(kind == "input", f"inputs: buffer {b}", "an input buffer", kind)
+
+
+DEVICES = ("cpu", "gpu")
+BUFFER_KINDS = ("input", "const", "temp", "view")
+STEP_KINDS = ("kernel", "copy")
+
+
+class FormatError(ValueError):
+    """A plan or launches file that does not hold what the package format says."""
+
+
+def _escaped(text: str) -> str:
+    """``text`` on one line: Python's messages quote a field name as it is, and a
+    damaged file's names may hold line breaks."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _require(ok: bool, field: str, expected: str, found: object) -> None:
+    if not ok:
+        raise FormatError(f"{field} should be {expected}, found {found!r:.80}")
+
+
+def _ints(values: object, minimum: int) -> bool:
+    """``values`` is a list or tuple of ints (not bools) of at least ``minimum``."""
+    return isinstance(values, (list, tuple)) and all(
+        type(v) is int and v >= minimum for v in values
+    )
+
+
+def _index(value: object, size: int) -> bool:
+    return type(value) is int and 0 <= value < size
+
+
+def _is_dtype(name: object) -> bool:
+    if not isinstance(name, str):
+        return False
+    try:
+        return np.dtype(name).kind in "biuf"
+    except TypeError:
+        return False
+
+
+def _list(raw: dict, key: str) -> list:
+    value = raw[key]
+    if not isinstance(value, list):
+        raise TypeError(f"field '{key}' is a {type(value).__name__}, not a list")
+    return value
+
+
+def _object(raw: object, what: str) -> dict:
+    if not isinstance(raw, dict):
+        raise TypeError(f"a {what} is a {type(raw).__name__}, not an object")
+    return raw
 
 
 def _aligned(nbytes: int, alignment: int = 64) -> int:
@@ -348,17 +510,47 @@ def launches_to_json(launches: dict[str, list[Launch]]) -> str:
 
 
 def launches_from_json(text: str) -> dict[str, list[Launch]]:
-    raw = json.loads(text)
-    return {
-        name: [
-            Launch(
-                x["kernel"],
-                [tuple(a) for a in x["args"]],
-                tuple(x["global_size"]),
-                tuple(x["local_size"]),
-                list(x.get("workspaces", [])),
-            )
-            for x in items
-        ]
-        for name, items in raw.items()
-    }
+    """The launches ``text`` holds; :class:`FormatError` (a ValueError) names what is
+    malformed."""
+    try:
+        raw = json.loads(text)
+    except RecursionError:
+        raise FormatError("the launches are nested too deep") from None
+    if not isinstance(raw, dict):
+        raise FormatError(f"the launches are a JSON {type(raw).__name__}, not an object")
+    try:
+        launches = {
+            name: [
+                Launch(
+                    x["kernel"],
+                    [tuple(a) for a in x["args"]],
+                    tuple(x["global_size"]),
+                    tuple(x["local_size"]),
+                    list(x.get("workspaces", [])),
+                )
+                for x in items
+            ]
+            for name, items in raw.items()
+        }
+    except (KeyError, TypeError, AttributeError) as err:
+        what = f"field {err} is missing" if isinstance(err, KeyError) else str(err)
+        raise FormatError(f"the launches are malformed: {_escaped(what)}") from None
+    for name, items in launches.items():
+        for launch in items:
+            _check_launch(name, launch)
+    return launches
+
+
+def _check_launch(name: str, launch: Launch) -> None:
+    at = f"launch of `{name}`"
+    _require(isinstance(launch.kernel, str), f"{at}: kernel", "a name", launch.kernel)
+    for size in (launch.global_size, launch.local_size):
+        _require(len(size) == 3 and _ints(size, 1), f"{at}: sizes", "3 counts >= 1", size)
+    _require(_ints(launch.workspaces, 0), f"{at}: workspaces", "sizes", launch.workspaces)
+    for arg in launch.args:
+        ok = len(arg) == 3 and isinstance(arg[2], str)
+        if ok and arg[0] in ("buffer", "workspace"):
+            ok = type(arg[1]) is int and arg[1] >= 0
+        elif ok:
+            ok = arg[0] == "scalar" and isinstance(arg[1], (int, float))
+        _require(ok, f"{at}: args", "(buffer|workspace|scalar, value, C type)", arg)

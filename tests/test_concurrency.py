@@ -156,30 +156,52 @@ def test_streams_contexts_share_constants_and_own_activations(package):
 
 
 def test_streams_split_the_cores_between_the_calling_threads(package):
-    """With streams=N each inference runs its CPU kernels on cores/N threads of the
-    thread calling it (TVM's pool is per calling thread), so N calls at once keep the
-    cores busy without oversubscribing them; a thread that then calls a model with
-    one stream gets every core back."""
+    """With streams=N each inference runs its CPU kernels on cores/N threads (TVM's
+    pool belongs to the thread running the inference: sized before each), so N calls
+    at once keep the cores busy without oversubscribing them; the same thread then
+    running a model with one stream gets every core back. Read in the main thread,
+    where inferences run in place (others run on kept threads, sized the same way)."""
     import tvm_ffi
 
     from edgecv.runtime.cpu import pool_threads
 
     cores = pool_threads()
-    pooled = {}
-
-    def threads_after(model, key) -> None:
-        model.run(np.zeros(SHAPE, np.float32))
-        pooled[key] = tvm_ffi.get_global_func("runtime.NumThreads")()
-
     split = edgecv.load(package("cpu"), streams=2)
     whole = edgecv.load(package("cpu"), streams=1)
-    for key, model in [("split", split), ("whole", whole)]:
-        thread = threading.Thread(target=threads_after, args=(model, key))
-        thread.start()
-        thread.join()
-    assert pooled == {"split": max(1, cores // 2), "whole": cores}
-    # one thread, the split model then the whole one: the share is undone
-    both = threading.Thread(target=lambda: (threads_after(split, "a"), threads_after(whole, "b")))
-    both.start()
-    both.join()
-    assert (pooled["a"], pooled["b"]) == (max(1, cores // 2), cores)
+    pooled = []
+    for model in (split, whole, split):
+        model.run(np.zeros(SHAPE, np.float32))
+        pooled.append(tvm_ffi.get_global_func("runtime.NumThreads")())
+    half = max(1, cores // 2)
+    assert pooled == [half, cores, half]
+    assert [c.backend.threads for c in split.executor.contexts] == [half, half]
+
+
+def test_short_lived_calling_threads_leave_no_threads_behind(package):
+    """TVM's CPU thread pool belongs to the thread calling a kernel and outlives it: a
+    new thread per call (a server's thread per request) left 2 threads behind each
+    time. Calls from threads other than the main one run on threads edgecv keeps."""
+    import os
+
+    from edgecv.runtime.workers import kept_threads
+
+    model = edgecv.load(package("cpu"), streams=2)
+    x = np.random.RandomState(0).normal(size=SHAPE).astype(np.float32)
+    want = model.run(x)
+
+    def threads_now() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    def one_call_per_thread(count: int) -> None:
+        for _ in range(count):
+            got: list = []
+            thread = threading.Thread(target=lambda got=got: got.append(model.run(x)))
+            thread.start()
+            thread.join()
+            assert all(np.array_equal(a, b) for a, b in zip(got[0], want, strict=True))
+
+    one_call_per_thread(3)  # the first calls make a kept thread and its pool
+    before, kept = threads_now(), kept_threads()
+    one_call_per_thread(20)
+    assert threads_now() == before, "threads grew with the calling threads"
+    assert kept_threads() == kept

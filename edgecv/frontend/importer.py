@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ from ..errors import (
     GraphError,
     ParamsError,
     QuantizedGraphError,
+    ShapeError,
     UnsupportedOpsError,
     foreign_message,
 )
@@ -77,8 +79,8 @@ def _shape_hint(node_attrs: dict[str, str]) -> tuple[int, ...] | None:
         return None
     try:
         shape = tuple(ast.literal_eval(hint))
-    except (ValueError, SyntaxError):
-        return None
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None  # a hint that is not a tuple ("5", garbage): no hint
     return None if any(d == 0 for d in shape) else shape
 
 
@@ -132,6 +134,7 @@ def from_mxnet(
         The module (``main`` takes the inputs in ``input_names`` order) and its signature.
     """
     check_supported(graph)
+    input_shapes = check_input_shapes(input_shapes)
     input_names = list(input_shapes)
     variables = set(graph.variable_names())
     unknown = [n for n in input_names if n not in variables]
@@ -142,6 +145,11 @@ def from_mxnet(
         )
     check_params(graph, params, input_names)
     dtypes = {n: (input_dtypes or {}).get(n, "float32") for n in input_names}
+    for name, dtype in dtypes.items():
+        if not _is_tensor_dtype(dtype):
+            raise ShapeError(
+                f"input `{name}` has dtype {dtype!r:.40}; give a NumPy dtype name such as float32"
+            )
 
     bb = relax.BlockBuilder()
     input_vars = [relax.Var(n, relax.TensorType(input_shapes[n], dtypes[n])) for n in input_names]
@@ -178,6 +186,53 @@ def from_mxnet(
     )
 
 
+# The most elements edgecv takes in one input tensor (TVM's kernels index a tensor with
+# 32-bit integers where its size allows; an image batch is far below this).
+MAX_INPUT_ELEMENTS = 2**31 - 1
+_MAX_RANK = 8
+
+
+def check_input_shapes(input_shapes: object) -> dict[str, tuple[int, ...]]:
+    """Each graph input's shape as a tuple of positive ints, or one ShapeError line
+    naming the input, what is wrong with its shape and what to pass instead."""
+    if not isinstance(input_shapes, dict) or not input_shapes:
+        raise ShapeError(
+            f"input shapes should map each graph input to its shape, such as "
+            f"{{'data': (1, 3, 224, 224)}}; got {input_shapes!r:.80}"
+        )
+    checked = {}
+    for name, shape in input_shapes.items():
+        fix = "pass --input-shape N,C,H,W (each a whole number >= 1)"
+        if not isinstance(name, str):
+            raise ShapeError(f"input name {name!r:.40} is not a string; {fix}")
+        if not isinstance(shape, (tuple, list)) or not all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in shape
+        ):
+            raise ShapeError(f"input `{name}` has shape {shape!r:.80}, not whole numbers; {fix}")
+        shape = tuple(int(d) for d in shape)
+        if not 1 <= len(shape) <= _MAX_RANK:
+            raise ShapeError(
+                f"input `{name}` has shape {shape} of rank {len(shape)}; edgecv takes inputs "
+                f"of rank 1 to {_MAX_RANK}: {fix}"
+            )
+        if any(d < 1 for d in shape):
+            raise ShapeError(f"input `{name}` has shape {shape}, with a size below 1; {fix}")
+        if math.prod(shape) > MAX_INPUT_ELEMENTS:
+            raise ShapeError(
+                f"input `{name}` has shape {shape}: {math.prod(shape):,} elements, more than "
+                f"the {MAX_INPUT_ELEMENTS:,} edgecv takes in one tensor; pass a smaller shape"
+            )
+        checked[name] = shape
+    return checked
+
+
+def _is_tensor_dtype(dtype: object) -> bool:
+    try:
+        return isinstance(dtype, str) and np.dtype(dtype).kind in "biuf"
+    except TypeError:
+        return False
+
+
 @contextlib.contextmanager
 def _closed_on_error(bb: relax.BlockBuilder) -> Iterator[None]:
     """Close the block and variable scope ``bb.function`` leaves open when its body raises.
@@ -210,8 +265,19 @@ def _convert_node(bb, graph, node, values, params, inputs_by_name) -> list[relax
         if node.name in inputs_by_name:
             return [inputs_by_name[node.name]]
         value = np.ascontiguousarray(params[node.name])
+        if value.dtype.kind not in "biuf":
+            raise ParamsError(
+                f"parameter `{node.name}` is {value.dtype}, not numbers edgecv compiles: "
+                "use the .params file exported with this symbol file"
+            )
         # relax.const narrows int64 arrays to int32 unless told the dtype
-        return [relax.const(value, str(value.dtype))]
+        try:
+            return [relax.const(value, str(value.dtype))]
+        except Exception as err:  # a dtype TVM has no constants of (bfloat16 from MXNet)
+            raise ParamsError(
+                f"parameter `{node.name}` of dtype {value.dtype} cannot be a constant: "
+                f"{foreign_message(err)}"
+            ) from None
     args = []
     for src, out in node.inputs:
         produced = values[src]

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .._mxnet import import_gluoncv, import_mxnet
 from ..errors import ModelNotFoundError, ParamsError, foreign_message
+from .mxnet_graph import check_params_file
 from .random_weights import MEAN_RGB, STD_RGB, random_init
 
 log = logging.getLogger(__name__)
@@ -265,6 +266,7 @@ def export(
         path = Path(params_file)
         if not path.is_file():
             raise ParamsError(f"params file {path} does not exist")
+        check_params_file(path)  # a damaged file: refused before MXNet allocates for it
         try:
             net.load_parameters(str(path))
         except mx.base.MXNetError as err:  # MXNet could not read the file at all

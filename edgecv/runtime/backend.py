@@ -18,6 +18,10 @@ class Backend:
     """Memory and kernels of one device. Subclasses implement every method."""
 
     name = "abstract"
+    # True where calling a kernel leaves state in the calling thread that outlives it
+    # (TVM's CPU thread pool): the executor then runs calls from threads other than the
+    # main one on threads it keeps (runtime/workers.py)
+    state_per_calling_thread = False
 
     def alloc(self, nbytes: int) -> Any:
         """A device allocation of ``nbytes`` bytes (a storage slot)."""

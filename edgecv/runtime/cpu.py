@@ -27,6 +27,7 @@ import importlib.util
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -128,10 +129,13 @@ class CPUBackend(Backend):
     package's library, or one built in memory by the compiler side)."""
 
     name = "cpu"
+    state_per_calling_thread = True  # TVM's thread pool (runtime/workers.py)
 
     def __init__(self, module: Any):
         self.module = module
-        self.streams = 0  # execution contexts made from it: they share the cores
+        # the streams made from it and alive (a context replaced after a failure drops
+        # its own): they share the cores
+        self.streams: weakref.WeakSet[CPUBackend] = weakref.WeakSet()
         self._shared_by: CPUBackend = self  # the backend whose streams share the cores
 
     @classmethod
@@ -152,13 +156,13 @@ class CPUBackend(Backend):
         two at once. The share applies to the thread running the inference, while it
         runs it (:meth:`make_current`)."""
         stream = copy.copy(self)
-        self.streams += 1
+        self.streams.add(stream)
         return stream
 
     @property
     def threads(self) -> int:
         """Threads an inference through this stream runs its kernels on."""
-        return max(1, pool_threads() // max(1, self._shared_by.streams))
+        return max(1, pool_threads() // max(1, len(self._shared_by.streams)))
 
     def make_current(self) -> None:
         use_threads(self.threads)

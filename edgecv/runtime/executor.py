@@ -18,6 +18,17 @@ time and memory stays that of one inference; with ``streams=N`` up to N run at o
 for N times the activation memory. Waiting was chosen over making a context per
 call: that would allocate and bind on every call, and a board's memory would grow
 with its callers.
+
+A call's inputs are checked (and converted where that keeps their meaning: see
+:func:`~.context.prepare_inputs`) before it borrows a context, so a refused call never
+waits for one nor touches one. A context always goes back to the idle ones, however
+its call ended: a context lost to a failed call would leave every later caller of a
+one-stream model waiting forever. A call that fails on the device (a kernel raising,
+a command queue gone bad) replaces its context with a new one, made from the shared
+backends as at load time, so the next call starts from a fresh queue and memory and
+the other contexts never see the failure. Where no new context can be made (the
+device itself is gone), the broken one goes back marked with why, and every call
+that borrows it is refused with that reason: the model is closed, never hung.
 """
 
 from __future__ import annotations
@@ -25,14 +36,16 @@ from __future__ import annotations
 import contextlib
 import operator
 import queue
+import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import EdgecvError
+from ..errors import EdgecvError, PackageError
 from ..package_format import Plan
 from .backend import Backend
-from .context import ExecutionContext
+from .context import ExecutionContext, input_specs, one_line, prepare_inputs
+from .workers import run_on_kept_thread
 
 
 def check_streams(streams: int) -> int:
@@ -82,9 +95,14 @@ class Executor:
         if missing:
             raise EdgecvError(f"internal: no backend given for device(s) {sorted(missing)}")
         self.backends = backends
+        # a backend whose device state belongs to the calling thread and outlives it
+        # (TVM's CPU pool) runs inferences on threads edgecv keeps (runtime/workers.py)
+        self._on_kept_threads = any(b.state_per_calling_thread for b in backends.values())
         self.backend = backends[plan.devices()[0]]
-        shared = self._upload_constants(constants)
-        self.contexts = [self._new_context(shared) for _ in range(streams)]
+        self.specs = input_specs(plan)
+        self._shared = self._upload_constants(constants)
+        self._replacing = threading.Lock()  # one context replaced at a time
+        self.contexts = [self._new_context() for _ in range(streams)]
         self.allocated_bytes = self._constant_bytes + sum(c.allocated_bytes for c in self.contexts)
         # idle contexts; a get waits while there is none. SimpleQueue is C: a get and a
         # put take 0.1 us, where a pool guarded by a threading.Condition took 1.3 us,
@@ -99,11 +117,12 @@ class Executor:
         self._constant_bytes = 0
         for buf in plan.buffers:
             if buf.kind == "const":
+                value = _constant(buf, constants)
                 backend = self.backends[buf.device]
                 storage = backend.alloc(max(buf.nbytes, 1))
                 self._constant_bytes += max(buf.nbytes, 1)
                 shared[buf.id] = backend.view(storage, buf.shape, buf.dtype)
-                backend.upload(shared[buf.id], constants[buf.name])
+                backend.upload(shared[buf.id], value)
         for buf in plan.buffers:  # views come after the buffer they view, in id order
             root = plan.root(buf.id)
             if buf.kind == "view" and root in shared:
@@ -112,13 +131,25 @@ class Executor:
             backend.synchronize()  # contexts' queues must find the constants in place
         return shared
 
-    def _new_context(self, shared: dict) -> ExecutionContext:
+    def _new_context(self) -> ExecutionContext:
         streams: dict[int, Backend] = {}  # one per backend, however many devices it runs
-        for backend in self.backends.values():
-            if id(backend) not in streams:
+        distinct = list({id(b): b for b in self.backends.values()}.values())
+        before = [_device_bytes(b) for b in distinct]
+        try:
+            for backend in distinct:
                 streams[id(backend)] = backend.stream()
-        own = {device: streams[id(b)] for device, b in self.backends.items()}
-        return ExecutionContext(self.plan, own, shared)
+            own = {device: streams[id(b)] for device, b in self.backends.items()}
+            context = ExecutionContext(self.plan, own, self._shared)
+        except BaseException:  # what it allocated before failing is dropped with it
+            for backend, count in zip(distinct, before):
+                if count >= 0:
+                    backend.allocated_bytes = count
+            raise
+        # what it holds of each backend's device-memory count, given back when replaced
+        context.device_bytes = [
+            (b, _device_bytes(b) - n) for b, n in zip(distinct, before) if n >= 0
+        ]
+        return context
 
     @property
     def num_launches(self) -> int:
@@ -145,10 +176,74 @@ class Executor:
         """Run one inference on arrays in the plan's input order; return the outputs.
 
         Safe from any number of threads: the call runs in an idle execution context,
-        waiting for one when all are busy.
+        waiting for one when all are busy. Inputs are checked before that
+        (:func:`~.context.prepare_inputs`); a failure on the device is one
+        :class:`~edgecv.errors.EdgecvError` for this call, after which its context is
+        replaced by a new one (see the module's notes).
         """
+        arrays = prepare_inputs(self.specs, inputs)
         context = self._idle.get()
         try:
-            return context.run(inputs)
+            if context.broken is not None:
+                context = self._replace(context)
+            try:
+                if self._on_kept_threads:  # see runtime/workers.py
+                    return run_on_kept_thread(context.run_prepared, arrays)
+                return context.run_prepared(arrays)
+            except Exception as err:
+                context = self._after_failure(context, err)
+                raise
         finally:
             self._idle.put(context)
+
+    def _after_failure(self, context: ExecutionContext, err: Exception) -> ExecutionContext:
+        """The context to give back after ``context`` failed with ``err``: a new one in
+        its place, or ``context`` itself marked broken when none can be made. Never
+        raises: the caller is raising ``err``."""
+        for backend in context._distinct:  # let queued work end before its memory goes
+            with contextlib.suppress(Exception):
+                backend.synchronize()
+        context.broken = f"{type(err).__name__}: {one_line(err, limit=200)}"
+        try:
+            return self._replace(context)
+        except EdgecvError:
+            return context
+
+    def _replace(self, context: ExecutionContext) -> ExecutionContext:
+        """A new context in place of the broken ``context``, or an EdgecvError saying
+        the model cannot run any more (``context`` keeps its place and its reason)."""
+        with self._replacing:
+            try:
+                fresh = self._new_context()
+            except Exception as err:
+                raise EdgecvError(
+                    f"this model can no longer run: an inference failed ({context.broken}) "
+                    f"and no new execution context could be made ({type(err).__name__}: "
+                    f"{one_line(err, limit=200)}); load the model again"
+                ) from None
+            self.contexts[self.contexts.index(context)] = fresh
+            for backend, nbytes in context.device_bytes:
+                backend.allocated_bytes -= nbytes  # the old context's memory is dropped
+        return fresh
+
+
+def _device_bytes(backend: Backend) -> int:
+    """The device-memory count a backend keeps (OpenCL, CUDA), -1 where it keeps none."""
+    count = getattr(backend, "allocated_bytes", None)
+    return count if isinstance(count, int) else -1
+
+
+def _constant(buf, constants: dict[str, np.ndarray]) -> np.ndarray:
+    """The value of constant buffer ``buf``: exactly its shape, in its dtype (a
+    package's params.npz that disagrees with its plan is refused, not broadcast)."""
+    value = constants.get(buf.name)
+    if value is None:
+        raise PackageError(
+            f"the plan's constant `{buf.name}` is not in the package's params; redeploy the model"
+        )
+    if tuple(value.shape) != tuple(buf.shape) or value.dtype != np.dtype(buf.dtype):
+        raise PackageError(
+            f"the package's constant `{buf.name}` is {value.dtype} {tuple(value.shape)}, its "
+            f"plan says {buf.dtype} {tuple(buf.shape)}; redeploy the model"
+        )
+    return value
