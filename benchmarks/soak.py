@@ -87,17 +87,14 @@ def serve(package: Path, on: str | None, x: np.ndarray, count: int, threads: int
     """``count`` inferences from ``threads`` threads on one loaded model (module doc)."""
     model = edgecv.load(package, on=on, streams=threads)
     reference = model.run(x)
-    for _ in range(300):  # warm-up: the first calls fill allocators and caches
-        model.run(x)
-    start = snapshot()
     done, wrong, samples = [0], [0], []
     lock = threading.Lock()
     step = max(1, count // 20)
 
-    def work() -> None:
+    def work(total: int) -> None:
         while True:
             with lock:
-                if done[0] >= count:
+                if done[0] >= total:
                     return
                 done[0] += 1
                 index = done[0]
@@ -108,12 +105,21 @@ def serve(package: Path, on: str | None, x: np.ndarray, count: int, threads: int
             if index % step == 0:
                 samples.append((index, round(rss_mib(), 1)))
 
+    def from_threads(total: int) -> None:
+        done[0] = 0
+        workers = [threading.Thread(target=work, args=(total,)) for _ in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+
+    # warm-up, from the same number of threads: the first calls fill allocators and
+    # caches, and make the threads edgecv keeps for CPU kernels (runtime/workers.py)
+    from_threads(300)
+    samples.clear()
+    start = snapshot()
     began = time.perf_counter()
-    workers = [threading.Thread(target=work) for _ in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    from_threads(count)
     seconds = time.perf_counter() - began
     end = snapshot()
     return {

@@ -176,9 +176,11 @@ def test_operator_left_off_the_gpu_list_runs_on_the_cpu(tmp_path, capsys):
     assert not (tmp_path / "gpu-only").exists()  # a failed deploy leaves nothing behind
 
 
+@pytest.mark.heavy  # two squeezenet deploys measuring layouts on Intel's runtime: 10-20 min
 def test_forced_cpu_ops_give_the_same_outputs_as_all_gpu(tmp_path, exported):
     """squeezenet with every max_pool2d forced onto the CPU vs the all-GPU package, both
-    with their concatenations written in place."""
+    with their concatenations written in place (the mechanism on a tiny model: the
+    default suite's tests above)."""
     from test_opencl import device_or_skip
 
     from edgecv.deploy import deploy

@@ -53,7 +53,12 @@ def test_user_model_on_the_cpu_profile_matches_mxnet(name, tmp_path, tmp_path_fa
     assert build["launches_in_place"] == IN_PLACE[name]
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+# tiny_yolo's deploy for deeplens measures its layouts on Intel's runtime: 4-8 minutes
+# on 2 cores; it runs on the emulated board's PoCL in tests/emulation and with -m heavy
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.heavy) if n == "tiny_yolo" else n
+             for n in sorted(MODELS)],
+)  # fmt: skip
 def test_user_model_on_intel_opencl_matches_mxnet(name, tmp_path, tmp_path_factory):
     device_or_skip("intel(r) opencl")
     build = check(name, "deeplens", "intel", tmp_path, tmp_path_factory)
