@@ -37,6 +37,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         kernel_time_limit_s=args.kernel_time_limit,
         layout=args.layout,
         layout_costs=args.db,
+        precision=args.precision,
+        calibrate=args.calibrate,
+        calibration_size=args.calibration_size,
+        calibration_method=args.calibration_method,
     )
     path = deploy(
         args.model,
@@ -341,6 +345,32 @@ def build_parser() -> argparse.ArgumentParser:
         "packed per convolution from kernel and transform times measured on the device "
         "and cached; NCHW when they cannot be had), NCHW, packed (NCHW[x]c wherever "
         "possible)",
+    )
+    d.add_argument(
+        "--precision",
+        choices=("fp32", "int8"),  # edgecv.pipelines.int8.PRECISIONS
+        default="fp32",
+        help="fp32 (default) or int8: convolutions and dense layers quantized after "
+        "calibration on --calibrate (CPU profiles; docs/int8.md)",
+    )
+    d.add_argument(
+        "--calibrate",
+        metavar="DIR_OR_NPY",
+        help="int8: a folder of images like those the model will see (read with the "
+        "package's preprocessing), or a .npy of preprocessed inputs (N x input shape)",
+    )
+    d.add_argument(
+        "--calibration-size",
+        type=int,
+        metavar="N",
+        help="int8: calibrate on at most N inputs (default 100; a seeded sample of more)",
+    )
+    d.add_argument(
+        "--calibration-method",
+        choices=("minmax", "percentile", "entropy"),  # edgecv.lowering.calibration.METHODS
+        default="percentile",
+        help="int8: how each tensor's scale follows from its statistics (default "
+        "percentile: the 99.99th percentile of |x|)",
     )
     d.set_defaults(func=cmd_deploy)
 

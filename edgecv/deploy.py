@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import tempfile
@@ -16,14 +17,25 @@ from .errors import EdgecvError, ProfileError, foreign_message
 from .frontend import zoo
 from .frontend.importer import from_mxnet
 from .frontend.mxnet_graph import load_params, load_symbol
-from .package import PackageWriter, check_destination
+from .package import PackageWriter, check_destination, package_manifest
 from .pipelines import BuildOptions, pipeline_for
+from .pipelines import int8 as int8_step
 from .profiles import AVAILABLE_RUNTIMES, Profile, check_profile, load_profile
 from .schedules.device_class import tuning_folders
 from .schedules.orders import tuning_database
 from .source import resolve_source, source_record
 
 log = logging.getLogger(__name__)
+
+# How the package's images become its input tensor (GluonCV's ImageNet normalization),
+# written into the manifest; INT8 calibration images are read the same way.
+PREPROCESSING = {
+    "color": "RGB",
+    "scale": 1.0 / 255.0,
+    "mean": list(zoo.MEAN_RGB),
+    "std": list(zoo.STD_RGB),
+    "resize": "stretch",
+}
 
 
 def deploy(
@@ -41,6 +53,9 @@ def deploy(
     gpu_only: bool = False,
     check_on: str | None = "auto",
     force: bool = False,
+    precision: str = "fp32",
+    calibrate: str | Path | None = None,
+    calibration_size: int | None = None,
 ) -> Path:
     """Compile ``model`` for the device profile ``device`` and write a package.
 
@@ -69,8 +84,10 @@ def deploy(
         (see :class:`edgecv.pipelines.BuildOptions`). Without it, the build reads the
         tuning databases ``edgecv deploy`` reads (the user's folder of the device
         class, then the shipped one).
-    cpu_ops, gpu_only, check_on
-        Shorthands for the same fields of ``options`` when ``options`` is not given.
+    cpu_ops, gpu_only, check_on, precision, calibrate, calibration_size
+        Shorthands for the same fields of ``options`` when ``options`` is not given
+        (``precision="int8", calibrate="images/"``: an INT8 package calibrated on the
+        images of that folder; see ``docs/int8.md``).
     force : bool
         Replace an existing edgecv package at ``output``. Anything at ``output`` that is
         not an edgecv package is never replaced (:func:`~edgecv.package.check_destination`).
@@ -91,6 +108,11 @@ def deploy(
     elif host is not None:
         raise ProfileError(f"--host accepts `native` only, not `{host}`")
     check_profile(profile)  # the native host may differ from the loaded one
+    if options is None:  # the databases the CLI reads: the user's, then the shipped one
+        options = BuildOptions(list(cpu_ops), gpu_only, check_on,
+                               tuning=tuning_folders(profile, None), precision=precision,
+                               calibrate=calibrate, calibration_size=calibration_size)  # fmt: skip
+    int8_step.check_request(options, profile)  # before minutes of exporting
     started = time.perf_counter()
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="edgecv-export-") as tmp:
@@ -106,9 +128,9 @@ def deploy(
         weights = load_params(source.params_path) if source.params_path else {}
         imported = from_mxnet(graph, weights, source.graph_inputs)
         timings["import_s"] = time.perf_counter() - t
-    if options is None:  # the databases the CLI reads: the user's, then the shipped one
-        options = BuildOptions(list(cpu_ops), gpu_only, check_on,
-                               tuning=tuning_folders(profile, None))  # fmt: skip
+    destination = Path(output) if output else Path(f"{source.name}-{profile.name}")
+    if options.precision == "int8":
+        options = _with_calibration(options, imported, destination)
     built = pipeline_for(profile.runtime).build(imported.mod, profile, options, progress)
     timings.update(built.timings)
     # the folders the build read records from (missing ones are skipped): the same
@@ -116,10 +138,11 @@ def deploy(
     database = tuning_database(options.tuning)
     plan = built.plan
 
-    output = Path(output) if output else Path(f"{source.name}-{profile.name}")
-    writer = PackageWriter(output, force=force)
+    writer = PackageWriter(destination, force=force)
     try:
         kernel_files = _write_kernels(built.write, writer)
+        for relative, text in built.files.items():
+            writer.write_text(relative, text)
         writer.write_text("plan.json", plan.to_json())
         writer.write_arrays("params.npz", built.constants)
         manifest = {
@@ -148,17 +171,12 @@ def deploy(
                     strict=True,
                 )
             ],
-            "preprocessing": {
-                "color": "RGB",
-                "scale": 1.0 / 255.0,
-                "mean": list(zoo.MEAN_RGB),
-                "std": list(zoo.STD_RGB),
-                "resize": "stretch",
-            },
+            "preprocessing": dict(PREPROCESSING),
             "classes": source.classes,
             "versions": {"edgecv": __version__, "tvm": tvm.__version__},
             "build": {
                 "kernels": kernel_files,
+                "precision": options.precision,
                 **built.facts,
                 "launches": sum(not step.elided for step in plan.steps),
                 "kernel_ops": built.kernel_ops,  # fused MXNet-level ops per kernel
@@ -181,6 +199,28 @@ def deploy(
         raise
     progress(f"wrote {path} ({manifest['build']['launches']} launches)")
     return path
+
+
+def _with_calibration(options: BuildOptions, imported, destination: Path) -> BuildOptions:
+    """``options`` with the calibration inputs read (now that the input shape is known)
+    and the statistics of the package at ``destination``, if one is there to replace."""
+    if len(imported.input_names) != 1:
+        raise int8_step.CalibrationError(
+            f"--precision int8 calibrates models with one input; this one has "
+            f"{len(imported.input_names)} ({', '.join(imported.input_names)})"
+        )
+    name = imported.input_names[0]
+    if imported.input_dtypes[name] != "float32":
+        raise int8_step.CalibrationError(
+            f"--precision int8 calibrates float32 inputs; input {name} is "
+            f"{imported.input_dtypes[name]}"
+        )
+    inputs = int8_step.read_calibration(options.calibrate, imported.input_shapes[name],
+                                        PREPROCESSING, options.calibration_size)  # fmt: skip
+    previous = None
+    if package_manifest(destination) is not None:
+        previous = int8_step.read_previous(destination)
+    return dataclasses.replace(options, calibration=inputs, previous_calibration=previous)
 
 
 def _write_kernels(write_kernels, writer: PackageWriter) -> dict[str, str]:

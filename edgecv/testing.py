@@ -24,6 +24,37 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "bfloat16": (1e-2, 1e-2),
 }
 
+# An INT8 package against the float32 package of the same weights (edgecv.lowering.quantize),
+# on inputs inside its calibration range with min/max calibration (nothing clipped):
+# atol per quantized layer on the longest path, relative to the output's scale (its
+# largest magnitude), rtol 0. Why 2%: a layer rounds its input to steps of T/255 (uint8;
+# T/127 int8) and its weights to steps of max|w|/63 per channel (7 bits where AVX2's
+# vpmaddubsw multiplies them; max|w|/127 elsewhere). Rounding errors are independent and
+# uniform over a step (std step/sqrt(12)), so in a dot product of K terms they grow like
+# sqrt(K), as the output does: relative to the output's rms the error has std
+# sqrt(0.45%^2 + 1.15%^2) ~ 1.25% (uint8 activations of rms ~ T/4 after a ReLU: 0.45%;
+# Gaussian-like weights of rms ~ max/2.5 in 7 bits: 1.15%), ~0.4% of the output's largest
+# magnitude (~3x its rms), and the largest of thousands of outputs lies ~4 std out: 1.7%.
+# Layers in sequence carry and add their errors (in quadrature; linearly here, to be
+# safe). Measured: 0.36% for 5 layers (tests/test_int8.py), far inside.
+INT8_PER_LAYER: tuple[float, float] = (0.0, 2e-2)
+
+
+def assert_close_int8(
+    actual: np.ndarray, expected: np.ndarray, layers: int, name: str = "output"
+) -> float:
+    """Assert an INT8 output matches its float32 reference within
+    :data:`INT8_PER_LAYER` times ``layers`` (the quantized layers on the longest path);
+    returns the error relative to the reference's scale, for the caller to report."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
+    scale = float(np.abs(expected).max(initial=0.0))
+    assert scale > 0, f"{name}: the reference is 0 everywhere: the comparison would prove nothing"
+    error = float(np.abs(actual.astype(np.float64) - expected).max()) / scale
+    bound = INT8_PER_LAYER[1] * layers
+    assert error <= bound, f"{name}: INT8 error {error:.2%} of the output's scale > {bound:.0%}"
+    return error
+
 
 def assert_close(
     actual: np.ndarray,

@@ -1,5 +1,7 @@
 """The CPU pipeline, in order.
 
+0. ``--precision int8`` only: calibrate (or reuse the statistics), quantize the
+   convolutions and dense layers (:func:`.int8.quantize_model`).
 1. Graph tuner: a data layout per convolution (NCHW or packed), from measured costs
    (:func:`edgecv.graph_tuner.choose_layouts`).
 2. Relax passes: legalize, fold, fuse into kernels; the static plan and memory plan
@@ -20,11 +22,17 @@ from ..graph_tuner import choose_layouts
 from ..graph_tuner.stage import winograd_plan
 from ..lowering import lower
 from ..profiles import Profile
+from .int8 import quantize_model
 from .steps import BuildOptions, Built, Progress, compile_cpu_kernels
 
 
 def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: Progress) -> Built:
     """Compile the imported Relax module ``mod`` for a CPU profile."""
+    precision: dict = {"precision": options.precision}
+    files: dict[str, str] = {}
+    if options.precision == "int8":  # 0
+        mod, quantization, files = quantize_model(mod, profile, options, progress)
+        precision["quantization"] = quantization
     mod, layouts = choose_layouts(mod, profile, options, progress)  # 1
     progress("lowering (Relax passes, fusion, memory plan)")
     lowered = lower(mod, winograd_plan(layouts))  # 2
@@ -39,7 +47,8 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
         lowered.plan,
         lowered.constants,
         write,
-        {"schedules": {"cpu": facts}, "layouts": layouts, "host": host},
+        {**precision, "schedules": {"cpu": facts}, "layouts": layouts, "host": host},
         timings,
         lowered.kernel_ops,
+        files,
     )

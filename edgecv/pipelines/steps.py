@@ -56,6 +56,22 @@ class BuildOptions:
     layout_costs : path or None
         Where the graph tuner writes the costs it measures (None: the user's folder for
         the device, :func:`edgecv.graph_tuner.devices.user_costs_folder`).
+    precision : str
+        ``fp32`` (the default) or ``int8``: convolutions and dense layers quantized after
+        calibration (CPU profiles; :mod:`edgecv.pipelines.int8`).
+    calibrate : path or None
+        int8: a folder of images or a ``.npy`` of preprocessed inputs to calibrate on.
+    calibration_size : int or None
+        int8: at most this many calibration inputs (None: 100).
+    calibration_method : str
+        int8: how a tensor's scale follows from its statistics: ``minmax``,
+        ``percentile`` (the default), ``entropy`` (:mod:`edgecv.lowering.calibration`).
+    calibration : CalibrationInputs or None
+        int8: the inputs read from ``calibrate`` (:func:`edgecv.pipelines.int8.read_calibration`);
+        the deploy fills it once the model's input shape is known.
+    previous_calibration : dict or None
+        int8: the ``calibration.json`` of the package this deploy replaces; its
+        statistics are reused when taken on the same model and inputs.
     """
 
     cpu_ops: list[str] = field(default_factory=list)
@@ -67,6 +83,12 @@ class BuildOptions:
     workers: int | None = None
     layout: str = "auto"
     layout_costs: str | Path | None = None
+    precision: str = "fp32"
+    calibrate: str | Path | None = None
+    calibration_size: int | None = None
+    calibration_method: str = "percentile"
+    calibration: object | None = None
+    previous_calibration: dict | None = None
 
 
 @dataclass
@@ -79,6 +101,7 @@ class Built:
     facts: dict  # the manifest's ``build`` entries of this pipeline
     timings: dict[str, float]
     kernel_ops: dict[str, list[str]] = field(default_factory=dict)  # fused ops per kernel
+    files: dict[str, str] = field(default_factory=dict)  # more package files: path -> text
 
 
 def compile_kernels(

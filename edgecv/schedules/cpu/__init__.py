@@ -7,6 +7,9 @@ Winograd conv2d in NCHW[x]c (the graph     :class:`.winograd.Winograd`: transfor
 tuner's choice for some 3x3 convolutions)  vectors, products as packed 1x1 convs
 conv2d / depthwise in NCHW[x]c (the graph  :class:`.conv2d_packed.PackedConv2D`: register
 tuner's packed layouts)                    tiles of channel-block vectors
+INT8 conv2d NCHW, uint8 x int8, groups 1   :class:`.conv2d_int8.Conv2DInt8`: the tile
+                                           of Conv2D on the CPU's dot-product
+                                           instructions (VNNI, vpmaddubsw)
 conv2d NCHW, groups 1                      :class:`.conv2d.Conv2D`: register tiles
                                            vectorized over output channels
 depthwise / grouped conv2d, pooling        :class:`.window.Window`: tiles vectorized
@@ -30,6 +33,7 @@ from tvm import tirx
 from tvm.s_tir import dlight
 
 from .conv2d import Conv2D
+from .conv2d_int8 import Conv2DInt8
 from .conv2d_packed import PackedConv2D
 from .dense import Dense
 from .injective import Injective
@@ -42,7 +46,16 @@ from .winograd import Winograd
 
 def default_rules(target: tvm.target.Target) -> list[dlight.ScheduleRule]:
     """The CPU rules for ``target``, in the order the schedule stage tries them."""
-    return [Winograd(), PackedConv2D(), Conv2D(), Window(), Dense(), Injective(), Rows()]
+    return [
+        Winograd(),
+        PackedConv2D(),
+        Conv2DInt8(),
+        Conv2D(),
+        Window(),
+        Dense(),
+        Injective(),
+        Rows(),
+    ]
 
 
 def safe_rule() -> dlight.ScheduleRule:
@@ -60,6 +73,7 @@ def schedule_cpu(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFun
 
 __all__ = [
     "Conv2D",
+    "Conv2DInt8",
     "Dense",
     "Injective",
     "PackedConv2D",

@@ -1,0 +1,379 @@
+"""The INT8 step of the CPU pipeline: calibration data in, a quantized Relax module out.
+
+``edgecv deploy MODEL --precision int8 --calibrate DIR_OR_NPY`` runs it before the graph
+tuner (:mod:`.cpu`), in order:
+
+1. The calibration inputs (:func:`read_calibration`): a folder of images read with the
+   package's own preprocessing, or a ``.npy`` of already preprocessed inputs; at most
+   ``--calibration-size`` of them (a seeded sample when there are more).
+2. Statistics (:func:`collect_statistics`): edgecv's own float32 build of the model
+   (the same Relax passes, CPU rules and LLVM as a float32 deploy, NCHW) with every
+   quantizable operator's input as an extra output, run on each input; per tensor a
+   min/max and a histogram (:mod:`edgecv.lowering.calibration`). edgecv's compiled
+   module rather than TVM's Relax VM: the VM would run the same kernels unscheduled
+   (one core, no vectors), minutes per image for ResNet-50, where the scheduled build
+   runs at the float32 package's speed; and the statistics are those of the very
+   kernels the float32 package runs. The statistics of the package being replaced
+   (its ``calibration.json``) are reused instead when they were taken on the same
+   model (structural hash of the imported module, weights included) and the same
+   inputs (sha256 of the preprocessed tensors).
+3. Scales by ``--calibration-method`` and the rewrite
+   (:func:`edgecv.lowering.quantize.quantize`).
+
+The statistics go into the package as ``calibration.json`` (checksummed in the
+manifest's ``files`` like every file), the choices into the manifest's
+``build.quantization``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tvm
+import tvm_ffi
+
+from ..errors import EdgecvError
+from ..imaging import preprocess, read_image
+from ..lowering import lower
+from ..lowering.calibration import METHODS, PERCENTILE, STATS_VERSION, TensorStats
+from ..lowering.quantize import (
+    WEIGHT_MAX,
+    TensorQuant,
+    exact_in_float32,
+    find_sites,
+    quantize,
+    with_taps,
+)
+from ..profiles import Profile
+from ..schedules.cpu.conv2d_int8 import dot_product_of, runs_on_dot_product
+
+PRECISIONS = ("fp32", "int8")
+DEFAULT_CALIBRATION_SIZE = 100
+# Chosen from the measured accuracy of the three methods: docs/int8.md.
+DEFAULT_METHOD = "percentile"
+CALIBRATION_FILE = "calibration.json"
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+FORMAT = "edgecv-calibration"
+WHAT_TO_PASS = (
+    "pass --calibrate DIR (a folder of images like those the model will see, read with "
+    "the package's preprocessing) or --calibrate X.npy (preprocessed inputs, N x the "
+    "input shape)"
+)
+
+
+class CalibrationError(EdgecvError):
+    """Calibration data missing, unreadable or of the wrong shape."""
+
+
+@dataclass
+class CalibrationInputs:
+    """The preprocessed inputs the statistics are taken on."""
+
+    arrays: np.ndarray  # (N, *input shape), float32
+    source: str  # the path given
+    kind: str  # "images" or "npy"
+    available: int  # inputs the source held (N of them were used)
+    sha256: str  # of the float32 tensors: the same inputs give the same statistics
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "kind": self.kind, "inputs": int(len(self.arrays)),
+                "available": self.available, "sha256": self.sha256}  # fmt: skip
+
+
+def check_request(options, profile: Profile) -> None:
+    """Refuse, before anything is compiled, a precision request that cannot be built:
+    an unknown precision, int8 without calibration data or on a GPU profile,
+    calibration options without int8, a calibration source that is not there."""
+    precision = options.precision
+    if precision not in PRECISIONS:
+        raise EdgecvError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if precision != "int8":
+        if options.calibrate is not None or options.calibration_size is not None:
+            raise CalibrationError(
+                "--calibrate and --calibration-size apply to --precision int8 only; add "
+                "--precision int8, or leave them out for a float32 package"
+            )
+        return
+    if profile.runtime != "cpu":
+        raise EdgecvError(
+            f"--precision int8 builds for CPU profiles only in this version; profile "
+            f"`{profile.name}` runs on the {profile.runtime} backend (its GPU kernels are "
+            "float32): deploy with --device cpu, or without --precision int8"
+        )
+    if options.calibrate is None:
+        raise CalibrationError(f"--precision int8 needs calibration data: {WHAT_TO_PASS}")
+    size = options.calibration_size
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise CalibrationError(f"--calibration-size must be a whole number >= 1, got {size!r}")
+    if options.calibration_method not in METHODS:
+        raise CalibrationError(
+            f"--calibration-method must be one of {', '.join(METHODS)}, not "
+            f"{options.calibration_method!r}"
+        )
+    _source_kind(Path(options.calibrate))
+
+
+def _source_kind(path: Path) -> str:
+    if path.is_dir():
+        return "images"
+    if path.is_file() and path.suffix.lower() == ".npy":
+        return "npy"
+    if not path.exists():
+        raise CalibrationError(f"--calibrate {path}: no such file or folder; {WHAT_TO_PASS}")
+    raise CalibrationError(
+        f"--calibrate {path} is neither a folder of images nor a .npy file; {WHAT_TO_PASS}"
+    )
+
+
+def read_calibration(
+    path: str | Path, input_shape: tuple[int, ...], preprocessing: dict, size: int | None
+) -> CalibrationInputs:
+    """At most ``size`` (default :data:`DEFAULT_CALIBRATION_SIZE`) preprocessed inputs
+    of ``input_shape`` from the folder of images or ``.npy`` file at ``path``. More
+    available than asked: a sample drawn with a fixed seed (the same inputs on every
+    redeploy), in their original order."""
+    path = Path(path)
+    size = DEFAULT_CALIBRATION_SIZE if size is None else size
+    shape = tuple(int(d) for d in input_shape)
+    kind = _source_kind(path)
+    if kind == "images":
+        files = sorted(p for p in path.rglob("*") if p.is_file()
+                       and p.suffix.lower() in IMAGE_SUFFIXES)  # fmt: skip
+        if not files:
+            raise CalibrationError(
+                f"--calibrate {path} holds no images ({', '.join(IMAGE_SUFFIXES)}); {WHAT_TO_PASS}"
+            )
+        chosen = [files[i] for i in _sample(len(files), size)]
+        arrays = np.stack([preprocess(read_image(f), preprocessing, shape) for f in chosen])
+        available = len(files)
+    else:
+        try:
+            data = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise CalibrationError(f"cannot read --calibrate {path}: {err}") from None
+        if data.shape[1:] == shape:
+            pass
+        elif shape[0] == 1 and data.shape[1:] == shape[1:]:  # N x C x H x W for batch 1
+            data = data.reshape(len(data), *shape)
+        else:
+            raise CalibrationError(
+                f"--calibrate {path} holds an array of shape {tuple(data.shape)}; expected N x "
+                f"{'x'.join(map(str, shape))} (N preprocessed inputs of the model's input shape)"
+            )
+        if len(data) == 0:
+            raise CalibrationError(f"--calibrate {path} holds no inputs (N = 0)")
+        if not np.issubdtype(data.dtype, np.number):
+            raise CalibrationError(f"--calibrate {path} holds {data.dtype}, not numbers")
+        arrays = np.asarray(data[_sample(len(data), size)], np.float32)
+        available = len(data)
+    if not np.all(np.isfinite(arrays)):
+        raise CalibrationError(f"--calibrate {path}: the inputs hold NaN or infinite values")
+    arrays = np.ascontiguousarray(arrays, np.float32)
+    digest = hashlib.sha256(arrays.tobytes()).hexdigest()
+    return CalibrationInputs(arrays, str(path), kind, available, digest)
+
+
+def _sample(available: int, size: int) -> np.ndarray:
+    if available <= size:
+        return np.arange(available)
+    return np.sort(np.random.RandomState(0).choice(available, size, replace=False))
+
+
+def model_key(mod: tvm.IRModule) -> str:
+    """Identifies the imported model, weights and input shape included: statistics taken
+    on another one are never reused."""
+    return f"{int(tvm_ffi.structural_hash(mod)):016x}"
+
+
+class _Folder:
+    """Where the calibration build's kernel library is linked (a package writer's
+    ``path``, without the package)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def path(self, relative: str) -> Path:
+        full = self.root / relative
+        full.parent.mkdir(parents=True, exist_ok=True)
+        return full
+
+
+def collect_statistics(mod, keys, tensors, inputs, profile, options, progress) -> dict:
+    """Run the float32 model with the tensors ``tensors`` (named ``keys``) as extra
+    outputs on every calibration input; their :class:`TensorStats` by key."""
+    from ..runtime.cpu import CPUBackend
+    from ..runtime.executor import Executor
+    from .steps import compile_cpu_kernels
+
+    tapped = with_taps(mod, tensors)
+    lowered = lower(tapped)
+    target = profile.with_native_host().host_target()  # runs here, whatever the package's
+    progress(f"calibration: compiling the float32 model with {len(keys)} tensors to observe")
+    write, _ = compile_cpu_kernels(lowered.kernels, target, lowered, options, progress)
+    stats = {key: TensorStats() for key in keys}
+    with tempfile.TemporaryDirectory(prefix="edgecv-calibration-") as tmp:
+        folder = _Folder(Path(tmp))
+        library = write(folder)["cpu"]
+        executor = Executor(lowered.plan, CPUBackend.load(folder.path(library)), lowered.constants)
+        first = len(lowered.plan.outputs) - len(keys)
+        progress(f"calibration: running {len(inputs.arrays)} inputs")
+        for x in inputs.arrays:
+            outputs = executor.run([x])
+            for key, value in zip(keys, outputs[first:], strict=True):
+                stats[key].update(value)
+    return stats
+
+
+def reusable_statistics(previous: dict | None, key: str, inputs: CalibrationInputs) -> dict | None:
+    """The per-tensor statistics of a saved ``calibration.json`` when they were taken
+    on the model ``key`` and the very ``inputs`` (and by this format version)."""
+    if not isinstance(previous, dict) or previous.get("format") != FORMAT:
+        return None
+    data = previous.get("data") or {}
+    if (previous.get("version") != STATS_VERSION or previous.get("model") != key
+            or data.get("sha256") != inputs.sha256):  # fmt: skip
+        return None
+    return previous.get("tensors")
+
+
+def quantize_model(
+    mod: tvm.IRModule, profile: Profile, options, progress
+) -> tuple[tvm.IRModule, dict, dict[str, str]]:
+    """``mod`` quantized (see the module docstring), the manifest's
+    ``build.quantization`` facts and the files for the package (``calibration.json``)."""
+    inputs: CalibrationInputs | None = options.calibration
+    if inputs is None:
+        raise CalibrationError(f"--precision int8 needs calibration data: {WHAT_TO_PASS}")
+    started = time.perf_counter()
+    method = options.calibration_method
+    key = model_key(mod)
+    found = find_sites(mod)
+    keys = list(found.tensors)
+    saved = reusable_statistics(options.previous_calibration, key, inputs)
+    if saved is not None and set(saved) == set(keys):
+        stats = {k: TensorStats.from_json(saved[k]) for k in keys}
+        progress(
+            f"calibration: reusing the statistics of {len(keys)} tensors ({CALIBRATION_FILE} "
+            "of the package replaced: same model, same inputs)"
+        )
+        reused = True
+    else:
+        tensors = [found.tensors[k] for k in keys]
+        stats = collect_statistics(mod, keys, tensors, inputs, profile, options, progress)
+        reused = False
+    calibration_s = time.perf_counter() - started
+    thresholds = {k: {m: s.threshold(m) for m in METHODS} for k, s in stats.items()}
+    quants = {k: TensorQuant.of(thresholds[k][method], s.nonnegative) for k, s in stats.items()}
+    target = profile.tvm_target()
+    quantized, records = quantize(
+        mod, quants, _weight_limits(target), arithmetic=_arithmetic(target)
+    )
+    counts: dict[str, int] = {}
+    for record in records:
+        counts[record["op"]] = counts.get(record["op"], 0) + 1
+    tensors_json = {
+        k: {
+            **stats[k].to_json(),
+            "readers": found.readers[k],
+            "dtype": quants[k].dtype,
+            "thresholds": thresholds[k],
+            "scale": quants[k].scale,
+        }
+        for k in keys
+    }
+    document = {
+        "format": FORMAT,
+        "version": STATS_VERSION,
+        "model": key,
+        "data": inputs.to_json(),
+        "method": method,
+        "percentile": PERCENTILE,
+        "tensors": tensors_json,
+    }
+    facts = {
+        "method": method,
+        "weights": "int8, symmetric, per output channel (|q| <= weight_max of each "
+        "operator: 63 where the CPU's instruction adds two products in int16)",
+        "dot_product": dot.intrinsic if (dot := dot_product_of(profile.tvm_target())) else None,
+        "activations": "uint8 where never negative, else int8 symmetric; zero point 0",
+        "quantized": counts,
+        "float32_arithmetic": sum(r["arithmetic"] == "float32" for r in records),
+        "not_quantized": len(found.sites) - len(records),
+        "calibration": {
+            "file": CALIBRATION_FILE,
+            **inputs.to_json(),
+            "reused": reused,
+            "seconds": round(calibration_s, 3),
+        },
+        "operators": records,
+    }
+    progress(f"quantized {', '.join(f'{n} {op}' for op, n in sorted(counts.items()))} to int8 "
+             f"({method} calibration on {len(inputs.arrays)} inputs)")  # fmt: skip
+    return quantized, facts, {CALIBRATION_FILE: json.dumps(document, separators=(",", ":"))}
+
+
+def _weight_limits(target: tvm.target.Target):
+    """The largest weight magnitude per quantized operator: 7 bits for the convolutions
+    the CPU's ``vpmaddubsw`` will multiply (two u8 x s8 products added in int16 saturate
+    beyond 2 x 255 x 63), 8 bits elsewhere (:mod:`edgecv.schedules.cpu.conv2d_int8`)."""
+    dot = dot_product_of(target)
+
+    def limit(site, quant: TensorQuant) -> int:
+        if dot is None or site.op != "conv2d":
+            return WEIGHT_MAX
+        groups = int(site.call.attrs.groups)
+        if runs_on_dot_product(site.weight.shape, groups, quant.dtype, dot):
+            return dot.weight_max
+        return WEIGHT_MAX
+
+    return limit
+
+
+def _arithmetic(target: tvm.target.Target):
+    """How each quantized operator computes (see
+    :func:`edgecv.lowering.quantize.quantize`): on the CPU's dot-product instruction
+    (``int32``: :mod:`edgecv.schedules.cpu.conv2d_int8`) where it applies; else, where
+    float32 holds its sums exactly (depthwise and first convolutions, small dense
+    layers), the same integers in float32 kernels, which run at float32's speed where
+    int32 lanes ran at half of it; else int32."""
+    dot = dot_product_of(target)
+
+    def arithmetic(site, quant: TensorQuant, weight_max: int) -> str:
+        if dot is not None and site.op == "conv2d":
+            groups = int(site.call.attrs.groups)
+            if runs_on_dot_product(site.weight.shape, groups, quant.dtype, dot):
+                return "int32"
+        return "float32" if exact_in_float32(site, quant, weight_max) else "int32"
+
+    return arithmetic
+
+
+def read_previous(package: Path) -> dict | None:
+    """The ``calibration.json`` of the package at ``package``, if there is one to read."""
+    try:
+        return json.loads((Path(package) / CALIBRATION_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+__all__ = [
+    "CALIBRATION_FILE",
+    "DEFAULT_CALIBRATION_SIZE",
+    "DEFAULT_METHOD",
+    "PRECISIONS",
+    "CalibrationError",
+    "CalibrationInputs",
+    "check_request",
+    "collect_statistics",
+    "model_key",
+    "quantize_model",
+    "read_calibration",
+    "read_previous",
+    "reusable_statistics",
+]

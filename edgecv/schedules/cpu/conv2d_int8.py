@@ -1,0 +1,305 @@
+"""CPU rule: INT8 convolution (uint8 data x int8 weights -> int32) on the CPU's
+dot-product instructions, through TVM tensor intrinsics.
+
+The INT8 step of the CPU pipeline (:mod:`edgecv.pipelines.int8`) leaves NCHW
+convolutions ``conv2d(uint8, int8, out_dtype=int32)`` with their requantization,
+BatchNorm, activation and the next layer's quantization fused after them. Written as
+they are, LLVM multiplies them in int32 lanes: 8 products per AVX2 instruction where
+float32 has 8 fused multiply-adds, so an INT8 package ran about 2x *slower* than the
+float32 one (MobileNet1.0 on Zen 3: 86 ms vs 40 ms). The instructions made for it
+multiply four u8 x s8 pairs and add them into each int32 lane:
+
+=====================  =========================================  ==================
+target features        instructions (one int32 lane += 4 pairs)   lanes (int32)
+=====================  =========================================  ==================
+avx512vnni             ``vpdpbusd`` (one instruction)             16
+avx512bw               ``vpmaddubsw`` + ``vpmaddwd`` (ones)        16
+avx2 (Zen 3)           ``vpmaddubsw`` + ``vpmaddwd`` (ones)        8
+=====================  =========================================  ==================
+
+``vpmaddubsw`` adds each two u8 x s8 products in int16 with saturation: with weights
+of 7 bits (|w| <= 63) two products stay within it (2 x 255 x 63 = 32130 < 32767), so on
+targets without VNNI the INT8 step quantizes weights to 7 bits
+(:func:`dot_product_of` says how many: measured on MobileNet1.0, the logit error
+grew from 4.30% to 4.40% rms of the output's scale).
+
+The schedule is :mod:`.conv2d`'s register tile with the input channel split in fours:
+the data is repacked ``[N, C/4, H, W, 4]`` (the padding written straight into that
+layout when there is any), the weights ``[O/L, C/4, KH, KW, L, 4]``, and the innermost
+``L x 4`` multiply-accumulate of each (output channels, input channels) step is
+replaced by the intrinsic. Depthwise convolutions, signed (int8) inputs and channel
+counts that do not divide stay with the generic rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir
+from tvm.s_tir.schedule import SBlockRV
+from tvm.script import tirx as T
+from tvm.target.codegen import target_has_features
+
+from .base import OneReductionRule
+from .conv2d import pixel_tile
+from .loop_nest import (
+    PARALLEL_CHUNKS,
+    NotApplicable,
+    Simd,
+    accumulate_locally,
+    extent,
+    has_conditional,
+    nest,
+    read_index,
+    unroll,
+    uses,
+)
+
+AVX2_DOT = "edgecv_dot_8x4_u8i8i32_avx2"
+AVX512_DOT = "edgecv_dot_16x4_u8i8i32_avx512"
+VNNI_DOT = "edgecv_dot_16x4_u8i8i32_vnni"
+
+
+@dataclass(frozen=True)
+class DotProduct:
+    """The int8 dot-product instruction a target has: its tensor intrinsic, int32
+    lanes, and the largest weight magnitude it multiplies without saturating."""
+
+    intrinsic: str
+    lanes: int
+    weight_max: int
+
+
+def dot_product_of(target: tvm.target.Target) -> DotProduct | None:
+    """The dot product of ``target`` (see the module docstring), None when it has none
+    edgecv uses (the generic rules then compute in int32 lanes)."""
+    if str(target.kind.name) != "llvm":
+        return None
+    with target:
+        if target_has_features("avx512vnni", target):
+            return DotProduct(VNNI_DOT, 16, 127)
+        if target_has_features("avx512bw", target):
+            return DotProduct(AVX512_DOT, 16, 63)
+        if target_has_features("avx2", target):
+            return DotProduct(AVX2_DOT, 8, 63)
+    return None
+
+
+def runs_on_dot_product(
+    weight_shape: tuple[int, ...], groups: int, input_dtype: str, dot: DotProduct
+) -> bool:
+    """Whether a quantized conv2d (OIHW ``weight_shape``) will be scheduled by
+    :class:`Conv2DInt8` with ``dot``: the INT8 step quantizes the weights of exactly
+    these to ``dot.weight_max``."""
+    out_channels, in_channels = weight_shape[0], weight_shape[1]
+    return (
+        groups == 1
+        and input_dtype == "uint8"
+        and out_channels % dot.lanes == 0
+        and in_channels % 4 == 0
+    )
+
+
+def _description(lanes: int):
+    @T.prim_func(s_tir=True)
+    def description(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local"),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    return description
+
+
+def _pmaddubsw(lanes: int, madd_bytes: str, madd_words: str):
+    """u8 x s8 pairs summed in int16 (``vpmaddubsw``), int16 pairs summed into int32
+    with a multiply by ones (``vpmaddwd``), added to the accumulator."""
+    bytes_, words = f"int8x{4 * lanes}", f"int16x{2 * lanes}"
+    u8, i32 = f"uint8x{4 * lanes}", f"int32x{lanes}"
+
+    @T.prim_func(s_tir=True)
+    def implementation(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local"),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"),
+                                          lanes), dtype=u8)  # fmt: skip
+            pairs = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(madd_bytes), a, B.vload([0, 0], dtype=bytes_),
+                dtype=words,
+            )  # fmt: skip
+            C[T.ramp(T.int32(0), 1, lanes)] += T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(madd_words), pairs, T.broadcast(T.int16(1), 2 * lanes),
+                dtype=i32,
+            )  # fmt: skip
+
+    return implementation
+
+
+def _vnni():
+    @T.prim_func(s_tir=True)
+    def implementation(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((16, 4), "int8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1, scope="local"),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            # LLVM 22 (TVM 0.27's) takes the bytes as <64 x i8>; TVM's own VNNI intrinsic
+            # still passes <16 x i32> and fails LLVM's verifier
+            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"),
+                                          16), dtype="uint8x64")  # fmt: skip
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                C.vload([0], dtype="int32x16"), a, B.vload([0, 0], dtype="int8x64"),
+                dtype="int32x16",
+            )  # fmt: skip
+
+    return implementation
+
+
+def register_intrinsics() -> None:
+    """Register edgecv's dot-product intrinsics with TVM (once per process). TVM's own
+    (``tvm.s_tir.tensor_intrin.x86``, no AVX2 one) are not imported: importing that
+    package registers every target's intrinsics, 35-48 s on these machines."""
+    if s_tir.TensorIntrin.get(AVX2_DOT, allow_missing=True) is not None:
+        return
+    s_tir.TensorIntrin.register(
+        AVX2_DOT,
+        _description(8),
+        _pmaddubsw(8, "llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"),
+    )
+    s_tir.TensorIntrin.register(
+        AVX512_DOT,
+        _description(16),
+        _pmaddubsw(16, "llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512"),
+    )
+    s_tir.TensorIntrin.register(VNNI_DOT, _description(16), _vnni())
+
+
+def schedule_conv2d_int8(
+    sch: s_tir.Schedule, conv: SBlockRV, epilogue: SBlockRV | None, simd: Simd, dot: DotProduct
+) -> set[str]:
+    """A uint8 x int8 NCHW conv2d (groups 1) on the dot-product intrinsic ``dot``.
+
+    Returns the names of the producers it placed (the padding, written in the packed
+    layout inside this kernel)."""
+    n, co, h, w, rc, ry, rx = nest(sch, conv, "SSSSRRR")
+    stmt = sch.get(conv)
+    weight = read_index(sch, conv, (1, 4, 5, 6))
+    data_index = next(i for i in range(len(stmt.reads)) if i != weight)
+    data = stmt.reads[data_index]
+    dtypes = (str(data.source.dtype), str(stmt.reads[weight].source.dtype),
+              str(stmt.writes[0].source.dtype))  # fmt: skip
+    if dtypes != ("uint8", "int8", "int32"):
+        raise NotApplicable(f"operands {dtypes}, not uint8 x int8 -> int32")
+    if uses([r.min for r in data.region], stmt.iter_vars[1].var):
+        raise NotApplicable("grouped convolution: input channels depend on the output channel")
+    out_channels, in_channels = extent(sch, co), extent(sch, rc)
+    lanes = dot.lanes
+    if out_channels % lanes or in_channels % 4:
+        raise NotApplicable(f"{out_channels} -> {in_channels} channels: not in {lanes}s and 4s")
+    rows = 2 if out_channels % (2 * lanes) == 0 else 1
+    block_channels = rows * lanes
+    max_pixels = simd.registers // 2 // rows
+    pixels, across_rows = pixel_tile(extent(sch, h), extent(sch, w), max_pixels)
+    if across_rows:
+        w = sch.fuse(h, w)
+        h = None
+
+    placed = set()
+    for producer in sch.get_producers(conv):
+        if not has_conditional(sch.get(producer)):
+            placed.add(sch.get(producer).name_hint)
+            sch.compute_inline(producer)
+    pad = [p for p in sch.get_producers(conv) if has_conditional(sch.get(p))]
+    to_quads = lambda b, c, y, x: (b, c // 4, y, x, c % 4)  # noqa: E731
+    data_index = next(i for i, r in enumerate(sch.get(conv).reads)
+                      if str(r.source.dtype) == "uint8")  # fmt: skip
+    if pad:  # the padding writes the packed layout directly: one pass over the input
+        packed_data = pad[0]
+        sch.transform_layout(packed_data, ("write", 0), to_quads)
+    else:
+        packed_data = sch.cache_read(conv, data_index, "global")
+        sch.transform_layout(packed_data, ("write", 0), to_quads)
+    weight = next(i for i, r in enumerate(sch.get(conv).reads) if str(r.source.dtype) == "int8")
+    packed_weight = sch.cache_read(conv, weight, "global")
+    sch.transform_layout(
+        packed_weight,
+        ("write", 0),
+        lambda o, i, kh, kw: (o // lanes, i // 4, kh, kw, o % lanes, i % 4),
+    )
+    write_back = accumulate_locally(sch, conv, epilogue)
+    sch.transform_layout(
+        conv,
+        ("write", 0),
+        lambda b, c, y, x: (b, c // block_channels, y, x, c % block_channels),
+    )
+    co_o, co_r, co_v = sch.split(co, [None, rows, lanes])
+    rc_o, rc_i = sch.split(rc, [None, 4])
+    w_o, w_i = sch.split(w, [None, pixels])
+    spatial_outer = [n, co_o] + ([h] if h is not None else []) + [w_o]
+    sch.reorder(*spatial_outer, rc_o, ry, rx, co_r, w_i, co_v, rc_i)
+    chunks = extent(sch, n) * extent(sch, co_o)
+    if chunks >= PARALLEL_CHUNKS:
+        parallel = sch.fuse(n, co_o)
+        tile = sch.fuse(*spatial_outer[2:]) if len(spatial_outer) > 3 else spatial_outer[2]
+    else:
+        parallel = tile = sch.fuse(*spatial_outer)
+    sch.parallel(parallel)
+    unroll(sch, co_r)
+    unroll(sch, w_i)
+    init = sch.decompose_reduction(conv, rc_o)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.reverse_compute_at(write_back, tile)
+    *_, tile_channel, tile_pixel = sch.get_loops(write_back)
+    unroll(sch, tile_channel)
+    sch.vectorize(tile_pixel)
+
+    # the repacked operands: the weights per block of output channels, in the thread
+    # that uses them; the data once, every thread a share of its rows
+    if chunks >= PARALLEL_CHUNKS:
+        sch.compute_at(packed_weight, parallel)
+        inner = sch.get_loops(packed_weight)[1:]
+    else:
+        first, *inner = sch.get_loops(packed_weight)
+        sch.parallel(first)
+    # L x 4 weights are contiguous in the packed layout: one vector per step (the
+    # loops compute_at leaves may be fused longer: vectorized whole, LLVM took 110 s
+    # over a 8192-lane vector)
+    _, vector = sch.split(sch.fuse(*inner) if len(inner) > 1 else inner[0], [None, 4 * lanes])
+    sch.vectorize(vector)
+    loops = sch.get_loops(packed_data)
+    sch.parallel(sch.fuse(*loops[:2]))
+    placed.add(sch.get(packed_data).name_hint)
+    sch.tensorize(co_v, dot.intrinsic)  # last: the loops it replaces are gone after it
+    return placed
+
+
+class Conv2DInt8(OneReductionRule):
+    """uint8 x int8 NCHW conv2d on the target's dot-product instructions."""
+
+    def apply(self, func, target, tunable):
+        dot = dot_product_of(target)
+        if dot is None:
+            return None
+        register_intrinsics()
+        self._dot = dot
+        return super().apply(func, target, tunable)
+
+    def schedule(self, sch, main, epilogue, simd):
+        return schedule_conv2d_int8(sch, main, epilogue, simd, self._dot)

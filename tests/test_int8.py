@@ -1,0 +1,446 @@
+"""INT8 packages: the option and its errors, calibration statistics, the quantization
+pass, and accuracy against the float32 package of the same weights.
+
+- A small conv net with seeded random weights (BatchNorm statistics random too, so the
+  folding of BatchNorm into the requantization is exercised) deployed fp32 and int8:
+  the outputs agree within the tolerance derived from the quantization step
+  (:data:`edgecv.testing.INT8_PER_LAYER`).
+- A network trained here on scikit-learn's digits (:mod:`digits`): INT8 accuracy on
+  the held-out images within 1 point of FP32.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from digits import accuracy, train_digits
+
+import edgecv
+from edgecv._mxnet import import_mxnet
+from edgecv.deploy import PREPROCESSING, deploy
+from edgecv.errors import EdgecvError
+from edgecv.imaging import preprocess
+from edgecv.lowering import lower
+from edgecv.lowering.calibration import BINS, TensorStats
+from edgecv.lowering.quantize import TensorQuant, find_sites, quantize
+from edgecv.package import sha256
+from edgecv.pipelines import BuildOptions
+from edgecv.pipelines.int8 import model_key, quantize_model, read_calibration, reusable_statistics
+from edgecv.profiles import load_profile
+from edgecv.schedules.cpu.conv2d_int8 import dot_product_of
+from edgecv.testing import assert_close_int8, assert_one_error_line, run_cli
+
+SHAPE = (1, 3, 24, 24)
+
+
+def _small_net(prefix: Path, seed: int = 0) -> Path:
+    """conv3x3+BN+ReLU -> depthwise 3x3+BN+ReLU -> conv1x1(bias)+ReLU -> residual
+    conv3x3+BN, add, ReLU -> max pool -> global pool -> dense: every arrangement the
+    pass handles, with random BatchNorm statistics. Returns the symbol file."""
+    mx = import_mxnet()
+    nn = mx.gluon.nn
+    mx.random.seed(seed)
+
+    class Net(mx.gluon.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            with self.name_scope():
+                self.c1 = nn.Conv2D(16, 3, padding=1, use_bias=False)
+                self.b1 = nn.BatchNorm()
+                self.dw = nn.Conv2D(16, 3, padding=1, groups=16, use_bias=False)
+                self.b2 = nn.BatchNorm()
+                self.pw = nn.Conv2D(16, 1)
+                self.c3 = nn.Conv2D(16, 3, padding=1, use_bias=False)
+                self.b3 = nn.BatchNorm()
+                self.fc = nn.Dense(10)
+
+        def hybrid_forward(self, F, x):
+            x = F.relu(self.b1(self.c1(x)))
+            x = F.relu(self.pw(F.relu(self.b2(self.dw(x)))))
+            x = F.relu(x + self.b3(self.c3(x)))
+            x = F.Pooling(x, kernel=(2, 2), stride=(2, 2), pool_type="max")
+            return self.fc(F.Pooling(x, kernel=(1, 1), global_pool=True, pool_type="avg"))
+
+    net = Net()
+    net.initialize(mx.init.Xavier(magnitude=2.0))
+    net.hybridize()
+    rng = np.random.RandomState(seed)
+    x = mx.nd.array(rng.normal(size=SHAPE).astype(np.float32))
+    net(x)  # shapes are known after a first call
+    for name, param in net.collect_params().items():
+        shape = param.shape
+        if name.endswith("running_mean") or name.endswith("beta"):
+            param.set_data(mx.nd.array(rng.normal(0, 0.2, shape)))
+        elif name.endswith("running_var") or name.endswith("gamma"):
+            param.set_data(mx.nd.array(rng.uniform(0.5, 2.0, shape)))
+    net(x)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    net.export(str(prefix))
+    return Path(f"{prefix}-symbol.json")
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """(symbol file, calibration .npy, its inputs, fp32 package) of the small net."""
+    root = tmp_path_factory.mktemp("int8")
+    symbol = _small_net(root / "small")
+    inputs = np.random.RandomState(1).normal(size=(16, *SHAPE[1:])).astype(np.float32)
+    npy = root / "calibration.npy"
+    np.save(npy, inputs)
+    fp32 = deploy(symbol, root / "fp32", input_shape=SHAPE, options=_options())
+    return symbol, npy, inputs, fp32
+
+
+def _options(**fields) -> BuildOptions:
+    """A build without the graph tuner's measurements or tuning records: fast, and the
+    same kernels on every machine."""
+    return BuildOptions(layout="NCHW", tuning=None, **fields)
+
+
+# --- the option and its errors ------------------------------------------------------
+
+
+def test_int8_without_calibration_is_refused_with_what_to_pass(tmp_path):
+    result = run_cli("deploy", "mobilenet", "--precision", "int8", "-o", tmp_path / "p")
+    line = assert_one_error_line(result, "--precision int8 needs calibration data")
+    assert "--calibrate DIR" in line and "--calibrate X.npy" in line
+    assert not (tmp_path / "p").exists()
+
+
+def test_int8_on_a_gpu_profile_is_refused_before_anything_is_built(small, tmp_path):
+    with pytest.raises(EdgecvError, match="`deeplens` runs on the opencl backend"):
+        deploy(small[0], tmp_path / "p", device="deeplens", input_shape=SHAPE,
+               options=_options(precision="int8", calibrate=small[1]))  # fmt: skip
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize(
+    "fields, fragment",
+    [
+        ({"calibrate": "x.npy"}, "apply to --precision int8 only"),
+        ({"precision": "int8", "calibrate": "missing"}, "no such file or folder"),
+        ({"precision": "int8", "calibrate": "."}, "holds no images"),
+        ({"precision": "int8", "calibrate": "wrong.npy"}, "expected N x 1x3x24x24"),
+        ({"precision": "int8", "calibrate": "x.npy", "calibration_size": 0}, ">= 1"),
+        ({"precision": "int16"}, "--precision must be one of fp32, int8"),
+        ({"precision": "int8", "calibrate": "x.npy", "calibration_method": "mean"}, "minmax"),
+    ],
+)
+def test_bad_calibration_requests_are_refused(small, tmp_path, monkeypatch, fields, fragment):
+    symbol = small[0]
+    monkeypatch.chdir(tmp_path)
+    np.save("x.npy", np.zeros((2, *SHAPE[1:]), np.float32))
+    np.save("wrong.npy", np.zeros((2, 3, 32, 32), np.float32))
+    with pytest.raises(EdgecvError, match=fragment.replace("+", r"\+")):
+        deploy(symbol, tmp_path / "p", input_shape=SHAPE, options=_options(**fields))
+    assert not (tmp_path / "p").exists()
+
+
+# --- statistics ---------------------------------------------------------------------
+
+
+def test_histogram_grows_its_range_exactly_and_thresholds_order():
+    rng = np.random.RandomState(0)
+    batches = [np.abs(rng.normal(0, s, 5000)).astype(np.float32) for s in (0.1, 1.0, 7.0)]
+    grown = TensorStats()
+    for b in batches:
+        grown.update(b)
+    at_once = TensorStats()
+    at_once.update(np.concatenate(batches))
+    # doubling the range merges bin pairs: the same counts as one pass over all values
+    assert grown.edge == at_once.edge
+    np.testing.assert_array_equal(grown.histogram, at_once.histogram)
+    assert grown.histogram.sum() == grown.count == 15000 and len(grown.histogram) == BINS
+    values = np.concatenate(batches)
+    assert grown.nonnegative and grown.threshold("minmax") == values.max()
+    # the percentile: the upper edge of the bin of the smallest value that 99.99% of
+    # the values do not exceed
+    exact = np.sort(values)[int(np.ceil(0.9999 * len(values))) - 1]
+    assert exact <= grown.threshold("percentile") <= exact + grown.edge / BINS
+    assert grown.threshold("entropy") <= grown.threshold("minmax")
+    restored = TensorStats.from_json(json.loads(json.dumps(grown.to_json())))
+    assert {m: restored.threshold(m) for m in ("minmax", "percentile", "entropy")} == {
+        m: grown.threshold(m) for m in ("minmax", "percentile", "entropy")
+    }
+
+
+def test_a_relu_spike_of_zeros_does_not_drag_the_entropy_threshold_down():
+    rng = np.random.RandomState(0)
+    relu = np.maximum(rng.normal(0, 1, 200_000), 0).astype(np.float32)  # half zeros
+    stats = TensorStats()
+    stats.update(relu)
+    assert stats.zeros > 90_000
+    # a Gaussian's tail: KL clips a little, never half the range
+    assert 0.6 * stats.threshold("minmax") < stats.threshold("entropy") <= stats.maximum
+
+
+# --- the pass -------------------------------------------------------------------------
+
+
+def test_the_pass_folds_batchnorm_and_passes_uint8_between_convolutions(small):
+    mod = _imported(small[0])
+    found = find_sites(mod)
+    assert [s.name for s in found.sites] == ["conv2d_0", "conv2d_1", "conv2d_2", "conv2d_3",
+                                             "dense_0"]  # fmt: skip
+    quants = {k: TensorQuant(0.05, "int8" if k == "t0" else "uint8") for k in found.tensors}
+    quantized, records = quantize(mod, quants)
+    # BatchNorm's multiply + add (and the 1x1's bias) folded into the requantization
+    assert {r["name"]: r["epilogue"] for r in records}["conv2d_0"] == ["multiply", "add"]
+    lowered = lower(quantized)
+    ops = list(lowered.kernel_ops.values())
+    # the first convolution's kernel: int8 conv, requantization + BatchNorm in one
+    # multiply-add, ReLU, and the next convolution's quantization, one kernel
+    assert ["conv2d", "cast", "multiply", "add", "relu", "multiply", "tir_round", "tir_clip",
+            "cast"] in ops  # fmt: skip
+    plan = lowered.plan
+    conv_inputs = [plan.buffers[s.args[0]].dtype for s in plan.steps
+                   if lowered.kernel_ops[s.kernel][0] in ("conv2d", "matmul")]  # fmt: skip
+    assert conv_inputs == ["int8", "uint8", "uint8", "uint8", "uint8"]
+    assert sum(o[0] == "conv2d" for o in ops) == 4
+
+
+def test_float32_arithmetic_on_integer_values_is_the_int32_result(small):
+    """Operators whose integer sums stay below 2**24 may compute in float32 kernels:
+    bit for bit what the int32 kernels give, for the whole network."""
+    import tvm
+
+    from edgecv.codegen.llvm import build_cpu
+    from edgecv.runtime.cpu import CPUBackend
+    from edgecv.runtime.executor import Executor
+
+    mod = _imported(small[0])
+    found = find_sites(mod)
+    quants = {k: TensorQuant(0.02, "int8" if k == "t0" else "uint8") for k in found.tensors}
+    target = tvm.target.Target(load_profile("cpu").tvm_target())
+    x = small[2][:1]
+    results = []
+    for arithmetic in (None, lambda site, quant, limit: "float32"):
+        quantized, records = quantize(mod, quants, 63, arithmetic=arithmetic)
+        lowered = lower(quantized)
+        library = build_cpu(lowered.kernels, target)
+        results.append(Executor(lowered.plan, CPUBackend(library), lowered.constants).run([x]))
+    assert {r["arithmetic"] for r in records} == {"float32"}
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+
+
+# --- the kernel ---------------------------------------------------------------------
+
+
+def _int8_conv_kernel(channels, outputs, size, kernel, stride):
+    """The fused kernel of conv2d(uint8, int8) + requantization, BatchNorm-like affine,
+    ReLU and the next layer's uint8 quantization, as the INT8 step leaves it."""
+    from tvm import relax
+
+    from edgecv.lowering.quantize import quantize_tensor
+
+    R = relax.op
+    rng = np.random.RandomState(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "uint8"))
+    w = relax.const(rng.randint(-63, 64, (outputs, channels, kernel, kernel)).astype("int8"))
+    scale = relax.const(rng.uniform(2e-4, 4e-4, (1, outputs, 1, 1)).astype("float32"))
+    shift = relax.const(rng.uniform(-1, 1, (1, outputs, 1, 1)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = R.nn.conv2d(x, w, strides=stride, padding=kernel // 2, out_dtype="int32")
+            y = R.nn.relu(R.add(R.multiply(R.astype(y, "float32"), scale), shift))
+            out = bb.emit_output(bb.emit(quantize_tensor(y, TensorQuant(0.02, "uint8"))))
+        bb.emit_func_output(out)
+    return lower(bb.get())
+
+
+@pytest.mark.parametrize(
+    "channels, outputs, size, kernel, stride",
+    [(16, 32, 14, 3, 1), (32, 16, 9, 1, 1), (16, 24, 15, 3, 2), (64, 64, 7, 1, 1)],
+)
+def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
+    channels, outputs, size, kernel, stride
+):
+    """The Conv2DInt8 rule (vpmaddubsw/VNNI) against the generic int32 rule on the same
+    fused kernel: integer sums are exact, so the uint8 outputs must be equal; 7-bit
+    weights and full-range uint8 data never saturate the int16 pair sums."""
+    import tvm
+
+    from edgecv.runtime.cpu import CPUBackend
+    from edgecv.runtime.executor import Executor
+    from edgecv.schedules.cpu import Conv2DInt8, default_rules, safe_rule
+    from edgecv.schedules.stage import ScheduleOrder
+
+    target = load_profile("cpu").tvm_target()
+    if dot_product_of(target) is None:
+        pytest.skip("this CPU has no int8 dot-product instruction edgecv uses")
+    lowered = _int8_conv_kernel(channels, outputs, size, kernel, stride)
+    order = ScheduleOrder(target, default_rules(target), safe_rule())
+    ((name, func),) = [(gv.name_hint, f) for gv, f in lowered.kernels.functions.items()]
+    chosen = next(c for c in order.attempts(func) if c.func is not None)
+    assert chosen.rule == "cpu.Conv2DInt8"
+    generic = [r for r in default_rules(target) if not isinstance(r, Conv2DInt8)]
+    x = np.random.RandomState(1).randint(0, 256, (1, channels, size, size)).astype(np.uint8)
+    x[0, 0, 0, :] = 255  # the largest pair sums: 2 x 255 x 63
+    outputs_ = []
+    for rules in (default_rules(target), generic):
+        scheduled = ScheduleOrder(target, rules, safe_rule())
+        done = next(c for c in scheduled.attempts(func) if c.func is not None).func
+        library = tvm.tirx.build(tvm.IRModule({name: done.with_attr("global_symbol", name)}),
+                                 target=target)  # fmt: skip
+        executor = Executor(lowered.plan, CPUBackend(library), lowered.constants)
+        outputs_.append(executor.run([x])[0])
+    assert 0.1 < np.mean(outputs_[0] > 0) < 0.9, "the test output carries little signal"
+    np.testing.assert_array_equal(outputs_[0], outputs_[1])
+
+
+@pytest.mark.parametrize(
+    "cpu, instructions",
+    [("znver3", {"vpmaddubsw", "vpmaddwd"}), ("skylake-avx512", {"vpmaddubsw", "vpmaddwd"}),
+     ("znver4", {"vpdpbusd"})],
+)  # fmt: skip
+def test_dot_product_instruction_is_chosen_from_the_target_features(cpu, instructions):
+    """Compiled (not run: this machine may lack them) for each CPU, the kernel uses the
+    dot product of its features: AVX2 and AVX-512 without VNNI pair bytes into int16
+    and words into int32, VNNI does both in one instruction."""
+    import tvm
+
+    from edgecv.schedules.cpu import default_rules, safe_rule
+    from edgecv.schedules.stage import ScheduleOrder
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "mtriple": "x86_64-linux-gnu"})
+    lowered = _int8_conv_kernel(32, 32, 8, 3, 1)
+    ((name, func),) = [(gv.name_hint, f) for gv, f in lowered.kernels.functions.items()]
+    chosen = next(c for c in ScheduleOrder(target, default_rules(target), safe_rule())
+                  .attempts(func) if c.func is not None)  # fmt: skip
+    assert chosen.rule == "cpu.Conv2DInt8"
+    module = tvm.IRModule({name: chosen.func.with_attr("global_symbol", name)})
+    assembly = tvm.tirx.build(module, target=target).inspect_source("asm")
+    found = {i for i in ("vpdpbusd", "vpmaddubsw", "vpmaddwd") if i in assembly}
+    assert found == instructions
+
+
+# --- packages -------------------------------------------------------------------------
+
+
+def test_int8_package_matches_fp32_within_the_quantization_step(small, tmp_path):
+    symbol, npy, inputs, fp32_path = small
+    int8_path = deploy(symbol, tmp_path / "int8", input_shape=SHAPE, options=_options(
+        precision="int8", calibrate=npy, calibration_method="minmax"))  # fmt: skip
+    fp32, int8 = edgecv.load(fp32_path), edgecv.load(int8_path)
+    # min/max calibration on these very inputs: nothing is clipped, the derived bound holds
+    errors = [assert_close_int8(int8.run(x[None])[0], fp32.run(x[None])[0], layers=5)
+              for x in inputs]  # fmt: skip
+    assert max(errors) > 0, "int8 gave exactly the float32 outputs: was anything quantized?"
+    print(f"int8 vs fp32: largest error {max(errors):.2%} of the output's scale (5 layers)")
+    build = int8.manifest["build"]
+    dot = dot_product_of(load_profile("cpu").tvm_target())
+    if dot is not None:  # the 1x1 and the residual 3x3 (16 -> 16 channels, uint8 inputs)
+        assert build["schedules"]["cpu"]["rules"].get("cpu.Conv2DInt8") == 2
+        weight_max = {op["name"]: op["weight_max"] for op in build["quantization"]["operators"]}
+        assert weight_max == {"conv2d_0": 127, "conv2d_1": 127, "conv2d_2": dot.weight_max,
+                              "conv2d_3": dot.weight_max, "dense_0": 127}  # fmt: skip
+        # the first (signed input), the depthwise and the small dense layer: their
+        # integer sums held exactly in float32 kernels
+        arithmetic = {op["name"]: op["arithmetic"] for op in build["quantization"]["operators"]}
+        assert arithmetic == {"conv2d_0": "float32", "conv2d_1": "float32", "conv2d_2": "int32",
+                              "conv2d_3": "int32", "dense_0": "float32"}  # fmt: skip
+    assert build["precision"] == "int8" and fp32.manifest["build"]["precision"] == "fp32"
+    facts = build["quantization"]
+    assert facts["quantized"] == {"conv2d": 4, "dense": 1} and facts["method"] == "minmax"
+    assert facts["calibration"]["inputs"] == 16 and not facts["calibration"]["reused"]
+    files = int8.manifest["files"]
+    assert files["calibration.json"] == sha256(Path(int8_path) / "calibration.json")
+    saved = json.loads((Path(int8_path) / "calibration.json").read_text())
+    assert saved["data"]["sha256"] == facts["calibration"]["sha256"]
+    assert set(saved["tensors"]) == {"t0", "t1", "t2", "t3", "t4"}
+
+    # redeploying with the same model and inputs reuses the statistics (no calibration
+    # build: a quantize_model of its own runs in a second), another method applied
+    mod = _imported(symbol)
+    options = _options(precision="int8", calibrate=npy, calibration_method="percentile",
+                       calibration=read_calibration(npy, SHAPE, PREPROCESSING, None),
+                       previous_calibration=saved)  # fmt: skip
+    started = time.perf_counter()
+    _, again, files = quantize_model(mod, load_profile("cpu"), options, lambda line: None)
+    assert time.perf_counter() - started < 5
+    assert again["calibration"]["reused"] and again["method"] == "percentile"
+    resaved = json.loads(files["calibration.json"])
+    assert resaved["tensors"]["t1"]["histogram"] == saved["tensors"]["t1"]["histogram"]
+    # statistics of other inputs, or of another model, are not reused
+    other = read_calibration(npy, SHAPE, PREPROCESSING, 8)
+    assert other.sha256 != options.calibration.sha256
+    assert reusable_statistics(saved, model_key(mod), other) is None
+    assert reusable_statistics(saved, "0" * 16, options.calibration) is None
+    assert reusable_statistics(saved, model_key(mod), options.calibration) is not None
+
+
+def _imported(symbol: Path):
+    from edgecv.frontend.importer import from_mxnet
+    from edgecv.frontend.mxnet_graph import load_params, load_symbol
+
+    params = symbol.with_name(symbol.name.replace("-symbol.json", "-0000.params"))
+    return from_mxnet(load_symbol(symbol), load_params(params), {"data": SHAPE}).mod
+
+
+def test_calibration_images_are_read_with_the_package_preprocessing(tmp_path):
+    """Images are read as `edgecv run` reads them; more than --calibration-size: a
+    seeded sample, the same on every deploy."""
+    import cv2
+
+    folder = tmp_path / "images"
+    (folder / "sub").mkdir(parents=True)
+    rng = np.random.RandomState(0)
+    images = [rng.randint(0, 255, (30, 40, 3), np.uint8) for _ in range(5)]
+    for i, image in enumerate(images):
+        cv2.imwrite(str(folder / ("sub" if i % 2 else ".") / f"{i}.png"), image)
+    (folder / "notes.txt").write_text("not an image")
+    read = read_calibration(folder, SHAPE, PREPROCESSING, 3)
+    assert (read.kind, len(read.arrays), read.available) == ("images", 3, 5)
+    assert read.arrays.shape == (3, *SHAPE)
+    every = read_calibration(folder, SHAPE, PREPROCESSING, None)
+    expected = [preprocess(image, PREPROCESSING, SHAPE) for image in images]
+    by_name = [expected[i] for i in (0, 2, 4, 1, 3)]  # sorted paths: 0, 2, 4, sub/1, sub/3
+    np.testing.assert_array_equal(every.arrays, np.stack(by_name))
+    assert read_calibration(folder, SHAPE, PREPROCESSING, 3).sha256 == read.sha256
+    assert every.sha256 != read.sha256
+
+
+@pytest.mark.heavy
+def test_int8_package_calibrated_on_a_folder_of_images(small, tmp_path):
+    """The whole way from a folder of images (the unit test above checks the reading)."""
+    import cv2
+
+    symbol = small[0]
+    folder = tmp_path / "images"
+    folder.mkdir()
+    rng = np.random.RandomState(0)
+    for i in range(5):
+        cv2.imwrite(str(folder / f"{i}.png"), rng.randint(0, 255, (30, 40, 3), np.uint8))
+    path = deploy(symbol, tmp_path / "int8", input_shape=SHAPE, options=_options(
+        precision="int8", calibrate=folder, calibration_size=3))  # fmt: skip
+    model = edgecv.load(path)
+    facts = model.manifest["build"]["quantization"]["calibration"]
+    assert (facts["kind"], facts["inputs"], facts["available"]) == ("images", 3, 5)
+    # the first convolution's input is the preprocessed image: its range is that of
+    # ImageNet normalization of pixels in [0, 255]
+    saved = json.loads((Path(path) / "calibration.json").read_text())["tensors"]["t0"]
+    assert -2.2 < saved["min"] < -1.5 and 2.0 < saved["max"] < 2.7
+    assert model.predict(rng.randint(0, 255, (30, 40, 3), np.uint8))  # runs like any package
+
+
+def test_trained_digits_int8_accuracy_within_one_point_of_fp32(tmp_path):
+    digits = train_digits(tmp_path / "digits")
+    npy = tmp_path / "train.npy"
+    np.save(npy, digits.x_train)
+    fp32 = edgecv.load(deploy(digits.symbol, tmp_path / "fp32", input_shape=digits.input_shape,
+                              options=_options()))  # fmt: skip
+    int8 = edgecv.load(deploy(digits.symbol, tmp_path / "int8", input_shape=digits.input_shape,
+                              options=_options(precision="int8", calibrate=npy)))  # fmt: skip
+    acc32, predicted32 = accuracy(fp32, digits.x_test, digits.y_test)
+    acc8, predicted8 = accuracy(int8, digits.x_test, digits.y_test)
+    agreement = 100 * np.mean(predicted8 == predicted32)
+    print(f"digits: fp32 {acc32:.2f}%, int8 {acc8:.2f}%, top-1 agreement {agreement:.2f}% "
+          f"on {len(digits.y_test)} images")  # fmt: skip
+    assert acc32 > 95.0, "the network did not learn: the comparison would prove little"
+    assert acc8 >= acc32 - 1.0
+    assert np.mean(predicted8 == predicted32) >= 0.98
