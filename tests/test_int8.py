@@ -230,7 +230,7 @@ def test_float32_arithmetic_on_integer_values_is_the_int32_result(small):
 # --- the kernel ---------------------------------------------------------------------
 
 
-def _int8_conv_kernel(channels, outputs, size, kernel, stride):
+def _int8_conv_kernel(channels, outputs, size, kernel, stride, int8_block=None):
     """The fused kernel of conv2d(uint8, int8) + requantization, BatchNorm-like affine,
     ReLU and the next layer's uint8 quantization, as the INT8 step leaves it."""
     from tvm import relax
@@ -250,19 +250,28 @@ def _int8_conv_kernel(channels, outputs, size, kernel, stride):
             y = R.nn.relu(R.add(R.multiply(R.astype(y, "float32"), scale), shift))
             out = bb.emit_output(bb.emit(quantize_tensor(y, TensorQuant(0.02, "uint8"))))
         bb.emit_func_output(out)
-    return lower(bb.get())
+    return lower(bb.get(), int8_block=int8_block)
 
 
 @pytest.mark.parametrize(
-    "channels, outputs, size, kernel, stride",
-    [(16, 32, 14, 3, 1), (32, 16, 9, 1, 1), (16, 24, 15, 3, 2), (64, 64, 7, 1, 1)],
+    "channels, outputs, size, kernel, stride, packed",
+    [
+        (16, 32, 14, 3, 1, False),
+        (32, 16, 9, 1, 1, False),
+        (16, 24, 15, 3, 2, False),
+        (64, 64, 7, 1, 1, False),
+        (16, 32, 14, 3, 1, True),
+        (32, 16, 7, 3, 2, True),
+    ],
 )
 def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
-    channels, outputs, size, kernel, stride
+    channels, outputs, size, kernel, stride, packed
 ):
-    """The Conv2DInt8 rule (vpmaddubsw/VNNI) against the generic int32 rule on the same
+    """The Conv2DInt8 rule (vpmaddubsw/VNNI) against the generic int32 rules on the same
     fused kernel: integer sums are exact, so the uint8 outputs must be equal; 7-bit
-    weights and full-range uint8 data never saturate the int16 pair sums."""
+    weights and full-range uint8 data never saturate the int16 pair sums. ``packed``:
+    the weights packed for the instruction at build time (the deploy's way), else
+    repacked as the kernel runs."""
     import tvm
 
     from edgecv.runtime.cpu import CPUBackend
@@ -273,7 +282,8 @@ def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
     target = load_profile("cpu").tvm_target()
     if dot_product_of(target) is None:
         pytest.skip("this CPU has no int8 dot-product instruction edgecv uses")
-    lowered = _int8_conv_kernel(channels, outputs, size, kernel, stride)
+    lanes = dot_product_of(target).lanes
+    lowered = _int8_conv_kernel(channels, outputs, size, kernel, stride, lanes if packed else None)
     order = ScheduleOrder(target, default_rules(target), safe_rule())
     ((name, func),) = [(gv.name_hint, f) for gv, f in lowered.kernels.functions.items()]
     chosen = next(c for c in order.attempts(func) if c.func is not None)

@@ -22,6 +22,7 @@ repacks its weights as it runs. Plain convolutions keep TVM's own legalization.
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax, te, topi
 
@@ -31,18 +32,26 @@ from .winograd import signature as winograd_signature
 CONV2D = "conv2d_NCHWc"
 DEPTHWISE = "depthwise_conv2d_NCHWc"
 WINOGRAD = "winograd_conv2d_NCHWc"
+CONV2D_INT8 = "conv2d_int8"
 
 
-def legalize_map(winograd: dict | None = None) -> dict:
+def legalize_map(winograd: dict | None = None, int8_block: int | None = None) -> dict:
     """The ``customize_legalize_map`` for ``LegalizeOps``: packed conv2d, and layout
     transforms of boolean tensors.
 
     ``winograd`` maps a convolution's :func:`~.winograd.signature` to the output tile
     side ``m`` it runs with in Winograd's algorithm (:mod:`.winograd`); a packed
-    convolution not in it runs direct."""
+    convolution not in it runs direct. ``int8_block``: the int32 lanes of the CPU's
+    dot-product instruction (:mod:`edgecv.schedules.cpu.conv2d_int8`); uint8 x int8
+    convolutions it applies to take their weights packed for it, at build time
+    (:func:`conv2d_int8_packed`)."""
     chosen = dict(winograd or {})
 
     def conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        if int8_block:
+            packed = legalize_conv2d_int8(bb, call, int8_block)
+            if packed is not None:
+                return packed
         return legalize_conv2d(bb, call, chosen)
 
     return {"relax.nn.conv2d": conv2d, "relax.layout_transform": legalize_layout_transform}
@@ -98,6 +107,58 @@ def legalize_conv2d(
                           primfunc_name_hint=CONV2D)  # fmt: skip
     return bb.call_te(depthwise_conv2d_nchwc, call.args[0], call.args[1], **args,
                       primfunc_name_hint=DEPTHWISE)  # fmt: skip
+
+
+def legalize_conv2d_int8(bb: relax.BlockBuilder, call: relax.Call, block: int):
+    """A ``uint8 x int8 -> int32`` NCHW conv2d (groups 1, ``block`` | output channels,
+    4 | input channels) with constant weights as :func:`conv2d_int8_packed`, its weights
+    packed now; None for any other convolution."""
+    attrs = call.attrs
+    data, weight_expr = call.args
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    if (layouts != ("NCHW", "OIHW", "NCHW") or int(attrs.groups) != 1
+            or str(data.ty.dtype) != "uint8" or str(call.ty.dtype) != "int32"):  # fmt: skip
+        return None
+    weight = _bound_value(bb, weight_expr)
+    if not isinstance(weight, tvm.ir.expr.Constant) or str(weight.ty.dtype) != "int8":
+        return None
+    w = weight.value.numpy()
+    out_channels, in_channels, kh, kw = w.shape
+    if out_channels % block or in_channels % 4:
+        return None
+    # [O, I, KH, KW] -> [O/L, I/4, KH, KW, L, 4]: the L x 4 bytes one instruction reads
+    packed = w.reshape(out_channels // block, block, in_channels // 4, 4, kh, kw)
+    packed = np.ascontiguousarray(packed.transpose(0, 2, 4, 5, 1, 3))
+    return bb.call_te(conv2d_int8_packed, data, relax.const(packed),
+                      strides=[int(v) for v in attrs.strides],
+                      padding=[int(v) for v in attrs.padding],
+                      dilation=[int(v) for v in attrs.dilation],
+                      primfunc_name_hint=CONV2D_INT8)  # fmt: skip
+
+
+def conv2d_int8_packed(data, kernel, strides, padding, dilation) -> te.Tensor:
+    """NCHW conv2d of uint8 data and int8 weights packed ``[O/L, I/4, KH, KW, L, 4]``,
+    summed in int32: the reduction axes as TVM's own NCHW conv2d has them (input channel,
+    kernel row, kernel column), so the CPU rule finds the same loop nest."""
+    out_blocks, _, kh, kw, block, _ = (int(d) for d in kernel.shape)
+    n, channels, height, width = (int(d) for d in data.shape)
+    (sh, sw), (dh, dw) = strides, dilation
+    oh = _out_size(height, kh, sh, dh, padding[0] + padding[2])
+    ow = _out_size(width, kw, sw, dw, padding[1] + padding[3])
+    padded = _pad(data, padding, False)
+    rc = te.reduce_axis((0, channels), name="rc")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    return te.compute(
+        (n, out_blocks * block, oh, ow),
+        lambda b, co, y, x: te.sum(
+            padded[b, rc, y * sh + ry * dh, x * sw + rx * dw].astype("int32")
+            * kernel[co // block, rc // 4, ry, rx, co % block, rc % 4].astype("int32"),
+            axis=[rc, ry, rx],
+        ),
+        name=CONV2D_INT8,
+        tag=CONV2D_INT8,
+    )
 
 
 def _bound_value(bb: relax.BlockBuilder, expr: relax.Expr) -> relax.Expr:

@@ -47,13 +47,15 @@ def relax_passes() -> tvm.transform.Pass:
     return tvm.transform.Sequential([fusion_passes(), kernel_passes()])
 
 
-def fusion_passes(winograd: dict | None = None) -> tvm.transform.Pass:
+def fusion_passes(
+    winograd: dict | None = None, int8_block: int | None = None
+) -> tvm.transform.Pass:
     """Legalize every op to a PrimFunc (convolutions the graph tuner packed by edgecv's
     legalization, :mod:`.legalize`; those in ``winograd`` by Winograd's algorithm), then
     group them (FuseOps) into kernels-to-be."""
     return tvm.transform.Sequential(
         [
-            relax.transform.LegalizeOps(customize_legalize_map=legalize_map(winograd)),
+            relax.transform.LegalizeOps(customize_legalize_map=legalize_map(winograd, int8_block)),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
@@ -102,13 +104,16 @@ def _fused_ops(mod: tvm.IRModule) -> dict[str, list[str]]:
 MAX_FUSION_DEPTH = 16
 
 
-def lower(mod: tvm.IRModule, winograd: dict | None = None) -> Lowered:
+def lower(
+    mod: tvm.IRModule, winograd: dict | None = None, int8_block: int | None = None
+) -> Lowered:
     """Run the Relax passes and extract the static plan (target independent but for
     ``winograd``: the packed convolutions the graph tuner chose to run by Winograd's
-    algorithm; see :func:`fusion_passes`)."""
+    algorithm, and ``int8_block``: the lanes of the CPU's int8 dot product, whose
+    convolutions take their weights packed for it; see :func:`fusion_passes`)."""
     start = time.perf_counter()
     with tvm.transform.PassContext(config={"relax.FuseOps.max_depth": MAX_FUSION_DEPTH}):
-        mod = fusion_passes(winograd)(mod)
+        mod = fusion_passes(winograd, int8_block)(mod)
     groups = _fused_ops(mod)
     mod = kernel_passes()(mod)
     passes_s = time.perf_counter() - start

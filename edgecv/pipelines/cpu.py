@@ -4,7 +4,8 @@
    convolutions and dense layers (:func:`.int8.quantize_model`).
 1. Graph tuner: a data layout per convolution (NCHW or packed), from measured costs
    (:func:`edgecv.graph_tuner.choose_layouts`).
-2. Relax passes: legalize, fold, fuse into kernels; the static plan and memory plan
+2. Relax passes: legalize (INT8 convolutions with their weights packed for the CPU's
+   dot-product instruction), fold, fuse into kernels; the static plan and memory plan
    (:func:`edgecv.lowering.lower`).
 3. Schedule + code, per kernel, contained and time-limited, on every core: tuned record
    -> edgecv's CPU rule for the kernel's class -> the safe rule; LLVM to an object file
@@ -22,6 +23,7 @@ from ..graph_tuner import choose_layouts
 from ..graph_tuner.stage import winograd_plan
 from ..lowering import lower
 from ..profiles import Profile
+from ..schedules.cpu.conv2d_int8 import dot_product_of
 from .int8 import quantize_model
 from .steps import BuildOptions, Built, Progress, compile_cpu_kernels
 
@@ -35,8 +37,9 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
         precision["quantization"] = quantization
     mod, layouts = choose_layouts(mod, profile, options, progress)  # 1
     progress("lowering (Relax passes, fusion, memory plan)")
-    lowered = lower(mod, winograd_plan(layouts))  # 2
     target = profile.tvm_target()
+    dot = dot_product_of(target) if options.precision == "int8" else None
+    lowered = lower(mod, winograd_plan(layouts), dot.lanes if dot else None)  # 2
     progress(f"scheduling and compiling {len(lowered.kernels.functions)} kernels for "
              f"{target.attrs.get('mcpu', 'the CPU')}")  # fmt: skip
     started = time.perf_counter()

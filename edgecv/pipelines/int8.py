@@ -271,6 +271,7 @@ def quantize_model(
     thresholds = {k: {m: s.threshold(m) for m in METHODS} for k, s in stats.items()}
     quants = {k: TensorQuant.of(thresholds[k][method], s.nonnegative) for k, s in stats.items()}
     target = profile.tvm_target()
+    dot = dot_product_of(target)
     quantized, records = quantize(
         mod, quants, _weight_limits(target), arithmetic=_arithmetic(target)
     )
@@ -300,7 +301,7 @@ def quantize_model(
         "method": method,
         "weights": "int8, symmetric, per output channel (|q| <= weight_max of each "
         "operator: 63 where the CPU's instruction adds two products in int16)",
-        "dot_product": dot.intrinsic if (dot := dot_product_of(profile.tvm_target())) else None,
+        "dot_product": dot.intrinsic if dot else None,
         "activations": "uint8 where never negative, else int8 symmetric; zero point 0",
         "quantized": counts,
         "float32_arithmetic": sum(r["arithmetic"] == "float32" for r in records),
