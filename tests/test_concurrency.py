@@ -205,3 +205,18 @@ def test_short_lived_calling_threads_leave_no_threads_behind(package):
     one_call_per_thread(20)
     assert threads_now() == before, "threads grew with the calling threads"
     assert kept_threads() == kept
+
+
+def test_a_package_redeployed_in_place_runs_its_new_kernels(small, tmp_path):
+    """The dynamic loader returns the library already loaded under a path: a package
+    redeployed in place (--force) for another input size and loaded again in the same
+    process ran the old kernels (wrong results). The new load must run the new ones."""
+    symbol, params = small
+    out = tmp_path / "pkg"
+    for shape in (SHAPE, (1, 3, 16, 16)):
+        deploy(str(symbol), out, "cpu", params=str(params), input_shape=shape, options=QUICK,
+               force=True)  # fmt: skip
+        model = edgecv.load(out)
+        assert model.input_shape == shape
+        x = np.random.RandomState(1).normal(size=shape).astype(np.float32)
+        assert_close(model.run(x)[0], mxnet_forward(symbol, params, x)[0], f"after {shape}")

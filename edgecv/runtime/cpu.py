@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import hashlib
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -69,6 +72,33 @@ def use_threads(count: int) -> None:
     configure = tvm_ffi.get_global_func("runtime.config_threadpool")
     configure(_SHARE_ALL_CORES, count, [str(c) for c in sorted(os.sched_getaffinity(0))])
     _this_thread.threads = count
+
+
+_libraries_lock = threading.Lock()
+_libraries_loaded: dict[str, str] = {}  # kernel library path -> sha256 of what was loaded
+
+
+def _unique_library_path(path: Path) -> Path:
+    """The path to load kernel library ``path`` from. The dynamic loader returns the
+    library already loaded under a path, whatever the file there holds now: a package
+    redeployed in place (``deploy --force``) and loaded again in the same process ran
+    its old kernels. A path loaded before with other bytes is therefore loaded from a
+    copy named by its content's hash, in a private temporary folder; a first load (and
+    a reload of the same bytes) uses the path itself."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    key = str(path.resolve())
+    with _libraries_lock:
+        before = _libraries_loaded.setdefault(key, digest)
+    if before == digest:
+        return path
+    folder = Path(tempfile.gettempdir()) / f"edgecv-kernels-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    copy = folder / f"{path.stem}-{digest[:24]}{path.suffix}"
+    if not copy.is_file():
+        partial = copy.with_name(f"{copy.name}.{os.getpid()}.{threading.get_ident()}.part")
+        shutil.copyfile(path, partial)
+        os.replace(partial, copy)
+    return copy
 
 
 def installed_tvm_libraries() -> Path | None:
@@ -144,7 +174,7 @@ class CPUBackend(Backend):
         the package's TVM runtime libraries (see :func:`load_tvm_runtime`)."""
         load_tvm_runtime([Path(p) for p in runtime_libraries])
         try:
-            return cls(tvm_ffi.load_module(str(path)))
+            return cls(tvm_ffi.load_module(str(_unique_library_path(Path(path)))))
         except Exception as err:
             raise PackageError(f"cannot load CPU kernels from {path}: {err}") from None
 
