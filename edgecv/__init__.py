@@ -14,6 +14,13 @@ _os.environ.setdefault("TVM_NUM_THREADS", str(len(_os.sched_getaffinity(0))))
 # own in about half of the benchmark runs). Unpinned workers let the OS keep them apart
 # (3.0-3.1 ms wherever the caller runs). TVM_BIND_THREADS=1 restores the pinning.
 _os.environ.setdefault("TVM_BIND_THREADS", "0")
+# After each task a pool worker spins (yielding the core) before it sleeps: 300000
+# times by default, which on busy cores lasts up to seconds and takes cycles from
+# whatever runs next. Two 1-thread streams of mobilenet1.0 on 2 cores, right after a
+# 2-thread inference of it: 47-107 inferences/s a round (p90 40 ms) with TVM's count,
+# 79-104 (p90 25 ms) with 10000, which still spans the gap between two kernels of an
+# inference (single-stream p50 unchanged: 10.6-13.0 ms either way, 4 runs each).
+_os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "10000")
 
 from .errors import EdgecvError  # noqa: E402  (after the environment is set)
 

@@ -156,24 +156,48 @@ def test_streams_contexts_share_constants_and_own_activations(package):
 
 
 def test_streams_split_the_cores_between_the_calling_threads(package):
-    """With streams=N each inference runs its CPU kernels on cores/N threads (TVM's
-    pool belongs to the thread running the inference: sized before each), so N calls
-    at once keep the cores busy without oversubscribing them; the same thread then
-    running a model with one stream gets every core back. Read in the main thread,
-    where inferences run in place (others run on kept threads, sized the same way)."""
+    """With streams=N each inference runs its CPU kernels on cores/N threads, so N calls
+    at once keep the cores busy without oversubscribing them. TVM's pool belongs to the
+    thread running the kernels and setting its size again makes its workers spin, so a
+    thread is sized once: inferences of another pool size than the default run on
+    threads kept for that size, never on the main thread or on a thread of another
+    size; the main thread keeps every core."""
     import tvm_ffi
 
     from edgecv.runtime.cpu import pool_threads
 
+    num_threads = tvm_ffi.get_global_func("runtime.NumThreads")
     cores = pool_threads()
+    half = max(1, cores // 2)
     split = edgecv.load(package("cpu"), streams=2)
     whole = edgecv.load(package("cpu"), streams=1)
-    pooled = []
-    for model in (split, whole, split):
-        model.run(np.zeros(SHAPE, np.float32))
-        pooled.append(tvm_ffi.get_global_func("runtime.NumThreads")())
-    half = max(1, cores // 2)
-    assert pooled == [half, cores, half]
+    seen: dict[str, list] = {"split": [], "whole": []}
+    for name, model in (("split", split), ("whole", whole)):
+        for context in model.executor.contexts:
+
+            def recorded(arrays, run=context.run_prepared, log=seen[name]):
+                outputs = run(arrays)
+                log.append((threading.current_thread(), num_threads()))
+                return outputs
+
+            context.run_prepared = recorded
+
+    def calls():
+        for model in (split, whole, split, whole):
+            model.run(np.zeros(SHAPE, np.float32))
+
+    calls()  # from the main thread
+    other = threading.Thread(target=calls)
+    other.start()
+    other.join()
+    main = threading.main_thread()
+    assert [n for _, n in seen["split"]] == [half] * 4
+    assert [n for _, n in seen["whole"]] == [cores] * 4
+    assert seen["whole"][0][0] is main
+    split_threads = {t for t, _ in seen["split"]}
+    assert (main in split_threads) == (half == cores)
+    assert not split_threads & {t for t, _ in seen["whole"][1:]} or half == cores
+    assert num_threads() == cores  # the main thread's pool was never resized
     assert [c.backend.threads for c in split.executor.contexts] == [half, half]
 
 

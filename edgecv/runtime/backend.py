@@ -18,10 +18,11 @@ class Backend:
     """Memory and kernels of one device. Subclasses implement every method."""
 
     name = "abstract"
-    # True where calling a kernel leaves state in the calling thread that outlives it
-    # (TVM's CPU thread pool): the executor then runs calls from threads other than the
-    # main one on threads it keeps (runtime/workers.py)
-    state_per_calling_thread = False
+    # The size of the thread pool, belonging to the calling thread and outliving it,
+    # that this backend's kernels run on (TVM's CPU kernels); None where calling a
+    # kernel leaves no state in the calling thread. Where set, the executor runs
+    # inferences on threads it keeps for that pool size (runtime/workers.py).
+    calling_thread_pool: int | None = None
 
     def alloc(self, nbytes: int) -> Any:
         """A device allocation of ``nbytes`` bytes (a storage slot)."""

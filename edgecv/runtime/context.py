@@ -227,6 +227,13 @@ class ExecutionContext:
         checked and converted by :func:`prepare_inputs` first."""
         return self.run_prepared(prepare_inputs(self.specs, inputs))
 
+    @property
+    def calling_thread_pool(self) -> int | None:
+        """The largest thread pool of the calling thread's this context's kernels use
+        (:attr:`Backend.calling_thread_pool`); None where they use none."""
+        sizes = [b.calling_thread_pool for b in self._distinct]
+        return max((n for n in sizes if n is not None), default=None)
+
     def run_prepared(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """:meth:`run` on inputs :func:`prepare_inputs` returned. A failure on the
         device is one :class:`InferenceError` (an :class:`~edgecv.errors.EdgecvError`

@@ -65,12 +65,21 @@ def use_threads(count: int) -> None:
     """Run the CPU kernels the calling thread calls on ``count`` threads (its own
     included). TVM keeps a thread pool per calling thread; this sizes that one. Cheap
     when nothing changes (called before every inference of a context)."""
-    if getattr(_this_thread, "threads", None) == count:
-        return
-    if getattr(_this_thread, "threads", None) is None and count == pool_threads():
+    current = getattr(_this_thread, "threads", None)
+    if current == count or (current is None and count == pool_threads()):
         return  # TVM's default pool already has this size
     configure = tvm_ffi.get_global_func("runtime.config_threadpool")
-    configure(_SHARE_ALL_CORES, count, [str(c) for c in sorted(os.sched_getaffinity(0))])
+    cpus = [str(c) for c in sorted(os.sched_getaffinity(0))]
+    if current is None and count < len(cpus):
+        # This thread's pool does not exist yet; TVM makes it with as many workers as
+        # the process-wide concurrency, which configuring sets to the cpus given: made
+        # for ``count`` cpus it has no workers to spare. Spare workers are not idle:
+        # after being made or set, each spins for 300000 yields before sleeping, which
+        # on busy cores lasts seconds (two 1-thread streams of mobilenet1.0 on 2 cores
+        # ran at half speed for the first 0.5 s after their pools were set).
+        configure(_SHARE_ALL_CORES, count, cpus[:count])
+    # the process-wide concurrency back to every core (the next pools' size)
+    configure(_SHARE_ALL_CORES, count, cpus)
     _this_thread.threads = count
 
 
@@ -159,7 +168,6 @@ class CPUBackend(Backend):
     package's library, or one built in memory by the compiler side)."""
 
     name = "cpu"
-    state_per_calling_thread = True  # TVM's thread pool (runtime/workers.py)
 
     def __init__(self, module: Any):
         self.module = module
@@ -193,6 +201,10 @@ class CPUBackend(Backend):
     def threads(self) -> int:
         """Threads an inference through this stream runs its kernels on."""
         return max(1, pool_threads() // max(1, len(self._shared_by.streams)))
+
+    @property
+    def calling_thread_pool(self) -> int:  # see Backend.calling_thread_pool
+        return self.threads
 
     def make_current(self) -> None:
         use_threads(self.threads)

@@ -95,9 +95,6 @@ class Executor:
         if missing:
             raise EdgecvError(f"internal: no backend given for device(s) {sorted(missing)}")
         self.backends = backends
-        # a backend whose device state belongs to the calling thread and outlives it
-        # (TVM's CPU pool) runs inferences on threads edgecv keeps (runtime/workers.py)
-        self._on_kept_threads = any(b.state_per_calling_thread for b in backends.values())
         self.backend = backends[plan.devices()[0]]
         self.specs = input_specs(plan)
         self._shared = self._upload_constants(constants)
@@ -187,9 +184,12 @@ class Executor:
             if context.broken is not None:
                 context = self._replace(context)
             try:
-                if self._on_kept_threads:  # see runtime/workers.py
-                    return run_on_kept_thread(context.run_prepared, arrays)
-                return context.run_prepared(arrays)
+                pool = context.calling_thread_pool
+                if pool is None:
+                    return context.run_prepared(arrays)
+                # a pool of the calling thread's that outlives it (TVM's CPU kernels):
+                # run on a thread edgecv keeps for that pool size (runtime/workers.py)
+                return run_on_kept_thread(context.run_prepared, arrays, pool=pool)
             except Exception as err:
                 context = self._after_failure(context, err)
                 raise
