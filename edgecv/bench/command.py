@@ -174,6 +174,7 @@ def cmd_bench(args) -> int:
         "device": getattr(model.executor.backend, "label", model.executor.backend.name),
         "input_shape": list(x.shape),
         "threads": pool_threads(),
+        "precision": model.manifest.get("build", {}).get("precision", "fp32"),
         "load_s": load_s,
         "peak_rss_mib": rss_after,
         "rss_growth_mib": rss_after - rss_before,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tabulate import tabulate
+
 from ..errors import EdgecvError
 
 
@@ -9,7 +11,8 @@ def _summary(report: dict) -> None:
     shape = "x".join(map(str, report["input_shape"]))
     print(
         f"{report['model']} ({report['profile']} package) on {report['device']}, "
-        f"input {shape}, batch 1, FP32, {report['threads']} threads"
+        f"input {shape}, batch 1, {report.get('precision', 'fp32').upper()}, "
+        f"{report['threads']} threads"
     )
     print(
         f"load {report['load_s']:.2f} s; peak RSS {report['peak_rss_mib']:.0f} MiB "
@@ -26,22 +29,25 @@ def _agreement(r: dict) -> str:
     return f"max |diff|/scale {agree['max_rel_diff']:.1e}, same top-1: {agree['same_top1']}"
 
 
+def _table(headers: list[str], rows: list[list], floatfmt: tuple, note: str = "") -> None:
+    """One runtime per row, numbers right-aligned in each column's format."""
+    print(tabulate(rows, headers=headers, tablefmt="simple", floatfmt=floatfmt))
+    if note:
+        print(note)
+
+
 def print_report(report: dict, top: int = 10) -> None:
     """The bench report as text: summary, runtimes table, not-run list, top kernels."""
     _summary(report)
-    header = (
-        f"{'runtime':<22}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'inf/s':>8}{'load s':>8}"
-        f"{'edgecv x':>10}  agreement with edgecv"
-    )
-    print(header)
-    print("-" * len(header))
     ours = report["runtimes"]["edgecv"]["p50_ms"]
-    for name, r in report["runtimes"].items():
-        print(
-            f"{name + ' ' + r['version']:<22}{r['p50_ms']:>9.2f}{r['p90_ms']:>9.2f}"
-            f"{r['p99_ms']:>9.2f}{r['throughput_per_s']:>8.1f}{r['load_s']:>8.2f}"
-            f"{r['p50_ms'] / ours:>10.2f}  {_agreement(r)}"
-        )
+    rows = [
+        [f"{name} {r['version']}", r["p50_ms"], r["p90_ms"], r["p99_ms"],
+         r["throughput_per_s"], r["load_s"], r["p50_ms"] / ours, _agreement(r)]
+        for name, r in report["runtimes"].items()
+    ]  # fmt: skip
+    headers = ["runtime", "p50 ms", "p90 ms", "p99 ms", "inf/s", "load s", "edgecv x"]
+    formats = ("", ".2f", ".2f", ".2f", ".1f", ".2f", ".2f")
+    _table([*headers, "agreement with edgecv"], rows, formats)
     _notes_and_kernels(report, top)
 
 
@@ -51,20 +57,17 @@ def print_throughput_report(report: dict, top: int = 10) -> None:
     _summary(report)
     streams = report["streams"]
     print(f"{streams} callers at once; edgecv loaded with streams={streams}")
-    header = (
-        f"{'runtime':<26}{'inf/s':>8}{'worst':>8}{'p50 ms':>9}{'p90 ms':>9}"
-        f"{'vs edgecv':>11}  agreement with edgecv"
-    )
-    print(header)
-    print("-" * len(header))
     ours = report["runtimes"]["edgecv"]["throughput_per_s"]
-    for name, r in report["runtimes"].items():
-        print(
-            f"{name + ' ' + r['version']:<26}{r['throughput_per_s']:>8.1f}"
-            f"{r['throughput_min_per_s']:>8.1f}{r['p50_ms']:>9.2f}{r['p90_ms']:>9.2f}"
-            f"{ours / r['throughput_per_s']:>10.2f}x  {_agreement(r)}"
-        )
-    print("vs edgecv: edgecv's throughput over the runtime's (above 1: edgecv serves more)")
+    rows = [
+        [f"{name} {r['version']}", r["throughput_per_s"],
+         r["throughput_min_per_s"], r["p50_ms"], r["p90_ms"],
+         f"{ours / r['throughput_per_s']:.2f}x", _agreement(r)]
+        for name, r in report["runtimes"].items()
+    ]  # fmt: skip
+    headers = ["runtime", "inf/s", "worst", "p50 ms", "p90 ms", "vs edgecv"]
+    note = "vs edgecv: edgecv's throughput over the runtime's (above 1: edgecv serves more)"
+    formats = ("", ".1f", ".1f", ".2f", ".2f")
+    _table([*headers, "agreement with edgecv"], rows, formats, note)
     _notes_and_kernels(report, top)
 
 
