@@ -14,12 +14,12 @@ from .loop_nest import (
     Simd,
     accumulate_locally,
     extent,
-    has_conditional,
+    inline_plain_producers,
     largest_divisor,
     nest,
     read_index,
+    refuse_grouped,
     unroll,
-    uses,
     vector_width,
 )
 
@@ -43,8 +43,7 @@ def schedule_conv2d(
     stmt = sch.get(conv)
     weight = read_index(sch, conv, (1, 4, 5, 6))
     data = next(r for i, r in enumerate(stmt.reads) if i != weight)
-    if uses([r.min for r in data.region], stmt.iter_vars[1].var):
-        raise NotApplicable("grouped convolution: input channels depend on the output channel")
+    refuse_grouped(sch, conv, data)
     out_channels, height, width = extent(sch, co), extent(sch, h), extent(sch, w)
     # Detection heads have channel counts no power of two divides (SSD 84 and 126, YOLOv3
     # 255): their vectors take the largest divisor that fits a register (14, 15 lanes).
@@ -61,12 +60,8 @@ def schedule_conv2d(
         h = None
 
     # A copy of the input (padding by 0) is read in place; real padding is materialized
-    # by the caller once, as conditional loads in the inner loop would cost more.
-    inlined = set()
-    for producer in sch.get_producers(conv):
-        if not has_conditional(sch.get(producer)):
-            inlined.add(sch.get(producer).name_hint)
-            sch.compute_inline(producer)
+    # by the caller once.
+    inlined = inline_plain_producers(sch, conv)
     packed = sch.cache_read(conv, weight, "global")
     sch.transform_layout(
         packed,

@@ -54,10 +54,11 @@ from .loop_nest import (
     accumulate_locally,
     extent,
     has_conditional,
+    inline_plain_producers,
     nest,
     read_index,
+    refuse_grouped,
     unroll,
-    uses,
 )
 
 AVX2_DOT = "edgecv_dot_8x4_u8i8i32_avx2"
@@ -237,8 +238,7 @@ def schedule_conv2d_int8(
               str(stmt.writes[0].source.dtype))  # fmt: skip
     if dtypes != ("uint8", "int8", "int32"):
         raise NotApplicable(f"operands {dtypes}, not uint8 x int8 -> int32")
-    if uses([r.min for r in data.region], stmt.iter_vars[1].var):
-        raise NotApplicable("grouped convolution: input channels depend on the output channel")
+    refuse_grouped(sch, conv, data)
     out_channels, in_channels = extent(sch, co), extent(sch, rc)
     lanes = dot.lanes
     if out_channels % lanes or in_channels % 4:
@@ -249,11 +249,7 @@ def schedule_conv2d_int8(
         w = sch.fuse(h, w)
         h = None
 
-    placed = set()
-    for producer in sch.get_producers(conv):
-        if not has_conditional(sch.get(producer)):
-            placed.add(sch.get(producer).name_hint)
-            sch.compute_inline(producer)
+    placed = inline_plain_producers(sch, conv)
     pad = [p for p in sch.get_producers(conv) if has_conditional(sch.get(p))]
     to_quads = lambda b, c, y, x: (b, c // 4, y, x, c % 4)  # noqa: E731
     data_index = next(i for i, r in enumerate(sch.get(conv).reads)

@@ -104,6 +104,26 @@ def has_conditional(stmt: tirx.Stmt) -> bool:
     return bool(found)
 
 
+def refuse_grouped(sch: s_tir.Schedule, conv: SBlockRV, data: tirx.BufferRegion) -> None:
+    """NotApplicable where the input channels ``conv`` reads from ``data`` depend on its
+    output channel (its second iterator): a grouped convolution."""
+    if uses([r.min for r in data.region], sch.get(conv).iter_vars[1].var):
+        raise NotApplicable("grouped convolution: input channels depend on the output channel")
+
+
+def inline_plain_producers(sch: s_tir.Schedule, block: SBlockRV) -> set[str]:
+    """Inline the producers of ``block`` that read their input unguarded (copies,
+    reshapes, casts); return their names. A producer with a guarded load is padding,
+    left to be materialized once, as conditional loads in the inner loop would cost
+    more than the copy."""
+    inlined = set()
+    for producer in sch.get_producers(block):
+        if not has_conditional(sch.get(producer)):
+            inlined.add(sch.get(producer).name_hint)
+            sch.compute_inline(producer)
+    return inlined
+
+
 def uses(expr_list: Sequence[tirx.Expr], var: tirx.Var) -> bool:
     return any(var.same_as(v) for e in expr_list for v in tirx.analysis.undefined_vars(e))
 
