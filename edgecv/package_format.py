@@ -13,8 +13,10 @@ launches its device functions (grid, work-group, arguments, workspaces).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -314,13 +316,8 @@ class Plan:
         """The plan ``text`` holds, checked (:meth:`check`): a :class:`FormatError` (a
         ValueError) names what is malformed, where a plan built wrong or damaged would
         otherwise fail deep in the executor, or write outside its memory."""
-        try:
-            raw = json.loads(text)
-        except RecursionError:
-            raise FormatError("the plan is nested too deep to be one") from None
-        if not isinstance(raw, dict):
-            raise FormatError(f"the plan is a JSON {type(raw).__name__}, not an object")
-        try:
+        raw = _json_object(text, "plan")
+        with _fields_checked("plan"):
             buffers = [
                 Buffer(**{**_object(b, "buffer"), "shape": tuple(_object(b, "buffer")["shape"])})
                 for b in _list(raw, "buffers")
@@ -333,9 +330,6 @@ class Plan:
                 storage_sizes=_list(raw, "storage_sizes"),
                 storage_devices=raw.get("storage_devices", ["cpu"] * len(raw["storage_sizes"])),
             )
-        except (KeyError, TypeError) as err:  # a field missing, unknown or not iterable
-            what = f"field {err} is missing" if isinstance(err, KeyError) else str(err)
-            raise FormatError(f"the plan is malformed: {_escaped(what)}") from None
         plan.check()
         return plan
 
@@ -408,9 +402,13 @@ class Plan:
             if step.kind == "copy":
                 _require(len(step.args) == 2, f"{at}: args", "[source, destination]", step.args)
                 source, destination = (self.buffers[a] for a in step.args)
+                # a float16 package's copies to and from its float32 CPU part convert
+                converts = {source.dtype, destination.dtype} == {"float16", "float32"}
                 _require(
-                    source.nbytes == destination.nbytes, f"{at}: args",
-                    "two buffers of one size", step.args,
+                    source.nbytes == destination.nbytes
+                    or (converts and tuple(source.shape) == tuple(destination.shape)),
+                    f"{at}: args", "two buffers of one size (or shape, float16 <-> float32)",
+                    step.args,
                 )  # fmt: skip
             inputs = len(step.args) - outputs
             _require(
@@ -505,6 +503,30 @@ class Launch:
     workspaces: list[int] = field(default_factory=list)
 
 
+def _json_object(text: str, what: str) -> dict:
+    """``text`` parsed, where it is one JSON object; else a :class:`FormatError` naming
+    ``what`` it should have been."""
+    try:
+        raw = json.loads(text)
+    except RecursionError:
+        raise FormatError(f"malformed {what}: JSON nested too deep") from None
+    if not isinstance(raw, dict):
+        raise FormatError(f"malformed {what}: a JSON {type(raw).__name__}, not an object")
+    return raw
+
+
+@contextlib.contextmanager
+def _fields_checked(what: str) -> Iterator[None]:
+    """Reading fields of ``what`` inside the block: a field missing, of a type that
+    does not fit or unknown (KeyError, TypeError, AttributeError) is one
+    :class:`FormatError` naming it."""
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError) as err:
+        reason = f"field {err} is missing" if isinstance(err, KeyError) else str(err)
+        raise FormatError(f"malformed {what}: {_escaped(reason)}") from None
+
+
 def launches_to_json(launches: dict[str, list[Launch]]) -> str:
     return json.dumps({name: [asdict(x) for x in items] for name, items in launches.items()})
 
@@ -512,13 +534,8 @@ def launches_to_json(launches: dict[str, list[Launch]]) -> str:
 def launches_from_json(text: str) -> dict[str, list[Launch]]:
     """The launches ``text`` holds; :class:`FormatError` (a ValueError) names what is
     malformed."""
-    try:
-        raw = json.loads(text)
-    except RecursionError:
-        raise FormatError("the launches are nested too deep") from None
-    if not isinstance(raw, dict):
-        raise FormatError(f"the launches are a JSON {type(raw).__name__}, not an object")
-    try:
+    raw = _json_object(text, "launches")
+    with _fields_checked("launches"):
         launches = {
             name: [
                 Launch(
@@ -532,9 +549,6 @@ def launches_from_json(text: str) -> dict[str, list[Launch]]:
             ]
             for name, items in raw.items()
         }
-    except (KeyError, TypeError, AttributeError) as err:
-        what = f"field {err} is missing" if isinstance(err, KeyError) else str(err)
-        raise FormatError(f"the launches are malformed: {_escaped(what)}") from None
     for name, items in launches.items():
         for launch in items:
             _check_launch(name, launch)

@@ -143,12 +143,9 @@ def conv2d_int8_packed(data, kernel, strides, padding, dilation) -> te.Tensor:
     out_blocks, _, kh, kw, block, _ = (int(d) for d in kernel.shape)
     n, channels, height, width = (int(d) for d in data.shape)
     (sh, sw), (dh, dw) = strides, dilation
-    oh = _out_size(height, kh, sh, dh, padding[0] + padding[2])
-    ow = _out_size(width, kw, sw, dw, padding[1] + padding[3])
+    oh, ow, ry, rx = _window(height, width, kh, kw, strides, padding, dilation)
     padded = _pad(data, padding, False)
     rc = te.reduce_axis((0, channels), name="rc")
-    ry = te.reduce_axis((0, kh), name="ry")
-    rx = te.reduce_axis((0, kw), name="rx")
     return te.compute(
         (n, out_blocks * block, oh, ow),
         lambda b, co, y, x: te.sum(
@@ -187,8 +184,17 @@ def _pad(data: te.Tensor, padding, packed: bool) -> te.Tensor:
     return topi.nn.pad(data, before, after, name="data_pad")
 
 
-def _out_size(size: int, kernel: int, stride: int, dilation: int, pad: int) -> int:
-    return (size + pad - (kernel - 1) * dilation - 1) // stride + 1
+def _window(height: int, width: int, kh: int, kw: int, strides, padding, dilation):
+    """Output rows and columns of a ``kh`` x ``kw`` window sliding over ``height`` x
+    ``width`` (padding top, left, bottom, right), and its row and column reduction
+    axes."""
+
+    def out_size(size: int, kernel: int, stride: int, dilation: int, pad: int) -> int:
+        return (size + pad - (kernel - 1) * dilation - 1) // stride + 1
+
+    oh = out_size(height, kh, strides[0], dilation[0], padding[0] + padding[2])
+    ow = out_size(width, kw, strides[1], dilation[1], padding[1] + padding[3])
+    return oh, ow, te.reduce_axis((0, kh), name="ry"), te.reduce_axis((0, kw), name="rx")
 
 
 def conv2d_nchwc(data, kernel, strides, padding, dilation, out_dtype) -> te.Tensor:
@@ -201,11 +207,8 @@ def conv2d_nchwc(data, kernel, strides, padding, dilation, out_dtype) -> te.Tens
         channels, kh, kw, out_block = (int(d) for d in kernel.shape[1:])
     out_chunks = int(kernel.shape[0])
     (sh, sw), (dh, dw) = strides, dilation
-    oh = _out_size(height, kh, sh, dh, padding[0] + padding[2])
-    ow = _out_size(width, kw, sw, dw, padding[1] + padding[3])
+    oh, ow, ry, rx = _window(height, width, kh, kw, strides, padding, dilation)
     padded = _pad(data, padding, packed)
-    ry = te.reduce_axis((0, kh), name="ry")
-    rx = te.reduce_axis((0, kw), name="rx")
     shape = (int(data.shape[0]), out_chunks, oh, ow, out_block)
     if packed:
         rco = te.reduce_axis((0, chunks), name="rco")
@@ -243,11 +246,8 @@ def depthwise_conv2d_nchwc(data, kernel, strides, padding, dilation, out_dtype) 
     n, chunks, height, width, block = (int(d) for d in data.shape)
     kh, kw = int(kernel.shape[2]), int(kernel.shape[3])
     (sh, sw), (dh, dw) = strides, dilation
-    oh = _out_size(height, kh, sh, dh, padding[0] + padding[2])
-    ow = _out_size(width, kw, sw, dw, padding[1] + padding[3])
+    oh, ow, ry, rx = _window(height, width, kh, kw, strides, padding, dilation)
     padded = _pad(data, padding, True)
-    ry = te.reduce_axis((0, kh), name="ry")
-    rx = te.reduce_axis((0, kw), name="rx")
     return te.compute(
         (n, chunks, oh, ow, block),
         lambda b, c, y, x, lane: te.sum(
