@@ -24,7 +24,7 @@ _os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "10000")
 
 from .errors import EdgecvError  # noqa: E402  (after the environment is set)
 
-__all__ = ["EdgecvError", "__version__", "load"]
+__all__ = ["EdgecvError", "__version__", "load", "register_op"]
 
 
 def load(path, on=None, streams=1):
@@ -33,3 +33,13 @@ def load(path, on=None, streams=1):
     from .model import load as _load
 
     return _load(path, on=on, streams=streams)
+
+
+def __getattr__(name: str):
+    """``edgecv.register_op`` on first use: the registry imports nothing of TVM, but a
+    board that only runs packages need not load it at all."""
+    if name == "register_op":
+        from .op_registry import register_op
+
+        return register_op
+    raise AttributeError(f"module 'edgecv' has no attribute {name!r}")

@@ -29,6 +29,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         from .tuning.records import check_database_folder
 
         check_database_folder(Path(args.db))
+    for ops_file in args.ops or []:  # before the graph is read: it names these ops
+        from .op_registry import load_ops
+
+        progress.say(f"registered {', '.join(load_ops(ops_file))} from {ops_file}")
     options = BuildOptions(
         cpu_ops=[op.strip() for op in (args.cpu_ops or "").split(",") if op.strip()],
         gpu_only=args.gpu_only,
@@ -61,6 +65,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         manifest = read_manifest(path)[1]
         explain_tuning(manifest)
         explain(manifest)
+        explain_precision(manifest)
         explain_layouts(manifest)
         explain_schedules(manifest)
     if args.archive:
@@ -86,6 +91,14 @@ def explain_tuning(manifest: dict) -> None:
     print(f"tuning databases: {', '.join(folders)}")
 
 
+def explain_precision(manifest: dict) -> None:
+    """Print which launches run in which precision, or what fp16 would save."""
+    from .pipelines.fp16 import explain_lines
+
+    for line in explain_lines(manifest):
+        print(line)
+
+
 def explain_layouts(manifest: dict) -> None:
     """Print each convolution's layout and every transform inserted, with their times."""
     from .graph_tuner.explain import describe
@@ -95,12 +108,17 @@ def explain_layouts(manifest: dict) -> None:
 
 
 def explain_schedules(manifest: dict) -> None:
-    """Print which rule scheduled each kernel, and why earlier rules were passed over."""
+    """Print which rule scheduled each kernel, and why earlier rules were passed over;
+    kernels of operators registered with ``--ops`` always (the user's own kernels)."""
+    from .op_registry import registered_names
+
+    registered = set(registered_names())
     for device, facts in manifest["build"].get("schedules", {}).items():
         counts = ", ".join(f"{rule} {n}" for rule, n in facts["rules"].items())
         print(f"schedules ({device}): {counts}")
         for name, kernel in facts["kernels"].items():
-            if kernel["passed_over"] or kernel["rule"] in (None, "tuned"):
+            mine = registered & set(kernel["ops"])
+            if kernel["passed_over"] or kernel["rule"] in (None, "tuned") or mine:
                 why = "; ".join(f"{r}: {w}" for r, w in kernel["passed_over"])
                 print(f"  {name} ({', '.join(kernel['ops'])}): {kernel['rule']}"
                       + (f"  [{why}]" if why else ""))  # fmt: skip
@@ -307,6 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--cpu-ops", metavar="OPS", help="comma-separated operators to run on the CPU (box_nms)"
     )
     d.add_argument(
+        "--ops",
+        metavar="FILE",
+        action="append",
+        help="a Python file registering operators with edgecv.register_op (repeatable; "
+        "docs/adding-an-operator.md)",
+    )
+    d.add_argument(
         "--gpu-only", action="store_true", help="fail instead of running any launch on the CPU"
     )
     d.add_argument(
@@ -348,10 +373,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument(
         "--precision",
-        choices=("fp32", "int8"),  # edgecv.pipelines.int8.PRECISIONS
+        choices=("fp32", "int8", "fp16"),  # edgecv.pipelines.int8.PRECISIONS
         default="fp32",
-        help="fp32 (default) or int8: convolutions and dense layers quantized after "
-        "calibration on --calibrate (CPU profiles; docs/int8.md)",
+        help="fp32 (default); int8: convolutions and dense layers quantized after "
+        "calibration on --calibrate (CPU profiles; docs/int8.md); fp16: float16 weights "
+        "and activations, reductions and vision operators in float32 (GPU profiles; "
+        "docs/fp16.md)",
     )
     d.add_argument(
         "--calibrate",

@@ -19,6 +19,7 @@ from .frontend.importer import from_mxnet
 from .frontend.mxnet_graph import load_params, load_symbol
 from .package import PackageWriter, check_destination, package_manifest
 from .pipelines import BuildOptions, pipeline_for
+from .pipelines import fp16 as fp16_step
 from .pipelines import int8 as int8_step
 from .profiles import AVAILABLE_RUNTIMES, Profile, check_profile, load_profile
 from .schedules.device_class import tuning_folders
@@ -113,6 +114,7 @@ def deploy(
                                tuning=tuning_folders(profile, None), precision=precision,
                                calibrate=calibrate, calibration_size=calibration_size)  # fmt: skip
     int8_step.check_request(options, profile)  # before minutes of exporting
+    fp16_step.check_request(options, profile, progress)
     started = time.perf_counter()
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="edgecv-export-") as tmp:

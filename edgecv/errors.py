@@ -24,7 +24,8 @@ class UnsupportedOpsError(EdgecvError):
         super().__init__(
             f"{len(counts)} operator(s) have no converter: {listed}. "
             f"Supported MXNet ops: {', '.join(sorted(supported))}. "
-            "Replace them in the model or file an issue for a converter."
+            "Replace them in the model, register them with edgecv.register_op (deploy "
+            "--ops FILE; docs/adding-an-operator.md), or file an issue for a converter."
         )
 
 

@@ -76,6 +76,16 @@ class Profile:
         return size
 
     @property
+    def fp16(self) -> bool | str:
+        """Whether the profile's real device computes in float16 (``gpu.fp16``): True,
+        False, or ``"auto"`` (``local``: the device found decides); False without a GPU."""
+        value = self.raw.get("gpu", {}).get("fp16", False) if self.runtime != "cpu" else False
+        if value not in (True, False, "auto"):
+            raise ValueError(f"profile {self.name}: gpu.fp16 must be true, false or \"auto\", "
+                             f"found {value!r}")  # fmt: skip
+        return value
+
+    @property
     def default_opencl_device(self) -> str:
         """The OpenCL device a build checks its program on and kernels are timed on when
         none is named (part of its name): Intel's runtime for a device with Intel
@@ -176,6 +186,7 @@ def check_profile(profile: Profile) -> None:
         profile.host_target()
         profile.intel_subgroup_size  # noqa: B018  (validates gpu.subgroup_size)
         profile.piece_alignments  # noqa: B018  (validates gpu.mem_base_addr_align_bits)
+        profile.fp16  # noqa: B018  (validates gpu.fp16)
     except Exception as err:  # TVM raises ValueError/TVMError on bad target fields
         raise ProfileError(
             f"device profile `{profile.name}` is malformed: {foreign_message(err)}; fix its "

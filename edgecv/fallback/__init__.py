@@ -6,7 +6,16 @@ buffer on a device and inserts one copy per tensor and destination device wherev
 edge crosses. The executor runs the result as one static plan over two backends.
 """
 
-from .copies import Copy, insert_copies
+from .copies import Copy, insert_copies, widened_constants
 from .placement import REASONS, CpuNode, GpuOnlyError, Placement, place
 
-__all__ = ["REASONS", "Copy", "CpuNode", "GpuOnlyError", "Placement", "insert_copies", "place"]
+__all__ = [
+    "REASONS",
+    "Copy",
+    "CpuNode",
+    "GpuOnlyError",
+    "Placement",
+    "insert_copies",
+    "place",
+    "widened_constants",
+]

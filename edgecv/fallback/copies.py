@@ -7,11 +7,19 @@ device reads a copy instead; the copy is made once per tensor and destination de
 (right before its first reader there) and shared by every later reader on that device.
 Parameters are not copied at run time: a parameter read on both devices is uploaded to
 both when the package loads. The result is a new plan, memory planned per device.
+
+In a float16 package (``widen_on_cpu``) the CPU part stays float32: every float16 tensor
+living on the CPU becomes float32, a copy between the devices converts (the runtime's
+uploads cast to the destination's dtype), a float16 parameter read on the CPU is stored
+again as float32 under its own name (:func:`widened_constants`), and the CPU launches
+run the float32 versions of their kernels (:func:`edgecv.lowering.precision.widen_kernels`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from ..package_format import Buffer, Plan, Step
 from .placement import Placement
@@ -29,18 +37,29 @@ class Copy:
     nbytes: int
     from_device: str
     to_device: str
+    to_dtype: str = ""  # the destination's dtype where the copy converts, else ""
 
     def describe(self) -> str:
         shape = "x".join(map(str, self.shape))
-        return f"{self.from_device}->{self.to_device} {shape} {self.dtype} ({self.nbytes:,} bytes)"
+        dtype = f"{self.dtype}->{self.to_dtype}" if self.to_dtype else self.dtype
+        return f"{self.from_device}->{self.to_device} {shape} {dtype} ({self.nbytes:,} bytes)"
+
+
+# the name a float16 parameter's float32 copy for the CPU is stored under
+_WIDE_SUFFIX = "_fp32"
 
 
 def insert_copies(
-    plan: Plan, placement: Placement, alignments: dict[str, int] | None = None
+    plan: Plan,
+    placement: Placement,
+    alignments: dict[str, int] | None = None,
+    widen_on_cpu: bool = False,
 ) -> tuple[Plan, list[Copy]]:
     """A new plan with devices on every step and buffer, and the copies it needed;
-    memory planned with the devices' ``alignments`` (see :meth:`Plan.plan_memory`)."""
+    memory planned with the devices' ``alignments`` (see :meth:`Plan.plan_memory`).
+    ``widen_on_cpu``: float16 tensors on the CPU become float32 (see the module)."""
     buffers = [replace(b, storage=None) for b in plan.buffers]
+    dtypes = [b.dtype for b in plan.buffers]  # as the GPU kernels take them
     steps = [replace(s, device=d) for s, d in zip(plan.steps, placement.devices, strict=True)]
 
     def root(buffer_id: int) -> Buffer:
@@ -62,13 +81,36 @@ def insert_copies(
         if buf.kind == "view":
             buf.device = root(buf.id).device
 
+    def dtype_on(buffer_id: int, device: str) -> str:
+        wide = widen_on_cpu and device == "cpu" and dtypes[buffer_id] == "float16"
+        return "float32" if wide else dtypes[buffer_id]
+
+    for buf in buffers:
+        if dtype_on(buf.id, buf.device) != buf.dtype:
+            buf.dtype = "float32"
+            if buf.kind == "const":
+                buf.name += _WIDE_SUFFIX
+    if widen_on_cpu:  # a concatenation's pieces are byte offsets: twice as far in float32
+        steps = [
+            replace(s, pieces=[2 * p for p in s.pieces])
+            if s.device == "cpu" and s.pieces and dtypes[s.args[-1]] == "float16"
+            else s
+            for s in steps
+        ]
+
     new_steps: list[Step] = []
     copies: list[Copy] = []
     made: dict[tuple[int, str], int] = {}  # (buffer, destination device) -> its copy
 
     def add_buffer(like: Buffer, kind: str, device: str) -> int:
-        new = replace(like, id=len(buffers), kind=kind, view_of=None, device=device)
+        dtype, name = dtype_on(like.id, device), like.name
+        if kind == "const":  # the GPU reads a parameter as stored, the CPU its float32 copy
+            name = name.removesuffix(_WIDE_SUFFIX)
+            name += _WIDE_SUFFIX if dtype != dtypes[like.id] else ""
+        new = replace(like, id=len(buffers), kind=kind, view_of=None, device=device,
+                      dtype=dtype, name=name)  # fmt: skip
         buffers.append(new)
+        dtypes.append(dtypes[like.id])
         return new.id
 
     for step in steps:
@@ -84,9 +126,11 @@ def insert_copies(
                     made[key] = add_buffer(source, "const", step.device)  # uploaded twice
                 else:
                     made[key] = add_buffer(source, "temp", step.device)
+                    to_dtype = buffers[made[key]].dtype
                     copies.append(
                         Copy(len(new_steps), arg, made[key], source.shape, source.dtype,
-                             source.nbytes, source.device, step.device)
+                             source.nbytes, source.device, step.device,
+                             to_dtype if to_dtype != source.dtype else "")
                     )  # fmt: skip
                     new_steps.append(Step("copy", [arg, made[key]], 1, step.device, "copy"))
             args[position] = made[key]
@@ -94,3 +138,16 @@ def insert_copies(
     result = Plan(buffers, new_steps, list(plan.inputs), list(plan.outputs))
     result.plan_memory(alignments)
     return result, copies
+
+
+def widened_constants(plan: Plan, constants: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The parameters ``plan`` reads: ``constants`` with the float32 copies of the float16
+    parameters the CPU reads (made by :func:`insert_copies` with ``widen_on_cpu``), and
+    without the float16 ones only the CPU read (the package would carry them unread)."""
+    names = {buf.name for buf in plan.buffers if buf.kind == "const"}
+    return {
+        name: constants[name[: -len(_WIDE_SUFFIX)]].astype(np.float32)
+        if name not in constants
+        else constants[name]
+        for name in sorted(names)
+    }

@@ -31,6 +31,7 @@ from .attrs import Attrs
 from .context import Context
 from .converters import CONVERTERS
 from .mxnet_graph import MXNetGraph
+from .registered import CUSTOM, convert_registered, op_key, registered_for
 
 
 @dataclass
@@ -68,7 +69,20 @@ def check_supported(graph: MXNetGraph) -> None:
     quantized = {op: n for op, n in graph.op_counts().items() if op.startswith(_QUANTIZED_PREFIXES)}
     if quantized:
         raise QuantizedGraphError(quantized)
-    missing = {op: n for op, n in graph.op_counts().items() if op not in CONVERTERS}
+    missing: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op == "null":
+            continue
+        if registered_for(node) is None:
+            if node.op not in CONVERTERS:
+                key = op_key(node)  # a Custom node is known by its op_type, when it has one
+                name = f"{node.op}(op_type={key})" if node.op == CUSTOM and key else node.op
+                missing[name] = missing.get(name, 0) + 1
+        elif node.op in CONVERTERS:
+            raise EdgecvError(
+                f"`{node.op}` is registered with edgecv.register_op, but edgecv converts it "
+                "already; register your operator under another name (its Custom op_type)"
+            )
     if missing:
         raise UnsupportedOpsError(missing, supported_ops())
 
@@ -289,6 +303,9 @@ def _convert_node(bb, graph, node, values, params, inputs_by_name) -> list[relax
         args.append(produced[out])
     ctx = Context(bb, node)
     try:
+        registered = registered_for(node)
+        if registered is not None:
+            return [convert_registered(ctx, registered, args)]
         result = CONVERTERS[node.op](ctx, args, Attrs(node.op, node.name, node.attrs))
         results = result if isinstance(result, list) else [result]
         # Emitting here makes Relax infer shapes now, so a bad node fails with its name.

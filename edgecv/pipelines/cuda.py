@@ -1,5 +1,7 @@
 """The CUDA pipeline (Jetson), in order.
 
+0. ``--precision fp16`` only: operators in float16 per edgecv's table
+   (:func:`.fp16.convert`; the CPU launches of step 6 stay float32).
 1. Relax passes, fused kernels, the static plan (:func:`edgecv.lowering.lower`).
 2. Placement, pass 1: from the profile's declared capabilities and ``--cpu-ops``.
 3. Schedule + lowering of the GPU kernels, per kernel, contained and time-limited
@@ -18,14 +20,17 @@ import time
 import tvm
 
 from ..codegen.cuda import generate_cuda
+from ..fallback import widened_constants
 from ..lowering import lower
 from ..profiles import Profile
+from . import fp16
 from . import gpu_steps as g
 from .steps import BuildOptions, Built, Progress
 
 
 def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: Progress) -> Built:
     """Compile the imported Relax module ``mod`` for a CUDA profile."""
+    mod = fp16.convert(mod, options, progress)  # 0
     progress("lowering (Relax passes, fusion, memory plan)")
     lowered = lower(mod)  # 1
     started = time.perf_counter()
@@ -52,6 +57,10 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     facts["schedules"] = {"gpu": g.gpu_schedule_facts(compiled, lowered)}
     if "cpu_schedules" in facts:
         facts["schedules"]["cpu"] = facts.pop("cpu_schedules")
+    constants = lowered.constants
+    if options.precision == "fp16":
+        facts["fp16"] = fp16.launch_facts(plan, lowered)
+        constants = widened_constants(plan, constants)
 
     def binaries(writer) -> dict[str, str]:
         files = {}
@@ -65,4 +74,4 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
 
     timings = {**lowered.timings, "build_s": time.perf_counter() - started}
     write = g.package_writer("cuda", code.source, launches, write_cpu, binaries)
-    return Built(plan, lowered.constants, write, facts, timings, lowered.kernel_ops)
+    return Built(plan, constants, write, facts, timings, lowered.kernel_ops)

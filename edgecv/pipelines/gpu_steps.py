@@ -14,6 +14,7 @@ from ..codegen.host import host_of
 from ..errors import EdgecvError
 from ..fallback import Placement, insert_copies, place
 from ..lowering import Lowered
+from ..lowering.precision import widen_kernels
 from ..package_format import Launch, Plan, launches_to_json
 from ..profiles import Profile
 from ..schedules.orders import gpu_order, tuning_database
@@ -104,9 +105,11 @@ def copies_and_cpu_kernels(
     options: BuildOptions,
     progress: Progress,
 ) -> tuple[Plan, dict, object]:
-    """Insert the device copies; compile the CPU launches for the profile's host CPU.
-    Returns the plan, the placement facts and how to write the CPU library (or None)."""
-    plan, copies = insert_copies(lowered.plan, placement, profile.piece_alignments)
+    """Insert the device copies; compile the CPU launches for the profile's host CPU (in
+    float32 in a float16 build: the copies convert). Returns the plan, the placement facts
+    and how to write the CPU library (or None)."""
+    half = options.precision == "fp16"
+    plan, copies = insert_copies(lowered.plan, placement, profile.piece_alignments, half)
     progress(
         f"placement: {placement.on('gpu')} launches on the GPU, {placement.on('cpu')} on the "
         f"CPU, {len(copies)} device copies ({sum(c.nbytes for c in copies):,} bytes per run)"
@@ -119,9 +122,10 @@ def copies_and_cpu_kernels(
     write_cpu = None
     if cpu_names:
         progress(f"compiling {len(cpu_names)} CPU fallback kernels for {host.attrs.get('mcpu')}")
-        write_cpu, cpu_facts = compile_cpu_kernels(
-            subset(lowered.kernels, cpu_names), host, lowered, options, progress
-        )
+        cpu_kernels = subset(lowered.kernels, cpu_names)
+        if half:
+            cpu_kernels = widen_kernels(cpu_kernels)
+        write_cpu, cpu_facts = compile_cpu_kernels(cpu_kernels, host, lowered, options, progress)
         del cpu_facts["host"]
         facts["cpu_schedules"] = cpu_facts
     return plan, facts, write_cpu
@@ -162,6 +166,7 @@ def placement_facts(plan: Plan, placement: Placement, copies) -> dict:
                 "bytes": c.nbytes,
                 "from": c.from_device,
                 "to": c.to_device,
+                **({"to_dtype": c.to_dtype} if c.to_dtype else {}),
             }
             for c in copies
         ],  # fmt: skip

@@ -53,7 +53,7 @@ from ..lowering.quantize import (
 from ..profiles import Profile
 from ..schedules.cpu.conv2d_int8 import dot_product_of, runs_on_dot_product
 
-PRECISIONS = ("fp32", "int8")
+PRECISIONS = ("fp32", "int8", "fp16")  # fp16: GPU profiles, edgecv.pipelines.fp16
 DEFAULT_CALIBRATION_SIZE = 100
 # Chosen from the measured accuracy of the three methods: docs/int8.md.
 DEFAULT_METHOD = "percentile"

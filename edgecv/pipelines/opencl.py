@@ -1,5 +1,7 @@
 """The OpenCL pipeline (Intel Graphics, Mali), in order.
 
+0. ``--precision fp16`` only: operators in float16 per edgecv's table
+   (:func:`.fp16.convert`; the CPU launches of step 8 stay float32).
 0. Graph tuner: a data layout per convolution (NCHW or packed), from measured costs
    (:func:`edgecv.graph_tuner.choose_layouts`).
 1. Relax passes, fused kernels, the static plan (:func:`edgecv.lowering.lower`).
@@ -23,16 +25,19 @@ import time
 import tvm
 
 from ..codegen.opencl import generate_opencl
+from ..fallback import widened_constants
 from ..graph_tuner import choose_layouts
 from ..graph_tuner.stage import winograd_plan
 from ..lowering import lower
 from ..profiles import Profile
+from . import fp16
 from . import gpu_steps as g
 from .steps import BuildOptions, Built, Progress
 
 
 def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: Progress) -> Built:
     """Compile the imported Relax module ``mod`` for an OpenCL profile."""
+    mod = fp16.convert(mod, options, progress)  # 0
     mod, layouts = choose_layouts(mod, profile, options, progress)  # 0
     progress("lowering (Relax passes, fusion, memory plan)")
     lowered = lower(mod, winograd_plan(layouts))  # 1
@@ -61,9 +66,13 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
                                                       progress)  # 7, 8  # fmt: skip
     facts["requires"] = requires
     facts["layouts"] = layouts
+    constants = lowered.constants
+    if options.precision == "fp16":
+        facts["fp16"] = fp16.launch_facts(plan, lowered)
+        constants = widened_constants(plan, constants)
     facts["schedules"] = {"gpu": g.gpu_schedule_facts(compiled, lowered)}
     if "cpu_schedules" in facts:
         facts["schedules"]["cpu"] = facts.pop("cpu_schedules")
     timings = {**lowered.timings, "build_s": time.perf_counter() - started}
     write = g.package_writer("opencl", source, launches, write_cpu)
-    return Built(plan, lowered.constants, write, facts, timings, lowered.kernel_ops)
+    return Built(plan, constants, write, facts, timings, lowered.kernel_ops)

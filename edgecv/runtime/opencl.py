@@ -108,8 +108,12 @@ class OpenCLBackend(Backend):
                 + (
                     f"devices that have it: {'; '.join(able)} (pick one with --on)"
                     if able
-                    else "no device on this machine has it: redeploy for a profile without "
-                    "that capability (aisage, local) or --device cpu"
+                    else "no device on this machine has it: redeploy "
+                    + (
+                        "with --precision fp32"  # float16 arithmetic: an fp16 package
+                        if missing == ["cl_khr_fp16"]
+                        else "for a profile without that capability (aisage, local) or --device cpu"
+                    )
                 )
             )
         failures, failing, crashed = [], [], True

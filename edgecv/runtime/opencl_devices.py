@@ -62,6 +62,7 @@ class OpenCLDevice:
     global_memory_bytes: int
     local_memory_bytes: int
     max_work_group_size: int
+    fp16: bool = False  # cl_khr_fp16: float16 arithmetic (an fp16 package needs it)
 
     @property
     def label(self) -> str:
@@ -95,6 +96,7 @@ def opencl_devices() -> list[OpenCLDevice]:
                     global_memory_bytes=int(dev.global_mem_size),
                     local_memory_bytes=int(dev.local_mem_size),
                     max_work_group_size=int(dev.max_work_group_size),
+                    fp16="cl_khr_fp16" in dev.extensions,
                 )
             )
     return found

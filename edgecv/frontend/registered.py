@@ -1,0 +1,90 @@
+"""Nodes of operators a user registered (:func:`edgecv.register_op`) -> Relax.
+
+The user's tensor expression becomes a TIR PrimFunc through ``BlockBuilder.emit_te``,
+named after the operator: to every later stage it is a PrimFunc like those LegalizeOps
+makes of built-in ops, so FuseOps fuses it with its neighbours (by the pattern
+``AnnotateTIROpPattern`` reads from its loops), the schedule stage classifies it by its
+blocks, placement and ``--explain`` name it.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from tvm import relax, te
+
+from ..errors import ConversionError, EdgecvError, foreign_message
+from ..op_registry import RegisteredOp, registered_op
+from .context import Context
+from .mxnet_graph import Node
+
+CUSTOM = "Custom"
+
+
+def op_key(node: Node) -> str:
+    """The name a node's operator is registered under: a ``Custom`` node's ``op_type``,
+    else the MXNet op name."""
+    if node.op == CUSTOM:
+        return node.attrs.get("op_type", "")
+    return node.op
+
+
+def registered_for(node: Node) -> RegisteredOp | None:
+    """The registered operator of ``node``, or None."""
+    return registered_op(op_key(node))
+
+
+def node_attrs(node: Node) -> dict[str, Any]:
+    """The node's attributes as Python values: MXNet writes every attribute (and a
+    Custom op's keyword arguments) as a string, ``"(3, 3)"``, ``"0.5"``, ``"True"``; those
+    that read as a literal become one, the rest stay strings. Training hints (``__lr_mult__``)
+    and a Custom node's ``op_type`` are left out."""
+    attrs = {}
+    for key, text in node.attrs.items():
+        if key.startswith("__") or (node.op == CUSTOM and key == "op_type"):
+            continue
+        try:
+            attrs[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            attrs[key] = text
+    return attrs
+
+
+def convert_registered(ctx: Context, op: RegisteredOp, inputs: list) -> relax.Expr:
+    """Emit the node as one call of a PrimFunc built from ``op.compute``; the output's
+    shape and dtype must be what the op's rules say."""
+    attrs = node_attrs(ctx.node)
+    shapes = [ctx.shape(x) for x in inputs]
+    dtypes = [ctx.dtype(x) for x in inputs]
+    where = f"node `{ctx.node.name}` (registered op `{op.name}`, input shapes {shapes})"
+    try:
+        expected = tuple(int(d) for d in op.shape(shapes, dict(attrs)))
+        expected_dtype = op.out_dtype(dtypes, dict(attrs))
+    except EdgecvError:
+        raise
+    except Exception as err:
+        raise ConversionError(f"{where}: its shape rule raised {foreign_message(err)}") from None
+
+    def build(*tensors: te.Tensor) -> te.Tensor:
+        out = op.compute(list(tensors), dict(attrs))
+        if not isinstance(out, te.Tensor):
+            raise ConversionError(
+                f"{where}: compute returned {type(out).__name__}, not one te.Tensor; build the "
+                "output with te.compute"
+            )
+        return out
+
+    try:
+        out = ctx.bb.emit_te(build, *inputs, primfunc_name_hint=op.name)
+    except EdgecvError:
+        raise
+    except Exception as err:
+        raise ConversionError(f"{where}: compute raised {foreign_message(err)}") from None
+    got, got_dtype = ctx.shape(out), ctx.dtype(out)
+    if (got, got_dtype) != (expected, expected_dtype):
+        raise ConversionError(
+            f"{where}: compute built {got} {got_dtype} but the shape/dtype rules say {expected} "
+            f"{expected_dtype}; make the two agree"
+        )
+    return out
