@@ -120,13 +120,14 @@ def _import(meta: dict):
 
 
 def _deploy_and_compare(
-    meta: dict, profile: str, record: dict, seed: int, on: str | None = None
+    meta: dict, profile: str, record: dict, seed: int, on: str | None = None, layout=None
 ) -> None:
     import numpy as np
 
     import edgecv
     from edgecv.deploy import deploy
     from edgecv.frontend.random_weights import example_input
+    from edgecv.pipelines import BuildOptions
     from edgecv.testing import compare_with_mxnet
 
     shapes = {name: tuple(s) for name, s in meta["inputs"].items()}
@@ -141,6 +142,7 @@ def _deploy_and_compare(
             input_shape=shapes if len(shapes) > 1 else shape,
             pretrained=False,
             host=None if profile == "cpu" else "native",  # its CPU part runs here
+            options=BuildOptions(layout=layout) if layout else None,
         )
         record["compile_s"] = round(time.perf_counter() - t, 1)
         record["compile"] = "ok"
@@ -183,7 +185,7 @@ def worker(args: argparse.Namespace) -> None:
         save()
         if args.deploy:
             stage = "compile"
-            _deploy_and_compare(meta, args.deploy, record, args.seed, args.on)
+            _deploy_and_compare(meta, args.deploy, record, args.seed, args.on, args.layout)
             save()
     except BaseException as err:  # report every failure kind as this model's row
         if stage == "compile" and record.get("compile") == "ok":
@@ -263,6 +265,8 @@ def _run_model(name: str, args, record_path: Path) -> str | None:
         cmd += ["--deploy", args.deploy]
     if args.on:
         cmd += ["--on", args.on]
+    if args.layout:
+        cmd += ["--layout", args.layout]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -307,6 +311,9 @@ def main() -> None:
     parser.add_argument("--import-only", action="store_true", help="stop after the import")
     parser.add_argument("--deploy", metavar="PROFILE", help="deploy, run, compare (e.g. cpu)")
     parser.add_argument("--on", help="OpenCL device of a GPU profile's packages (intel, pocl)")
+    parser.add_argument(
+        "--layout", choices=("auto", "NCHW", "packed"), help="deploy's --layout (default: auto)"
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per model stage")
     parser.add_argument("--out", type=Path, default=Path("zoo_coverage"))
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "zoo-cache")

@@ -235,10 +235,9 @@ def cmd_demo(args) -> int:
     for thread in threads:
         thread.start()
     try:
-        while any(t.is_alive() for t in threads):
-            if args.headless:
-                time.sleep(0.05)
-                continue
+        for thread in threads if args.headless else ():  # Ctrl-C interrupts a join
+            thread.join()
+        while any(t.is_alive() for t in threads):  # windows: drawn here as frames come
             try:
                 player, frame = shown.get(timeout=0.05)
             except queue.Empty:
