@@ -4,7 +4,8 @@ Plain Python with no import of TVM, so ``import edgecv`` stays cheap and ``regis
 can sit at the top of a user's module: the compute function is only called when the
 frontend converts a node of the operator (:mod:`edgecv.frontend.registered`), where
 TVM is loaded anyway. The graph's op name is the key: an MXNet operator name, or for a
-``Custom`` node its ``op_type`` attribute.
+``Custom`` node its ``op_type`` attribute; a Gluon ``HybridBlock`` subclass registers
+under the ``op_type`` class attribute it exports its ``Custom`` node with.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ _CALLS = [0]  # register_op calls so far: whether a module loaded by load_ops re
 
 
 def register_op(
-    name: str,
+    name: str | type,
     compute: Callable[..., Any] | None = None,
     *,
     shape: Callable[[list[tuple[int, ...]], dict[str, Any]], tuple[int, ...]],
@@ -68,10 +69,13 @@ def register_op(
 
     Parameters
     ----------
-    name : str
+    name : str or HybridBlock subclass
         The op name in the MXNet symbol JSON, or for a ``Custom`` op (a Gluon block
         exported through ``mx.operator.register``) its ``op_type``. Letters, digits and
         ``_``: the kernel is named after it in ``deploy --explain`` and ``--cpu-ops``.
+        Or the Gluon ``HybridBlock`` subclass itself, which must say the ``op_type`` it
+        exports as in a class attribute ``op_type`` (its ``hybrid_forward`` calling
+        ``F.Custom(..., op_type=self.op_type)``): the op is registered under that name.
     compute : callable
         ``compute(inputs, attrs) -> te.Tensor``: ``inputs`` are ``tvm.te.Tensor``
         placeholders of the node's inputs in graph order (weights included), ``attrs``
@@ -96,15 +100,18 @@ def register_op(
     Raises
     ------
     RegistrationError
-        A malformed name, an argument that is not callable, or a name already registered
-        by a different function (re-running the same module is fine).
+        A malformed name, a block class without an ``op_type``, an argument that is not
+        callable, or a name already registered by a different function (re-running the
+        same module is fine).
     """
     if compute is None:
         return lambda fn: register_op(name, fn, shape=shape, dtype=dtype, reference=reference)
+    name = _block_op_type(name) if isinstance(name, type) else name
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise RegistrationError(
-            f"register_op: name {name!r:.60} is not an op name; give the MXNet op name or the "
-            "Custom op's op_type (letters, digits and _, not starting with a digit)"
+            f"register_op: name {name!r:.60} is not an op name; give the MXNet op name, the "
+            "Custom op's op_type (letters, digits and _, not starting with a digit) or the "
+            "Gluon HybridBlock class that exports it"
         )
     for what, value in (("compute", compute), ("shape", shape)):
         if not callable(value):
@@ -131,6 +138,28 @@ def register_op(
     _REGISTERED[name] = RegisteredOp(name, compute, shape, dtype, reference)
     _CALLS[0] += 1
     return compute
+
+
+def _block_op_type(block: type) -> str:
+    """The ``op_type`` a Gluon ``HybridBlock`` subclass exports its ``Custom`` node with:
+    its class attribute of that name. The class is told apart by its bases' names, so
+    registering from a block does not import MXNet here."""
+    if not any(
+        base.__name__ == "HybridBlock" and base.__module__.startswith("mxnet.gluon")
+        for base in block.__mro__
+    ):
+        raise RegistrationError(
+            f"register_op: class {block.__qualname__} is not a Gluon HybridBlock; give the "
+            "MXNet op name, the Custom op's op_type, or a HybridBlock subclass"
+        )
+    op_type = getattr(block, "op_type", None)
+    if not isinstance(op_type, str):
+        raise RegistrationError(
+            f"register_op({block.__qualname__}): a HybridBlock registers under the Custom "
+            'op_type it exports as; give the class an attribute `op_type = "my_op"` and '
+            "call F.Custom(..., op_type=self.op_type) in its hybrid_forward"
+        )
+    return op_type
 
 
 def _origin(fn: Callable[..., Any]) -> tuple[str, str]:

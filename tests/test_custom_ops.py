@@ -1,9 +1,10 @@
 """Operators registered from a user's file (edgecv.register_op, `deploy --ops`): the
 three examples of demos/custom_ops/ (a capsule convolution, a dilated depth-to-space, a
-parameterized hard-swish), exported from Gluon as MXNet `Custom` ops, deployed for `cpu`
-and `deeplens` (Intel's OpenCL runtime) against their NumPy references; a model mixing
-them with built-in layers against MXNet (whose Custom forward is the same reference);
-edgecv.testing.check_op; the errors of bad registrations and bad `--ops` files.
+parameterized hard-swish), exported from Gluon as MXNet `Custom` ops, deployed for `cpu`,
+`deeplens` (Intel's OpenCL runtime) and `aisage` (PoCL) against their NumPy references;
+a model mixing them with built-in layers against MXNet (whose Custom forward is the same
+reference); edgecv.testing.check_op; `edgecv tune --ops`; a HybridBlock class as the
+name; the errors of bad registrations and bad `--ops` files.
 """
 
 from __future__ import annotations
@@ -65,7 +66,13 @@ def test_the_demo_file_registers_the_three_examples():
 
 
 @pytest.mark.parametrize(
-    ("profile", "on"), [("cpu", None), ("deeplens", "intel(r) opencl")], ids=["cpu", "deeplens"]
+    ("profile", "on"),
+    [
+        ("cpu", None),
+        ("deeplens", "intel(r) opencl"),
+        pytest.param("aisage", "pocl", marks=needs_pocl()),
+    ],
+    ids=["cpu", "deeplens", "aisage"],
 )
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_example_deploys_and_matches_its_reference(models, name, profile, on, tmp_path):
@@ -73,8 +80,9 @@ def test_example_deploys_and_matches_its_reference(models, name, profile, on, tm
         device_or_skip(on)
     symbol, params, shape = models(name)
     op, attrs = EXAMPLES[name]
+    host = "native" if profile == "aisage" else None  # its fallback kernels run here
     path = deploy(symbol, tmp_path / "pkg", profile, params=params, input_shape=shape,
-                  options=fast())  # fmt: skip
+                  options=fast(), host=host)  # fmt: skip
     x = np.random.RandomState(3).normal(size=shape).astype(np.float32)
     (got,) = edgecv.load(path, on=on).run(x)
     weights = list(np.load(path / "params.npz").values()) if params else []
@@ -157,6 +165,45 @@ def test_register_op_refuses_bad_registrations():
     assert registered_op("fine_name") is None
 
 
+def test_a_hybrid_block_class_registers_under_the_op_type_it_exports(tmp_path):
+    """register_op(Block, ...) keys the op by the block's `op_type`: the Custom node its
+    export writes is converted with the registered compute and matches the reference."""
+    from tvm import te
+
+    mx = custom_op_models.mx
+    reference = lambda x, scale=1.0: (x * scale + 1).astype(x.dtype)  # noqa: E731
+
+    class Affine(mx.gluon.HybridBlock):
+        op_type = "block_affine"
+
+        def hybrid_forward(self, F, x):
+            return F.Custom(x, op_type=self.op_type, scale=2.5)
+
+    def compute(inputs, attrs):
+        (x,) = inputs
+        return te.compute(x.shape, lambda *i: x(*i) * float(attrs["scale"]) + 1.0)
+
+    custom_op_models._custom("block_affine", reference, ["data"], lambda s, a: s[0])
+    assert edgecv.register_op(Affine, compute, shape=lambda s, a: s[0]) is compute
+    try:
+        assert registered_op("block_affine").compute is compute
+        shape = (1, 3, 4, 5)
+        symbol, _ = custom_op_models.export(Affine(), shape, tmp_path / "affine")
+        path = deploy(symbol, tmp_path / "pkg", "cpu", input_shape=shape, options=fast())
+        x = np.random.RandomState(8).normal(size=shape).astype(np.float32)
+        assert_close(edgecv.load(path).run(x)[0], reference(x, 2.5), "block_affine")
+    finally:
+        unregister_op("block_affine")
+
+    class NoOpType(mx.gluon.HybridBlock):
+        pass
+
+    with pytest.raises(RegistrationError, match="NoOpType.*attribute `op_type"):
+        edgecv.register_op(NoOpType, compute, shape=lambda s, a: s[0])
+    with pytest.raises(RegistrationError, match="not a Gluon HybridBlock"):
+        edgecv.register_op(dict, compute, shape=lambda s, a: s[0])
+
+
 def graph_of(op_type: str, inputs: int = 1, **attrs):
     return parse_symbol(_one_node_symbol(op_type, inputs, attrs))
 
@@ -208,3 +255,32 @@ def test_a_bad_ops_file_is_one_error_line(tmp_path, capsys, content, fragment):
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("edgecv: error:")]
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in err, err
+
+
+def test_tune_ops_tunes_a_registered_op_and_deploy_applies_the_record(models, tmp_path):
+    """`edgecv tune --ops` makes the registered op's kernel a task like any other: its
+    records are keyed by the PrimFunc's structure, so deploy replays them (and `--ship`
+    would ship them). The CLI takes 4-D input shapes, so the hard-swish model."""
+    symbol, _, shape = models("hard_swish")
+    db = tmp_path / "db"
+    status = main(["tune", str(symbol), "--ops", str(DEMO / "my_ops.py"), "--input-shape",
+                   ",".join(map(str, shape)), "--layout", "NCHW", "--trials", "3",
+                   "--db", str(db)])  # fmt: skip
+    assert status == 0
+    meta_path = db / "edgecv_database.json"
+    meta = json.loads(meta_path.read_text())
+    entries = [e for e in meta["workloads"].values() if "hard_swish" in str(e["kernels"])]
+    assert entries and all(e["default_s"] for e in entries), meta["workloads"]
+    # as if the search had won: deploy then replays the record instead of the default rule
+    for entry in meta["workloads"].values():
+        entry["best_s"] = entry["default_s"] / 2
+    meta_path.write_text(json.dumps(meta))
+    path = deploy(symbol, tmp_path / "pkg", "cpu", input_shape=shape,
+                  options=BuildOptions(check_on=None, tuning=[str(db)], layout="NCHW"))  # fmt: skip
+    build = json.loads((path / "manifest.json").read_text())["build"]
+    (kernels,) = build["schedules"].values()
+    (kernel,) = kernels["kernels"].values()
+    assert kernel["ops"] == ["hard_swish"] and kernel["rule"] == "tuned", kernel
+    x = np.random.RandomState(7).normal(size=shape).astype(np.float32)
+    expected = registered_op("hard_swish").reference(x, alpha=0.2, beta=0.5)
+    assert_close(edgecv.load(path).run(x)[0], expected, "tuned hard_swish")

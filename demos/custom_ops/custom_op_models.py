@@ -63,6 +63,8 @@ _custom("hard_swish", my_ops.hard_swish_reference, ["data"], lambda shapes, attr
 class CapsuleConv(mx.gluon.HybridBlock):
     """Capsule convolution with its pose weights as a Gluon parameter."""
 
+    op_type = "capsule_conv2d"  # what it exports as; register_op(CapsuleConv, ...) reads it
+
     def __init__(self, cin, cout, kernel=3, stride=1, pad=1, poses=4):
         super().__init__()
         self.stride, self.pad = stride, pad
@@ -70,26 +72,30 @@ class CapsuleConv(mx.gluon.HybridBlock):
             self.weight = self.params.get("weight", shape=(cout, cin, kernel, kernel, poses, poses))
 
     def hybrid_forward(self, F, x, weight):
-        return F.Custom(x, weight, op_type="capsule_conv2d", stride=self.stride, pad=self.pad)
+        return F.Custom(x, weight, op_type=self.op_type, stride=self.stride, pad=self.pad)
 
 
 class DilatedDepthToSpace(mx.gluon.HybridBlock):
+    op_type = "dilated_depth_to_space"
+
     def __init__(self, block=2, dilation=2):
         super().__init__()
         self.block, self.dilation = block, dilation
 
     def hybrid_forward(self, F, x):
-        return F.Custom(x, op_type="dilated_depth_to_space", block=self.block,
+        return F.Custom(x, op_type=self.op_type, block=self.block,
                         dilation=self.dilation)  # fmt: skip
 
 
 class HardSwish(mx.gluon.HybridBlock):
+    op_type = "hard_swish"
+
     def __init__(self, alpha=0.2, beta=0.5):
         super().__init__()
         self.alpha, self.beta = alpha, beta
 
     def hybrid_forward(self, F, x):
-        return F.Custom(x, op_type="hard_swish", alpha=self.alpha, beta=self.beta)
+        return F.Custom(x, op_type=self.op_type, alpha=self.alpha, beta=self.beta)
 
 
 class Mixed(mx.gluon.HybridBlock):

@@ -1,7 +1,7 @@
 """``edgecv tune``: tune a model's kernels for a device class and store the records.
 
     edgecv tune MODEL --device PROFILE [--on DEVICE] [--trials N | --time-budget MIN]
-                [--db DIR] [--tasks K] [--rules-only] [--layout auto|NCHW|packed]
+                [--db DIR] [--tasks K] [--rules-only] [--layout auto|NCHW|packed] [--ops FILE]
                 [--resume] [--ship] [--rpc HOST:PORT --key KEY]
 
 The model is imported exactly as deploy imports it and its convolutions put in the
@@ -73,6 +73,10 @@ def tune(args: argparse.Namespace) -> int:
     profile = load_profile(args.device)
     if args.rpc and not args.key:
         raise EdgecvError("--rpc needs --key KEY: the device key the servers registered with")
+    for ops_file in args.ops or []:  # before the graph is read: it names these ops
+        from ..op_registry import load_ops
+
+        say(f"registered {', '.join(load_ops(ops_file))} from {ops_file}")
     cls, order, compiler, runner = _runner_setup(profile, args.on, args.rpc, args.key)
     db_dir = Path(args.db) if args.db else cls.user_folder()
     check_database_folder(db_dir)
@@ -218,6 +222,9 @@ def add_parser(sub, common) -> None:
     t.add_argument("--random-weights", action="store_true", help="seeded random weights")
     t.add_argument("--seed", type=int, default=0, help="seed of random weights")
     t.add_argument("--on", help="OpenCL device to time on: part of its name (intel, pocl)")
+    t.add_argument("--ops", metavar="FILE", action="append",
+                   help="a Python file registering operators with edgecv.register_op, as "
+                   "for deploy (repeatable)")  # fmt: skip
     amount = t.add_mutually_exclusive_group()
     amount.add_argument("--trials", type=int, default=64, help="trials per workload (64)")
     amount.add_argument("--time-budget", type=float, metavar="MINUTES",

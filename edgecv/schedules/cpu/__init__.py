@@ -12,8 +12,9 @@ INT8 conv2d NCHW, uint8 x int8, groups 1   :class:`.conv2d_int8.Conv2DInt8`: the
                                            instructions (VNNI, vpmaddubsw)
 conv2d NCHW, groups 1                      :class:`.conv2d.Conv2D`: register tiles
                                            vectorized over output channels
-depthwise / grouped conv2d, pooling        :class:`.window.Window`: tiles vectorized
-                                           along output rows
+depthwise / grouped conv2d, pooling,       :class:`.window.Window`: tiles vectorized
+other reductions over an image (a          along output rows (and along output axes
+registered conv-like op)                   the loaded inputs do not depend on)
 dense ``x @ w`` (``w`` as ``[in, out]``)   :class:`.dense.Dense`
 no reduction (elementwise, transpose,      :class:`.injective.Injective`: producers
 concat, slicing, padding)                  inlined; outer axes parallel, inner vectorized

@@ -1,4 +1,5 @@
-"""CPU rule: depthwise and grouped convolutions and pooling, along output rows."""
+"""CPU rule: depthwise and grouped convolutions, pooling and other reductions over a
+window of each output pixel (a user's conv-like kernel), along output rows."""
 
 from __future__ import annotations
 
@@ -12,10 +13,16 @@ from .loop_nest import (
     accumulate_locally,
     extent,
     iter_kinds,
+    largest_divisor,
     nest,
     unroll,
+    uses,
     vector_width,
 )
+
+# Reduction steps unrolled under a register tile of several vectors: beyond this, the
+# unrolled body outgrows the instruction cache for no gain.
+TILE_UNROLL = 64
 
 
 def schedule_window(
@@ -26,7 +33,9 @@ def schedule_window(
     Depthwise and grouped convolutions and pooling: the reduction (kernel taps, the
     input channels of a group) runs outside a tile of ``rows`` output rows times one
     vector of output columns. Threads split the outer axes (batch and channels); each
-    pads only the input channels it reads, while they are in cache.
+    pads only the input channels it reads, while they are in cache. Outer axes that the
+    operands read along the width do not depend on (:func:`reuse_axes`) are tiled in
+    registers too.
 
     Returns the names of the producer blocks it placed (the others are the caller's).
     """
@@ -39,18 +48,41 @@ def schedule_window(
     lanes = vector_width(extent(sch, w), simd)
     if lanes < 4:
         raise NotApplicable(f"output width {extent(sch, w)} leaves no vector")
+    reuse = reuse_axes(sch, block, spatial)
     producers = list(sch.get_producers(block))
     write_back = accumulate_locally(sch, block, epilogue)
     w_o, w_i = sch.split(w, [None, lanes])
     # Two rows per tile reuse each loaded input row for two output rows (3x3, stride 1).
     rows = 2 if extent(sch, h) % 2 == 0 else 1
     h_o, h_i = sch.split(h, [None, rows])
-    sch.reorder(*outer, h_o, w_o, *reduce_, h_i, w_i)
+    # Outer axes the vector-loaded operands do not depend on (a capsule conv's output
+    # capsules and pose columns) join the register tile: each loaded input vector
+    # then feeds one FMA per tile entry, as a dense conv's output channels do. Half
+    # the registers accumulate; depthwise convs and pooling have no such axis.
+    budget = simd.registers // 2 // rows
+    tile = []
+    for index in reversed(reuse):
+        size = largest_divisor(extent(sch, outer[index]), budget)
+        if size > 1:
+            outer[index], inner = sch.split(outer[index], [None, size])
+            tile.insert(0, inner)
+            budget //= size
+    sch.reorder(*outer, h_o, w_o, *reduce_, *tile, h_i, w_i)
     parallel = sch.fuse(*outer) if len(outer) > 1 else outer[0]
     sch.parallel(parallel)
-    for loop in (*reduce_, h_i):
-        if extent(sch, loop) <= 16:
+    if tile:
+        steps = 1  # the innermost reduction loops, up to TILE_UNROLL steps in all
+        for loop in reversed(reduce_):
+            steps *= extent(sch, loop)
+            if steps > TILE_UNROLL:
+                break
             unroll(sch, loop)
+        for loop in (*tile, h_i):
+            unroll(sch, loop)
+    else:
+        for loop in (*reduce_, h_i):
+            if extent(sch, loop) <= 16:
+                unroll(sch, loop)
     sch.vectorize(w_i)
     init = sch.decompose_reduction(block, reduce_[0])
     sch.vectorize(sch.get_loops(init)[-1])
@@ -71,6 +103,24 @@ def schedule_window(
             sch.vectorize(innermost)
         placed.add(sch.get(producer).name_hint)
     return placed
+
+
+def reuse_axes(sch: s_tir.Schedule, block: SBlockRV, spatial: int) -> list[int]:
+    """The outer spatial axes (all but the last two) that no operand read along the
+    output width depends on: the axes along which a loaded input vector can be reused."""
+    stmt = sch.get(block)
+    width = stmt.iter_vars[spatial - 1].var
+    out = stmt.writes[0].source  # a reduction reads its accumulator too
+    streamed = [
+        r for r in stmt.reads
+        if not r.source.same_as(out) and uses([x.min for x in r.region], width)
+    ]  # fmt: skip
+    if not streamed:
+        return []
+    return [
+        i for i in range(spatial - 2)
+        if not any(uses([x.min for x in r.region], stmt.iter_vars[i].var) for r in streamed)
+    ]  # fmt: skip
 
 
 class Window(OneReductionRule):
