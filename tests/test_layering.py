@@ -41,6 +41,7 @@ FLOORS = [
     ["pipelines"],
     ["tuning", "deploy"],  # tuning runs the pipeline's stages up to the kernels it tunes
     ["testing"],  # check_op deploys a registered operator alone, as a user's test would
+    ["divergence_probe"],  # deploys a cut graph and compares it with MXNet's internals
     ["bench", "demo"],
     ["cli"],
 ]

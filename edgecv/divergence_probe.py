@@ -1,0 +1,394 @@
+"""Where does edgecv first depart from MXNet? A stage-by-stage probe of one model.
+
+A whole-model comparison (:func:`edgecv.testing.compare_with_mxnet`) says *that* a
+package's outputs differ from MXNet's; this probe says *where*. It runs both on the
+same weights and input and compares every chosen internal output of the MXNet graph
+(``sym.get_internals()``): MXNet's values come from one forward pass of the graph with
+those outputs as heads; edgecv's from deploying the graph cut at the same nodes (the
+same sub-graph with those outputs as its heads: one package, one run). The plan of a
+package does not keep which MXNet node wrote which buffer, and fusion leaves most
+intermediate values in no buffer at all, so cutting the graph is what gives edgecv's
+value of a node.
+
+What counts as a departure is measured, not assumed: MXNet is run again with every
+input element moved by one float32 step (``np.nextafter``, up or down at random) in a
+few random directions, and the largest change of each internal output is MXNet's own
+*drift* there. A stage departs when edgecv's difference from MXNet exceeds ``factor``
+times that drift (at least one float32 rounding step of the stage's largest value), or
+when it changes a detection-style result (sorted indices, NMS keep lists) that MXNet's
+own drift does not change.
+
+    python -m edgecv.divergence_probe model-symbol.json model-0000.params --shape 1,3,512,512
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# Outputs that are indices of a ranking: argsort's output, topk's indices. Their values
+# are positions; what matters is which positions a row holds (as a set) and their order.
+_INDEX_OPS = {"argsort"}
+# Outputs whose rows may reorder or be replaced by a near tie (NMS keep lists, sorted
+# values, proposals): their values are compared sorted, their rows matched as sets.
+_ROW_OPS = {
+    "_contrib_box_nms",
+    "_contrib_box_non_maximum_suppression",
+    "_contrib_MultiBoxDetection",
+    "_contrib_Proposal",
+    "_contrib_MultiProposal",
+    "sort",
+}
+# Rows of a row output match when every field is within this fraction of the output's
+# largest magnitude (10x the float32 atol of edgecv.testing.TOLERANCES: the boxes' rule).
+_ROW_MATCH = 1e-4
+
+
+@dataclass
+class StageDifference:
+    """One internal output of the MXNet graph, edgecv's value against MXNet's.
+
+    ``max_abs_diff`` and ``mxnet_drift`` are largest absolute differences (rows output:
+    of the values sorted); ``ratio`` is the first over the larger of the second and one
+    float32 step of the stage's scale. For index and row outputs ``sets_differ`` says
+    whether edgecv's rows (index sets, kept boxes) differ from MXNet's and
+    ``drift_sets_differ`` whether MXNet's own one-step runs changed them; None elsewhere.
+    """
+
+    name: str
+    op: str
+    max_abs_diff: float
+    mxnet_drift: float
+    ratio: float
+    departs: bool
+    sets_differ: bool | None = None
+    drift_sets_differ: bool | None = None
+    detail: str = ""
+
+
+@dataclass
+class DivergenceReport:
+    """The stages in the graph's (topological) order and the first one that departs."""
+
+    stages: list[StageDifference]
+    factor: float
+
+    @property
+    def first(self) -> StageDifference | None:
+        return next((s for s in self.stages if s.departs), None)
+
+    def table(self, limit: int | None = None) -> str:
+        """One line per stage (the first ``limit``, and the first departing one)."""
+        lines = [f"{'stage':60} {'op':28} {'max|diff|':>10} {'drift':>10} {'ratio':>9}  sets"]
+        first = self.first
+        for i, s in enumerate(self.stages):
+            if limit is not None and i >= limit and s is not first:
+                continue
+            sets = "" if s.sets_differ is None else ("DIFFER" if s.sets_differ else "same")
+            if s.drift_sets_differ:
+                sets += " (mxnet drift too)"
+            mark = "  <-- first departure" if s is first else ""
+            lines.append(
+                f"{s.name[:60]:60} {s.op[:28]:28} {s.max_abs_diff:10.3g} {s.mxnet_drift:10.3g} "
+                f"{s.ratio:9.3g}  {sets}{mark}" + (f"  [{s.detail}]" if s.detail else "")
+            )
+        verdict = (
+            f"first departure: {first.name} (ratio {first.ratio:.3g} > {self.factor:g})"
+            if first
+            else f"no stage departs beyond {self.factor:g}x MXNet's own drift"
+        )
+        return "\n".join([*lines, verdict])
+
+
+def probe_divergence(
+    symbol: str | Path,
+    params: str | Path,
+    inputs: dict[str, np.ndarray],
+    profile: str = "cpu",
+    stages: Sequence[str] | None = None,
+    ops: Sequence[str] | None = None,
+    edgecv_params: str | Path | None = None,
+    options=None,
+    on: str | None = None,
+    factor: float = 4.0,
+    trials: int = 3,
+    seed: int = 0,
+    workdir: str | Path | None = None,
+) -> DivergenceReport:
+    """Compare edgecv with MXNet at every chosen internal output of an exported graph.
+
+    Parameters
+    ----------
+    symbol, params : path
+        The exported graph (``*-symbol.json``) and its weights (``*-0000.params``).
+    inputs : dict
+        Input name -> array, in the graph's input order.
+    profile : str
+        The device profile edgecv deploys the cut graph for; a GPU profile's package is
+        built with this machine as host and run on ``on`` (an OpenCL device query).
+    stages : sequence of str, optional
+        Node names (or internal output names, ``<node>_output``) to compare; by default
+        every output of every operator node, or those of ``ops``.
+    ops : sequence of str, optional
+        Only nodes of these MXNet operators (``Convolution``, ``_contrib_box_nms``, ...).
+    edgecv_params : path, optional
+        The weights edgecv deploys when they are not ``params`` (an edited copy: the
+        probe then finds where the edit first shows).
+    options : edgecv.pipelines.BuildOptions, optional
+        The build's options (``BuildOptions(layout="NCHW")`` skips the layout search).
+    factor : float
+        A stage departs when its difference exceeds ``factor`` times MXNet's drift
+        (4, as :func:`edgecv.testing.compare_with_mxnet` holds a whole model).
+    trials, seed : int
+        How many random one-step moves of the input measure the drift, and their seed.
+    workdir : path, optional
+        Where the cut graph and its package are written (a temporary folder by default).
+
+    Returns
+    -------
+    DivergenceReport
+        Per stage: name, op, max abs difference, MXNet's drift, their ratio, whether
+        index sets / kept rows differ; ``report.first`` is the first departing stage.
+    """
+    from edgecv._mxnet import import_mxnet
+    from edgecv.testing import with_defined_roi_align
+
+    mx = import_mxnet()
+    graph = json.loads(Path(symbol).read_text())
+    nodes = graph["nodes"]
+    op_of = {n["name"]: n["op"] for n in nodes}
+    full = mx.sym.load_json(json.dumps(graph))
+    names = _stage_outputs(full.get_internals().list_outputs(), op_of, stages, ops)
+    if not names:
+        raise ValueError(f"no internal output of {symbol} matches stages={stages} ops={ops}")
+    attrs_of = {n["name"]: n.get("attrs", {}) for n in nodes}
+    with tempfile.TemporaryDirectory(prefix="edgecv-probe-") as tmp:
+        work = Path(workdir or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        # MXNet runs its graph with FPN ROIAligns defined (see with_defined_roi_align):
+        # a ROIAlign stage is read after its mask, where the rest of the graph reads it
+        reference = mx.sym.load_json(with_defined_roi_align(json.dumps(graph)))
+        ref_internals = reference.get_internals()
+        ref_names = set(ref_internals.list_outputs())
+        picked = [_defined(n, op_of, ref_names) for n in names]
+        forward = _mxnet_forward(mx, mx.sym.Group([ref_internals[n] for n in picked]),
+                                 list(inputs), params)  # fmt: skip
+        xs = list(inputs.values())
+        base = forward(xs)
+        rng = np.random.RandomState(seed)
+        moved = []
+        for _ in range(trials):
+            nudged = [_one_step(x, rng) for x in xs]
+            moved.append(forward(nudged))
+        cut = work / "cut-symbol.json"
+        internals = full.get_internals()
+        cut.write_text(mx.sym.Group([internals[n] for n in names]).tojson())
+        ours = _edgecv_forward(cut, edgecv_params or params, inputs, profile, options, on, work)
+    if len(ours) != len(names):
+        raise AssertionError(f"the cut graph gave {len(ours)} outputs for {len(names)} stages")
+    result = []
+    for i, name in enumerate(names):
+        node = _node_of(name)
+        op, attrs = op_of.get(node, "?"), attrs_of.get(node, {})
+        drifted = [m[i] for m in moved]
+        result.append(_compare_stage(name, op, attrs, ours[i], base[i], drifted, factor))
+    return DivergenceReport(result, factor)
+
+
+def _node_of(output: str) -> str:
+    """``conv0_output`` / ``split0_output1`` -> the node's name."""
+    head, _, tail = output.rpartition("_output")
+    return head if head and (tail == "" or tail.isdigit()) else output
+
+
+def _stage_outputs(outputs: list[str], op_of: dict, stages, ops) -> list[str]:
+    """The internal outputs to compare, in the graph's order: operator nodes only."""
+    wanted = None if stages is None else set(stages)
+    chosen = []
+    for name in outputs:
+        node = _node_of(name)
+        op = op_of.get(node, "null")
+        if op == "null":
+            continue
+        if wanted is not None and node not in wanted and name not in wanted:
+            continue
+        if ops is not None and op not in ops:
+            continue
+        chosen.append(name)
+    return chosen
+
+
+def _defined(name: str, op_of: dict, ref_names: set) -> str:
+    """The MXNet reference's output for stage ``name`` (a ROIAlign's masked output)."""
+    if op_of.get(_node_of(name)) == "_contrib_ROIAlign":
+        masked = f"{_node_of(name)}_defined_output"
+        if masked in ref_names:
+            return masked
+    return name
+
+
+def _one_step(x: np.ndarray, rng: np.random.RandomState) -> np.ndarray:
+    """``x`` with every element moved by one float32 step, up or down at random."""
+    if not np.issubdtype(x.dtype, np.floating):
+        return x
+    towards = np.where(rng.rand(*x.shape) < 0.5, -np.inf, np.inf).astype(x.dtype)
+    return np.nextafter(x, towards).astype(x.dtype)
+
+
+def _mxnet_forward(mx, group, input_names: list[str], params: str | Path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        net = mx.gluon.SymbolBlock(group, [mx.sym.var(n) for n in input_names])
+        net.collect_params().load(str(params), ctx=mx.cpu(), ignore_extra=True)
+
+    def forward(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        out = net(*[mx.nd.array(a, dtype=a.dtype) for a in arrays])
+        return [o.asnumpy() for o in (out if isinstance(out, (list, tuple)) else [out])]
+
+    return forward
+
+
+def _edgecv_forward(cut: Path, params, inputs: dict, profile: str, options, on, work: Path):
+    from edgecv.deploy import deploy
+    from edgecv.model import load
+
+    shapes = {k: tuple(v.shape) for k, v in inputs.items()}
+    host = None if profile == "cpu" else "native"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        package = deploy(cut, work / "cut-package", profile, params=params, input_shape=shapes,
+                         host=host, options=options, force=True)  # fmt: skip
+    return load(package, on=on).run(*inputs.values())
+
+
+def _compare_stage(name, op, attrs, ours, ref, moved, factor) -> StageDifference:
+    ours, ref = np.asarray(ours), np.asarray(ref)
+    if ours.shape != ref.shape:
+        return StageDifference(name, op, np.inf, 0.0, np.inf, True,
+                               detail=f"shape {ours.shape} != MXNet's {ref.shape}")  # fmt: skip
+    kind = _kind(op, attrs, name)
+    a, b = ours.astype(np.float64), ref.astype(np.float64)
+    if kind == "rows":
+        a, b = np.sort(a, axis=None), np.sort(b, axis=None)
+    diff = _max_abs(a, b)
+    drift = max((_max_abs(np.sort(m, axis=None) if kind == "rows" else m.astype(np.float64), b)
+                 for m in moved), default=0.0)  # fmt: skip
+    scale = float(np.abs(b).max(initial=0.0))
+    step = max(np.finfo(np.float32).eps * scale, np.finfo(np.float32).tiny)
+    ratio = diff / max(drift, step)
+    departs = bool(ratio > factor)
+    sets = drift_sets = None
+    detail = ""
+    if kind == "index":
+        axis = int(attrs.get("axis", -1)) if str(attrs.get("axis", "-1")) != "None" else None
+        sets = _index_sets_differ(ours, ref, axis)
+        drift_sets = any(_index_sets_differ(m, ref, axis) for m in moved)
+        order = bool((ours != ref).any())
+        drift_order = any(bool((m != ref).any()) for m in moved)
+        departs = (sets and not drift_sets) or (order and not drift_order)
+        detail = f"{int((ours != ref).sum())} positions differ" if order else ""
+    elif kind == "rows":
+        tol = _ROW_MATCH * max(scale, 1.0)
+        only_mx, only_ours = _unmatched_rows(ours, ref, tol)
+        sets = bool(only_mx or only_ours)
+        drift_sets = any(sum(_unmatched_rows(m, ref, tol)) > 0 for m in moved)
+        departs = departs or (sets and not drift_sets)
+        if sets:
+            detail = f"{only_mx} rows only in MXNet's, {only_ours} only in edgecv's"
+    return StageDifference(name, op, diff, drift, float(ratio), bool(departs), sets,
+                           drift_sets, detail)  # fmt: skip
+
+
+def _kind(op: str, attrs: dict, name: str) -> str:
+    """``index`` (positions of a ranking), ``rows`` (rows that may reorder) or ``values``."""
+    if op in _INDEX_OPS:
+        return "index"
+    if op == "topk":
+        ret = attrs.get("ret_typ", "indices")
+        index_output = {"indices": "0", "both": "1"}.get(ret)
+        position = name.rpartition("_output")[2] or "0"
+        if index_output == position:
+            return "index"
+        return "rows" if ret in ("value", "both") else "values"
+    return "rows" if op in _ROW_OPS else "values"
+
+
+def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    both_nan = np.isnan(a) & np.isnan(b)
+    d = np.where(both_nan, 0.0, np.abs(a - b))
+    return float(np.nan_to_num(d, nan=np.inf).max(initial=0.0))
+
+
+def _index_sets_differ(ours: np.ndarray, ref: np.ndarray, axis: int | None) -> bool:
+    """Whether any row (along ``axis``) holds another set of indices."""
+    return not np.array_equal(np.sort(ours, axis=axis), np.sort(ref, axis=axis))
+
+
+def _unmatched_rows(ours: np.ndarray, ref: np.ndarray, tol: float) -> tuple[int, int]:
+    """Valid rows (not all -1) of MXNet's with no row of edgecv's within ``tol`` in every
+    field, and the other way round: boxes one side kept and the other did not."""
+    width = ref.shape[-1] if ref.ndim >= 2 else 1
+    a = np.asarray(ours, np.float64).reshape(-1, width)
+    b = np.asarray(ref, np.float64).reshape(-1, width)
+    a, b = a[~(a == -1).all(1)], b[~(b == -1).all(1)]
+
+    def unmatched(x, y):
+        if not len(y):
+            return len(x)
+        count = 0
+        for start in range(0, len(x), 256):  # bounded memory: 256 x len(y) x width
+            chunk = x[start : start + 256]
+            close = (np.abs(chunk[:, None, :] - y[None, :, :]) <= tol).all(-1).any(1)
+            count += int((~close).sum())
+        return count
+
+    return unmatched(b, a), unmatched(a, b)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m edgecv.divergence_probe SYMBOL PARAMS --shape N,C,H,W``: print the table."""
+    parser = argparse.ArgumentParser(prog="python -m edgecv.divergence_probe",
+                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    parser.add_argument("symbol")
+    parser.add_argument("params")
+    parser.add_argument("--shape", help="input shape N,C,H,W (input `data`)")
+    parser.add_argument("--input", help="a .npy input (input `data`); a photo by default")
+    parser.add_argument("--profile", default="cpu")
+    parser.add_argument("--on", default=None, help="OpenCL device of a GPU profile")
+    parser.add_argument("--ops", default=None, help="comma-separated MXNet ops to compare")
+    parser.add_argument("--stages", default=None, help="comma-separated node names")
+    parser.add_argument("--layout", default="NCHW", help="conv layouts (default NCHW: fast)")
+    parser.add_argument("--factor", type=float, default=4.0)
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--all", action="store_true", help="print every stage")
+    args = parser.parse_args(argv)
+    from edgecv.frontend.random_weights import example_input
+    from edgecv.pipelines import BuildOptions
+
+    if args.input:
+        x = np.load(args.input)
+    elif args.shape:
+        x = example_input(tuple(int(d) for d in args.shape.split(",")), 0)
+    else:
+        parser.error("give --shape or --input")
+    report = probe_divergence(
+        args.symbol, args.params, {"data": x}, profile=args.profile, on=args.on,
+        stages=args.stages.split(",") if args.stages else None,
+        ops=args.ops.split(",") if args.ops else None,
+        options=BuildOptions(layout=args.layout), factor=args.factor, trials=args.trials,
+    )  # fmt: skip
+    print(report.table(limit=None if args.all else 40))
+    return 1 if report.first else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

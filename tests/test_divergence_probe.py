@@ -1,0 +1,47 @@
+"""The divergence probe (edgecv.divergence_probe.probe_divergence) names the stage where edgecv
+first departs from MXNet: a small model whose one convolution weight is changed in the
+weights edgecv deploys only must be reported at that convolution, and nowhere before."""
+
+from __future__ import annotations
+
+import numpy as np
+from graph_tuner.small_model import SHAPE, export_small_model
+
+from edgecv._mxnet import import_mxnet
+from edgecv.divergence_probe import probe_divergence
+from edgecv.pipelines import BuildOptions
+
+
+def test_probe_names_the_stage_whose_weight_was_changed(tmp_path):
+    mx = import_mxnet()
+    symbol, params = export_small_model(tmp_path / "small")
+    weights = mx.nd.load(str(params))
+    # the 1x1 convolution of the concatenation's first branch, deep enough that the
+    # stages before it (conv, BatchNorm, residual add, depthwise, LeakyReLU) must match
+    (name,) = [k for k in weights if k.endswith("conv3_weight")]
+    edited = weights[name].asnumpy()
+    edited[2, 5, 0, 0] += 0.01 * float(np.abs(edited).max())  # one weight, 1% of the range
+    weights[name] = mx.nd.array(edited)
+    mx.nd.save(str(tmp_path / "edited.params"), weights)
+    x = np.random.RandomState(0).standard_normal(SHAPE).astype(np.float32)
+    report = probe_divergence(
+        symbol, params, {"data": x}, edgecv_params=tmp_path / "edited.params",
+        ops=["Convolution", "elemwise_add", "LeakyReLU", "Concat", "FullyConnected"],
+        options=BuildOptions(layout="NCHW", tuning=None, check_on=None),
+    )  # fmt: skip
+    layer = name.removeprefix("arg:").removesuffix("_weight")
+    first = report.first
+    assert first is not None and first.name == f"{layer}_fwd_output", report.table()
+    assert first.op == "Convolution" and first.ratio > 100 * report.factor, report.table()
+    before = report.stages[: report.stages.index(first)]
+    # the stages before it were compared, MXNet's drift measured there, and none departs:
+    # a probe that flagged rounding would name the first convolution instead
+    assert [s.op for s in before] == ["Convolution", "Convolution", "elemwise_add",
+                                      "Convolution", "LeakyReLU"], report.table()  # fmt: skip
+    assert all(0 < s.mxnet_drift and s.max_abs_diff <= 4 * s.mxnet_drift for s in before)
+    # the edit shows downstream too, and the branch beside it (conv4) still matches
+    after = {s.op: s for s in report.stages[report.stages.index(first) + 1 :]}
+    assert after["Concat"].departs and after["FullyConnected"].departs, report.table()
+    (sibling,) = [s for s in report.stages if s.name == "small0_conv4_fwd_output"]
+    assert not sibling.departs, report.table()
+    assert "first departure: small0_conv3_fwd_output" in report.table()
