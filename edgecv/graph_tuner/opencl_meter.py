@@ -27,7 +27,10 @@ def opencl_meter(profile: Profile, options, database: TuningDatabase | None):
     from ..runtime.opencl import is_simulator
     from ..runtime.opencl_devices import opencl_devices
 
-    query = profile.default_opencl_device
+    named = getattr(options, "check_on", None)
+    # the device the build is checked on when one is named (`tune --on pocl`), else the
+    # profile's default: layout costs measured where the kernels will be timed and run
+    query = named if named not in (None, "auto") else profile.default_opencl_device
     found = [d for d in opencl_devices() if d.matches(query) and not is_simulator(d.platform)]
     if not found:
         return None, f"no OpenCL device matching `{query or 'any'}` here to time kernels on"

@@ -84,7 +84,7 @@ def tune(args: argparse.Namespace) -> int:
     mod, name = import_model(args.model, args.params, input_shapes(args.input_shape),
                              not args.random_weights, args.seed, say)  # fmt: skip
     mod, winograd = in_deploy_layouts(
-        mod, profile, args.layout, [db_dir, cls.shipped_folder()], say
+        mod, profile, args.layout, [db_dir, cls.shipped_folder()], say, args.on
     )
     tasks = extract_tasks(mod, profile, winograd)
     say(f"{name}: {len(tasks)} workloads to tune for {profile.name}")
@@ -135,15 +135,18 @@ def tune(args: argparse.Namespace) -> int:
     return 130 if interrupted else 0
 
 
-def in_deploy_layouts(mod, profile: Profile, layout: str, folders: list[Path], say):
+def in_deploy_layouts(
+    mod, profile: Profile, layout: str, folders: list[Path], say, on: str | None = None
+):
     """``mod`` with its convolutions in the layouts a deploy with ``--layout layout`` and
     these tuning folders would choose, and the convolutions it would run by Winograd's
-    algorithm (``lower``'s ``winograd``): the kernels tuned are the kernels deployed."""
+    algorithm (``lower``'s ``winograd``): the kernels tuned are the kernels deployed.
+    ``on``: the OpenCL device (``--on``) the layouts' costs are measured on."""
     from ..graph_tuner import choose_layouts
     from ..graph_tuner.stage import winograd_plan
     from ..pipelines import BuildOptions
 
-    options = BuildOptions(layout=layout, tuning=[str(f) for f in folders])
+    options = BuildOptions(layout=layout, tuning=[str(f) for f in folders], check_on=on or "auto")
     mod, facts = choose_layouts(mod, profile, options, say)
     if facts.get("reason"):
         say(f"layouts: NCHW ({facts['reason']})")

@@ -66,3 +66,17 @@ def test_auto_on_opencl_measures_on_the_device_and_matches_mxnet(tmp_path, monke
     x = np.random.default_rng(3).standard_normal(SHAPE).astype(np.float32)
     got = edgecv.load(path, on="intel").run(x)[0]
     assert_close(got, mxnet_forward(symbol, params, x)[0], name="auto on deeplens")
+
+
+def test_layout_costs_are_measured_on_the_device_named():
+    """`tune --device aisage --on pocl` times its kernels on PoCL: the layouts it tunes
+    under must be costed there too, not on the first OpenCL device found (Intel's)."""
+    from edgecv.graph_tuner.opencl_meter import opencl_meter
+    from edgecv.profiles import load_profile
+
+    needs_pocl()
+    device_or_skip("intel(r) opencl")
+    profile = load_profile("aisage")
+    for query, name in (("pocl", "Portable Computing Language"), ("intel", "Intel(R) OpenCL")):
+        meter, _ = opencl_meter(profile, BuildOptions(check_on=query), None)
+        assert name in meter.device_key, (query, meter.device_key)
