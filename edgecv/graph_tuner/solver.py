@@ -51,7 +51,7 @@ class Transform:
 
 
 @dataclass
-class Plan:
+class LayoutPlan:
     """A layout per convolution (node index -> layout) and what it costs.
 
     ``solver`` is ``"dp"`` or ``"iterated-greedy"``; ``states`` the most DP states at
@@ -66,11 +66,11 @@ class Plan:
     transforms: list[Transform] = field(default_factory=list)
 
 
-def evaluate(graph: LayoutGraph, layouts: dict[int, str], costs: Costs) -> Plan:
+def evaluate(graph: LayoutGraph, layouts: dict[int, str], costs: Costs) -> LayoutPlan:
     """The cost of ``layouts`` (convolutions missing from it run plain), with every
     kernel time and transform it implies."""
     out: list[str] = []
-    plan = Plan(dict(layouts), 0.0)
+    plan = LayoutPlan(dict(layouts), 0.0)
     for index, node in enumerate(graph.nodes):
         choice = layouts.get(index, plain(node.rank)) if node.kind == "conv" else ""
         current = [out[i] for i in node.inputs]
@@ -90,7 +90,7 @@ def evaluate(graph: LayoutGraph, layouts: dict[int, str], costs: Costs) -> Plan:
     return plan
 
 
-def solve(graph: LayoutGraph, costs: Costs, max_states: int = MAX_STATES) -> Plan:
+def solve(graph: LayoutGraph, costs: Costs, max_states: int = MAX_STATES) -> LayoutPlan:
     """The cheapest plan: by the DP when its states stay within ``max_states`` at
     every step, else by iterated greedy (see the module docstring)."""
     layouts, states = _dynamic_programming(graph, costs, max_states)
@@ -221,7 +221,7 @@ def _packed_convs_above(graph: LayoutGraph, layouts: dict[int, str], index: int)
 
 def iterated_greedy(
     graph: LayoutGraph, costs: Costs, starts: Iterable[dict[int, str]] | None = None
-) -> Plan:
+) -> LayoutPlan:
     """Local search over single-convolution changes from several starting plans; the
     best local optimum found."""
     convs = graph.convs()
@@ -229,7 +229,7 @@ def iterated_greedy(
         own_best = {i: min(graph.choices(i), key=lambda c: costs.kernel(graph.nodes[i], c))
                     for i in convs}  # fmt: skip
         starts = [*uniform_plans(graph).values(), own_best]
-    best: Plan | None = None
+    best: LayoutPlan | None = None
     for start in starts:
         layouts = dict(start)
         total = evaluate(graph, layouts, costs).total

@@ -25,7 +25,7 @@ from .channel_padding import pad_output_channels
 from .costs import DIRECT
 from .extract import Candidates, extract
 from .graph import block_of, plain
-from .solver import Plan, evaluate, solve, uniform_plans
+from .solver import LayoutPlan, evaluate, solve, uniform_plans
 
 LAYOUT_MODES = ("auto", "NCHW", "packed")
 
@@ -58,7 +58,7 @@ def winograd_plan(facts: dict) -> dict:
     }  # fmt: skip
 
 
-def _winograd_choices(extracted, plan: Plan, costs) -> list[dict]:
+def _winograd_choices(extracted, plan: LayoutPlan, costs) -> list[dict]:
     """The packed convolutions whose fastest algorithm was Winograd's, each with its
     signature (how legalization finds it again) and tile side. Convolutions of one
     signature take the side that is fastest for them together."""
@@ -174,7 +174,7 @@ def _summary(graph, layouts: dict[int, str]) -> str:
     return ", ".join(f"{n} convolutions in {layout}" for layout, n in sorted(counts.items()))
 
 
-def _plan_facts(graph, plan: Plan, costs, packings: list[str]) -> dict:
+def _plan_facts(graph, plan: LayoutPlan, costs, packings: list[str]) -> dict:
     """What the manifest and ``--explain`` show of a plan."""
     # the uniform plans as `--layout NCHW|packed` build them: direct convolutions
     uniform = {
