@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import mxnet_forward, random_input
 
+from edgecv import load as edgecv_load
 from edgecv.cli import main
 from edgecv.testing import assert_close
 
@@ -20,6 +21,36 @@ def mobilenet_package(tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "mobilenet-cpu"
     assert main(["deploy", "mobilenet", "--random-weights", "--device", "cpu", "-o", str(out)]) == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def mobilenet_probabilities(tmp_path_factory):
+    """MXNet's class probabilities for the package's network: the zoo model exported with
+    the same seeded random weights `deploy --random-weights` gave it."""
+    from edgecv.frontend import zoo
+
+    exported = zoo.export("mobilenet1.0", tmp_path_factory.mktemp("mxnet"), pretrained=False)
+
+    def probabilities(x: np.ndarray) -> np.ndarray:
+        (logits,) = mxnet_forward(exported.symbol_path, exported.params_path, x)
+        e = np.exp(logits[0] - logits[0].max())
+        return e / e.sum()
+
+    return probabilities
+
+
+def assert_top_k_is_mxnets(
+    printed: list[tuple[str, float]], probs: np.ndarray, classes, atol: float
+) -> None:
+    """The classes and probabilities a user sees are MXNet's top k for the same input,
+    probabilities within ``atol``, classes wherever MXNet's own probabilities are not
+    within ``atol`` of another's (random weights give near-uniform probabilities)."""
+    order = np.argsort(-probs)[: len(printed)]
+    np.testing.assert_allclose([p for _, p in printed], probs[order], atol=atol)
+    for rank, (label, _) in enumerate(printed):
+        tied = np.sum(np.abs(probs - probs[order[rank]]) <= atol) > 1
+        if not tied:
+            assert label == classes[order[rank]], (rank, label, classes[order[rank]])
 
 
 def test_manifest_describes_the_model(mobilenet_package):
@@ -70,7 +101,7 @@ def test_run_on_tensor_writes_outputs_matching_mxnet(mobilenet_package, exported
     assert_close(ours["output0"], ref, "mobilenet1.0 via the CLI")
 
 
-def test_run_on_sample_photo_prints_top5(mobilenet_package):
+def test_run_on_sample_photo_prints_mxnets_top5(mobilenet_package, mobilenet_probabilities):
     result = subprocess.run(
         [
             sys.executable,
@@ -93,15 +124,31 @@ def test_run_on_sample_photo_prints_top5(mobilenet_package):
         if line.startswith("  ") and "latency" not in line
     ]
     assert len(lines) == 5
-    probs = [float(line.split()[0]) for line in lines]
-    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0001
+    printed = [(line.split(maxsplit=1)[1].strip(), float(line.split()[0])) for line in lines]
+    import cv2
+
+    from edgecv.cli import sample_image
+
+    model = edgecv_load(mobilenet_package)
+    x = model.preprocess(cv2.imread(sample_image("chelsea")))
+    # printed with 4 decimals (0.0015 each, for random weights): the values, not the order
+    assert_top_k_is_mxnets(printed, mobilenet_probabilities(x), model.classes, atol=2e-4)
 
 
-def test_profiles_lists_all_devices(capsys):
+def test_profiles_lists_every_profile_with_its_backend_and_device(capsys):
+    """One line per profile file shipped: its name, the runtime its packages use and the
+    device it describes, as `deploy --device NAME` will use them."""
+    from edgecv.profiles import load_profile
+
     assert main(["profiles"]) == 0
-    out = capsys.readouterr().out
-    for name in ("cpu", "deeplens", "aisage", "jetson_nano", "local"):
-        assert name in out
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
+    shipped = Path(__file__).parent.parent / "edgecv" / "data" / "device_profiles"
+    names = sorted(f.stem for f in shipped.glob("*.json"))
+    assert sorted(lines) == names
+    for name in names:
+        profile = load_profile(name)
+        assert lines[name].split()[1] == profile.runtime, lines[name]
+        assert profile.raw["description"] in lines[name], lines[name]
 
 
 def test_camera_demo_script_calls_edgecv_demo(mobilenet_package, tmp_path):
@@ -157,12 +204,14 @@ def test_archived_package_loads(tmp_path):
     assert_close(model.run(x)[0], ref, "archived package vs MXNet")
 
 
-def test_public_load_api(mobilenet_package):
+def test_public_load_api_predicts_mxnets_top_classes(mobilenet_package, mobilenet_probabilities):
     import skimage.data
 
     import edgecv
 
     model = edgecv.load(mobilenet_package)
     assert model.task == "classification" and model.input_shape == (1, 3, 224, 224)
-    top = model.predict(skimage.data.coffee()[:, :, ::-1].copy(), k=3)
-    assert len(top) == 3 and all(label in model.classes for label, _ in top)
+    image = skimage.data.coffee()[:, :, ::-1].copy()
+    top = model.predict(image, k=3)
+    probs = mobilenet_probabilities(model.preprocess(image))
+    assert_top_k_is_mxnets(top, probs, model.classes, atol=1e-6)  # 1.3e-5 apart here

@@ -210,7 +210,31 @@ def test_a_concat_of_a_concat_places_each_piece_at_its_summed_offset():
     np.testing.assert_array_equal(run_plan(plan, x, True)[0], run_plan(plan, x, False)[0])
 
 
-def test_plan_json_roundtrip():
-    plan = lower(chain_module(2)).plan
-    again = Plan.from_json(plan.to_json())
-    assert again.to_json() == plan.to_json()
+def test_a_plan_written_and_read_back_runs_the_same_launches_to_the_same_result():
+    """What a package relies on: plan.json read back holds the same steps and buffers,
+    and the executor running it computes what the plan computed before writing, which
+    is the model's answer (NumPy's conv + ReLU chain)."""
+    import tvm
+
+    from edgecv.codegen.llvm import build_cpu
+    from edgecv.runtime.cpu import CPUBackend
+    from edgecv.runtime.executor import Executor
+
+    lowered = lower(chain_module(2))
+    again = Plan.from_json(lowered.plan.to_json())
+    assert again.steps == lowered.plan.steps and again.buffers == lowered.plan.buffers
+    assert (again.inputs, again.outputs) == (lowered.plan.inputs, lowered.plan.outputs)
+    assert again.storage_sizes == lowered.plan.storage_sizes
+    backend = CPUBackend(build_cpu(lowered.kernels, tvm.target.Target({"kind": "llvm"})))
+    x = np.random.RandomState(0).rand(1, 8, 16, 16).astype(np.float32)
+    before = Executor(lowered.plan, backend, lowered.constants).run([x])
+    after = Executor(again, backend, lowered.constants).run([x])
+    expected = x
+    for _ in range(2):  # 3x3 convolutions of all-ones weights, padding 1, then ReLU
+        padded = np.pad(expected, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        window = sum(padded[:, :, i : i + 16, j : j + 16] for i in range(3) for j in range(3))
+        expected = np.maximum(np.repeat(window.sum(axis=1, keepdims=True), 8, axis=1), 0)
+    for got, want in zip(after, before, strict=True):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(after[1], expected, rtol=1e-5)
+    np.testing.assert_allclose(after[0], expected.reshape(1, -1), rtol=1e-5)
