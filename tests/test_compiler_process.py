@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import uuid
@@ -140,3 +141,44 @@ def test_deploy_moves_the_kernel_the_compiler_crashes_on_to_the_cpu(
     x = np.random.RandomState(0).normal(size=(1, 2, 5, 5)).astype(np.float32)
     model = load(out, on="intel")
     assert_close(model.run(x)[0], mxnet_forward(symbol, params, x)[0], "tiny, dense on the CPU")
+
+
+PARENT = """
+import os, subprocess, sys, time
+from edgecv.runtime.compiler_process import PARENT_ENV, worker_command
+source = int(sys.argv[1])
+worker = subprocess.Popen(worker_command(), stdin=source, stdout=subprocess.PIPE,
+                          pass_fds=(source,), env={**os.environ, PARENT_ENV: str(os.getpid())})
+print(worker.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_worker_whose_parent_is_killed_ends_even_with_its_input_open():
+    """A parent killed mid-compile leaves the worker's input open while the compile runs
+    (here: another process holds the pipe's write end, so no end of input ever comes):
+    the worker must still end, not live on as an orphan."""
+    import time
+
+    read_end, write_end = os.pipe()
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(read_end)],
+                              pass_fds=(read_end,), stdout=subprocess.PIPE, text=True)  # fmt: skip
+    os.close(read_end)
+    try:
+        worker = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait()
+
+        def alive() -> bool:
+            try:
+                state = Path(f"/proc/{worker}/status").read_text()
+            except FileNotFoundError:
+                return False
+            return "State:\tZ" not in state  # a zombie has ended (its reaper is not us)
+
+        deadline = time.monotonic() + 15
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive(), "the compiler worker outlived its parent"
+    finally:
+        os.close(write_end)

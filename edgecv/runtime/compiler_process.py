@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from ..errors import EdgecvError
@@ -39,6 +40,7 @@ from ..errors import EdgecvError
 # slowest seen took minutes. Past this, the compile is taken for a hang.
 DEFAULT_TIME_LIMIT_S = 900.0
 _HEADER = struct.Struct("<Q")
+PARENT_ENV = "EDGECV_COMPILER_PARENT"
 
 
 class CompilerRejected(Exception):
@@ -94,6 +96,7 @@ class _Worker:
         env = dict(os.environ)
         # the worker imports this edgecv, also when it was found through sys.path only
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        env[PARENT_ENV] = str(os.getpid())  # the worker ends when this process is gone
         self.log = tempfile.TemporaryFile(prefix="edgecv-cl-compiler-")
         self.process = subprocess.Popen(
             worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -226,9 +229,23 @@ def _serve(stdin, stdout) -> None:
         _send(stdout, ("binary", bytes(binaries[0]) if binaries and binaries[0] else None))
 
 
+def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """End this worker once its parent is gone. End of input says so only between
+    compiles: a worker whose parent was killed mid-compile went on for minutes (PoCL)
+    as an orphan. (Not PR_SET_PDEATHSIG: it fires when the *thread* that started the
+    worker ends, and any of a caller's threads may start it.)"""
+    while True:
+        time.sleep(every_s)
+        if os.getppid() != parent:
+            os._exit(0)
+
+
 def main() -> None:
     """The worker: requests on stdin, answers on stdout (which nothing else may print
     to: what else goes to stdout is sent to stderr)."""
+    # the parent's pid as it gave it: it may be gone before this line runs
+    parent = int(os.environ.get(PARENT_ENV) or os.getppid())
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     _serve(sys.stdin.buffer, answers)
