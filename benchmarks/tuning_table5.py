@@ -23,9 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from edgecv.bench.baselines import build_baselines
 from edgecv.bench.command import bench_input, source_files
 from edgecv.bench.harness import alternate
+from edgecv.bench.lineup import build_baselines
 from edgecv.cli import tuning_folders
 from edgecv.deploy import deploy
 from edgecv.model import load

@@ -14,7 +14,7 @@ import pytest
 from test_bad_input import mx, small_net, small_params
 
 from edgecv.bench.harness import alternate
-from edgecv.testing import TOLERANCES, assert_one_error_line, run_cli
+from edgecv.testing import INT8_PER_LAYER, TOLERANCES, assert_one_error_line, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +214,73 @@ def test_an_openvino_baseline_leaves_intels_opencl_runtime_loadable(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "Intel(R) OpenCL" in result.stdout, result.stdout
+
+
+@pytest.fixture(scope="module")
+def int8_package(tmp_path_factory):
+    """(int8 package, its --calibrate .npy) of tests/test_int8.py's small net: every
+    arrangement its quantization handles (deployed without the graph tuner)."""
+    from test_int8 import SHAPE, _small_net
+
+    from edgecv.deploy import deploy
+    from edgecv.pipelines import BuildOptions
+
+    root = tmp_path_factory.mktemp("bench-int8")
+    symbol = _small_net(root / "small")
+    npy = root / "calibration.npy"
+    np.save(npy, np.random.RandomState(1).normal(size=(16, *SHAPE[1:])).astype(np.float32))
+    options = BuildOptions(layout="NCHW", tuning=None, precision="int8", calibrate=npy)
+    return deploy(symbol, root / "int8", input_shape=SHAPE, options=options), npy
+
+
+def test_bench_int8_baselines_quantize_on_the_package_calibration_inputs(int8_package, tmp_path):
+    """NNCF and quantize_static, calibrated on the inputs the package was calibrated on,
+    timed beside the INT8 package; each agrees with it within INT8 tolerance (both
+    sides round every layer's input and weights: two quantization steps a layer)."""
+    needs = {"openvino-int8": ("openvino", "nncf", "onnx"), "onnxruntime-int8": ("onnxruntime",
+             "onnx")}  # fmt: skip
+    if not any(all(importlib.util.find_spec(m) for m in ms) for ms in needs.values()):
+        pytest.skip("no INT8 baseline is installed (pip install 'edgecv[bench]')")
+    package, _ = int8_package
+    out = tmp_path / "bench.json"
+    result = run_cli(
+        "bench", package, "--repeat", "2", "--warmup", "1",
+        "--vs", "openvino-int8,onnxruntime-int8", "--json", out,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["precision"] == "int8"
+    runtimes = report["runtimes"]
+    for name, modules in needs.items():
+        if not all(importlib.util.find_spec(m) for m in modules):
+            assert name in report["not_run"]
+            continue
+        assert name in runtimes, report["not_run"]
+        r = runtimes[name]
+        assert r["runs"] == 2 and 0 < r["p50_ms"], name
+        assert any("the package's calibration inputs: 16 input(s)" in n for n in r["notes"]), r
+        # 5 quantized layers on the longest path, each side within INT8_PER_LAYER of float32
+        bound = 2 * 5 * INT8_PER_LAYER[1]
+        assert r["agreement"]["max_rel_diff"] <= bound, (name, r["agreement"])
+        assert f"{name} " in result.stdout  # a row of the table
+
+
+def test_int8_baselines_stand_in_photos_when_the_calibration_source_is_gone(int8_package):
+    import edgecv
+    from edgecv.bench.int8_baselines import STAND_IN_INPUTS, calibration_set, stand_in_inputs
+
+    package, npy = int8_package
+    model = edgecv.load(package)
+    found = calibration_set(model)
+    assert found.arrays.shape == (16, *model.input_shape)
+    assert np.array_equal(found.arrays[0], np.load(npy)[0][None])
+    moved = npy.with_name("moved.npy")
+    npy.rename(moved)
+    try:
+        stand_in = calibration_set(model)
+    finally:
+        moved.rename(npy)
+    assert stand_in.arrays.shape == (STAND_IN_INPUTS, *model.input_shape)
+    assert "seeded preprocessed sample photos" in stand_in.note
+    assert "cannot be read again" in stand_in.note
+    assert np.array_equal(stand_in.arrays, stand_in_inputs(model))  # seeded: the same again

@@ -31,7 +31,9 @@ from .._mxnet import import_mxnet
 from ..errors import EdgecvError, foreign_message
 from ..runtime.cpu import pool_threads
 
-KNOWN = ("mxnet", "onnxruntime", "openvino")
+# openvino-int8, onnxruntime-int8: the export quantized by NNCF / quantize_static
+# (:mod:`.int8_baselines`)
+KNOWN = ("mxnet", "onnxruntime", "openvino", "openvino-int8", "onnxruntime-int8")
 
 
 class BaselineUnavailable(EdgecvError):
@@ -117,7 +119,7 @@ def export_onnx(
     return path, notes
 
 
-def onnxruntime_baseline(onnx_path: Path, streams: int = 1) -> Baseline:
+def onnxruntime_baseline(onnx_path: Path, streams: int = 1, name: str = "onnxruntime") -> Baseline:
     ort = _module("onnxruntime", "pip install 'edgecv[bench]'")
     start = time.perf_counter()
     options = ort.SessionOptions()
@@ -128,12 +130,12 @@ def onnxruntime_baseline(onnx_path: Path, streams: int = 1) -> Baseline:
     except Exception as err:
         msg = f"cannot load the ONNX export: {foreign_message(err)[:200]}"
         raise BaselineUnavailable(msg) from None
-    name = session.get_inputs()[0].name
+    input_name = session.get_inputs()[0].name
 
     def run(x: np.ndarray) -> list[np.ndarray]:
-        return list(session.run(None, {name: x}))
+        return list(session.run(None, {input_name: x}))
 
-    baseline = Baseline("onnxruntime", ort.__version__, run, time.perf_counter() - start)
+    baseline = Baseline(name, ort.__version__, run, time.perf_counter() - start)
     if streams > 1:
         baseline.notes.append(
             f"{streams} callers share one session, {options.intra_op_num_threads} "
@@ -153,7 +155,8 @@ def _open_opencl_runtimes_first() -> None:
     opencl_devices()
 
 
-def openvino_baseline(onnx_path: Path, streams: int = 1) -> Baseline:
+def openvino_baseline(onnx_path, streams: int = 1, name: str = "openvino") -> Baseline:
+    """``onnx_path``: the ONNX file, or an ``openvino.Model`` (NNCF's quantized one)."""
     _open_opencl_runtimes_first()
     ov = _module("openvino", "pip install 'edgecv[bench]'")
     start = time.perf_counter()
@@ -161,7 +164,8 @@ def openvino_baseline(onnx_path: Path, streams: int = 1) -> Baseline:
     if streams > 1:
         config["PERFORMANCE_HINT"] = "THROUGHPUT"
     try:
-        compiled = ov.Core().compile_model(str(onnx_path), "CPU", config)
+        model = str(onnx_path) if isinstance(onnx_path, (str, Path)) else onnx_path
+        compiled = ov.Core().compile_model(model, "CPU", config)
     except Exception as err:
         msg = f"cannot load the ONNX export: {foreign_message(err)[:200]}"
         raise BaselineUnavailable(msg) from None
@@ -177,7 +181,7 @@ def openvino_baseline(onnx_path: Path, streams: int = 1) -> Baseline:
         return run
 
     version = ov.get_version().split("-")[0]
-    baseline = Baseline("openvino", version, new_caller(), time.perf_counter() - start)
+    baseline = Baseline(name, version, new_caller(), time.perf_counter() - start)
     baseline.new_caller = new_caller
     if streams > 1:
         chosen = compiled.get_property("NUM_STREAMS")
@@ -187,40 +191,3 @@ def openvino_baseline(onnx_path: Path, streams: int = 1) -> Baseline:
             f"{requests}; {streams} callers, an infer request each"
         )
     return baseline
-
-
-def build_baselines(
-    names: list[str],
-    symbol: Path,
-    params: Path,
-    shape: tuple[int, ...],
-    work: Path,
-    streams: int = 1,
-) -> tuple[list[Baseline], dict[str, str]]:
-    """The baselines ``names`` that load, and the reason for each that does not; set up
-    for ``streams`` concurrent callers (module docstring)."""
-    built, failed = [], {}
-    exported: list = []  # the ONNX export, made once for both runtimes that need it
-    for name in names:
-        try:
-            if name in ("onnxruntime", "openvino") and not exported:
-                exported.append(export_onnx(symbol, params, shape, work))
-            if name == "mxnet" and streams > 1:
-                raise BaselineUnavailable(
-                    "MXNet's Gluon forward pass is not safe from several threads; "
-                    "time it without --streams"
-                )
-            if name == "mxnet":
-                built.append(mxnet_baseline(symbol, params, shape))
-            elif name in ("onnxruntime", "openvino"):
-                path, notes = exported[0]
-                loader = onnxruntime_baseline if name == "onnxruntime" else openvino_baseline
-                built.append(loader(path, streams))
-                built[-1].notes = notes + built[-1].notes
-            else:
-                failed[name] = f"unknown baseline; known: {', '.join(KNOWN)}"
-        except BaselineUnavailable as err:
-            failed[name] = str(err)
-        except Exception as err:  # a baseline's own failure must not end the bench
-            failed[name] = f"failed: {type(err).__name__}: {foreign_message(err)[:200]}"
-    return built, failed

@@ -22,8 +22,10 @@ from ..errors import EdgecvError, foreign_message
 from ..outputs import check_output_folder
 from ..runtime.cpu import pool_threads
 from ..testing import TOLERANCES
-from .baselines import KNOWN, build_baselines
+from .baselines import KNOWN
 from .harness import TURN, alternate, alternate_concurrent
+from .int8_baselines import calibration_set
+from .lineup import build_baselines
 from .steps import profile_steps
 
 
@@ -193,8 +195,9 @@ def cmd_bench(args) -> int:
             else:
                 progress.say(f"loading baselines: {', '.join(wanted)}")
                 built, failed = build_baselines(
-                    wanted, symbol, params, tuple(x.shape), Path(tmp), streams or 1
-                )
+                    wanted, symbol, params, tuple(x.shape), Path(tmp), streams or 1,
+                    calibration=lambda: calibration_set(model),
+                )  # fmt: skip
                 report["not_run"] = failed
                 for b in built:
                     try:  # one that loads but cannot run the input is listed, not fatal
