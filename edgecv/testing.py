@@ -460,6 +460,7 @@ def check_op(
     from edgecv.model import load
     from edgecv.op_registry import RegistrationError, registered_op
     from edgecv.pipelines import BuildOptions
+    from edgecv.runtime.opencl import is_simulator
     from edgecv.runtime.opencl_devices import opencl_devices
 
     op = registered_op(name)
@@ -475,7 +476,7 @@ def check_op(
     expected = np.asarray(op.reference(*inputs, **attrs))
     found = {d.platform: d for d in opencl_devices()}
     if devices is None:  # a simulator (Oclgrind) checks races, at minutes per kernel
-        devices = ["cpu", *(p for p in found if "oclgrind" not in p.lower())]
+        devices = ["cpu", *(p for p in found if not is_simulator(p))]
     errors: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="edgecv-check-op-") as tmp:
         symbol = Path(tmp) / f"{name}-symbol.json"

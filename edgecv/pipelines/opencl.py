@@ -1,8 +1,8 @@
 """The OpenCL pipeline (Intel Graphics, Mali), in order.
 
-0. ``--precision fp16`` only: operators in float16 per edgecv's table
-   (:func:`.fp16.convert`; the CPU launches of step 8 stay float32).
-0. Graph tuner: a data layout per convolution (NCHW or packed), from measured costs
+0. ``--precision fp16`` only, first: operators in float16 per edgecv's table
+   (:func:`.fp16.convert`; the CPU launches of step 8 stay float32). Then the graph
+   tuner: a data layout per convolution (NCHW or packed), from measured costs
    (:func:`edgecv.graph_tuner.choose_layouts`).
 1. Relax passes, fused kernels, the static plan (:func:`edgecv.lowering.lower`).
 2. Placement, pass 1: each launch GPU or CPU from the profile's declared capabilities
