@@ -298,10 +298,10 @@ class FaultyCPU(CPUBackend):
         with self.lock:
             self.armed[kernel] = count
 
-    def stream(self) -> FaultyCPU:
+    def stream(self, streams: int = 1) -> FaultyCPU:
         if self.refuse_streams:
             raise RuntimeError("the device cannot make a new stream (simulated)")
-        stream = super().stream()
+        stream = super().stream(streams)
         return stream if stream is not self else copy.copy(self)
 
     def bind(self, name: str, tensors: list):

@@ -55,13 +55,13 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for queued work (no-op for synchronous devices)."""
 
-    def stream(self) -> Backend:
-        """This backend as one execution context uses it: the same device, kernels and
-        memory, with work ordered apart from other contexts' where the device queues
-        work (OpenCL: a command queue of its own). Kernels bound, uploads, downloads and
-        :meth:`synchronize` through the result concern that context alone. A device that
-        runs each call to completion in the calling thread (the CPU) needs nothing more:
-        the backend itself."""
+    def stream(self, streams: int = 1) -> Backend:
+        """This backend as one of ``streams`` execution contexts uses it: the same
+        device, kernels and memory, with work ordered apart from other contexts' where the
+        device queues work (OpenCL: a command queue of its own). Kernels bound, uploads,
+        downloads and :meth:`synchronize` through the result concern that context alone.
+        A device that runs each call to completion in the calling thread needs nothing
+        more: the backend itself (the CPU takes its share of the cores)."""
         return self
 
     def make_current(self) -> None:

@@ -166,6 +166,10 @@ class ExecutionContext:
         self.backends = backends
         self.backend = backends[plan.devices()[0]]
         self._distinct = list({id(b): b for b in backends.values()}.values())
+        # the largest thread pool of the calling thread's its kernels use
+        # (Backend.calling_thread_pool), None where they use none: fixed with its streams
+        pools = [b.calling_thread_pool for b in self._distinct]
+        self.calling_thread_pool = max((n for n in pools if n is not None), default=None)
         # why the context cannot run (its device failed and no new context could be
         # made in its place: see Executor.run), None while it can
         self.broken: str | None = None
@@ -226,13 +230,6 @@ class ExecutionContext:
         (fresh arrays: nothing returned aliases this context's memory). Inputs are
         checked and converted by :func:`prepare_inputs` first."""
         return self.run_prepared(prepare_inputs(self.specs, inputs))
-
-    @property
-    def calling_thread_pool(self) -> int | None:
-        """The largest thread pool of the calling thread's this context's kernels use
-        (:attr:`Backend.calling_thread_pool`); None where they use none."""
-        sizes = [b.calling_thread_pool for b in self._distinct]
-        return max((n for n in sizes if n is not None), default=None)
 
     def run_prepared(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """:meth:`run` on inputs :func:`prepare_inputs` returned. A failure on the

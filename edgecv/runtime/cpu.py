@@ -30,7 +30,6 @@ import shutil
 import sys
 import tempfile
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -173,8 +172,9 @@ class CPUBackend(Backend):
         self.module = module
         # the streams made from it and alive (a context replaced after a failure drops
         # its own): they share the cores
-        self.streams: weakref.WeakSet[CPUBackend] = weakref.WeakSet()
-        self._shared_by: CPUBackend = self  # the backend whose streams share the cores
+        # threads an inference through this backend runs its kernels on (a stream's
+        # share of them: :meth:`stream`)
+        self.threads = pool_threads()
 
     @classmethod
     def load(cls, path: str | Path, runtime_libraries: Sequence[Path] = ()) -> CPUBackend:
@@ -186,21 +186,16 @@ class CPUBackend(Backend):
         except Exception as err:
             raise PackageError(f"cannot load CPU kernels from {path}: {err}") from None
 
-    def stream(self) -> CPUBackend:
-        """This backend as one execution context uses it: the same kernels, and a share
-        of the cores. The cores this process may use (``TVM_NUM_THREADS``) are split
-        evenly between every stream made from this backend (at least one thread each):
-        a model loaded with ``streams=2`` on 2 cores runs each inference on one core,
-        two at once. The share applies to the thread running the inference, while it
-        runs it (:meth:`make_current`)."""
+    def stream(self, streams: int = 1) -> CPUBackend:
+        """This backend as one of ``streams`` execution contexts uses it: the same
+        kernels, and a share of the cores. The cores this process may use
+        (``TVM_NUM_THREADS``) are split evenly between the streams (at least one thread
+        each): a model loaded with ``streams=2`` on 2 cores runs each inference on one
+        core, two at once. The share applies to the thread running the inference, while
+        it runs it (:meth:`make_current`); it is fixed here, once, not read per call."""
         stream = copy.copy(self)
-        self.streams.add(stream)
+        stream.threads = max(1, pool_threads() // max(1, streams))
         return stream
-
-    @property
-    def threads(self) -> int:
-        """Threads an inference through this stream runs its kernels on."""
-        return max(1, pool_threads() // max(1, len(self._shared_by.streams)))
 
     @property
     def calling_thread_pool(self) -> int:  # see Backend.calling_thread_pool

@@ -88,6 +88,7 @@ class Executor:
         streams: int = 1,
     ):
         streams = check_streams(streams)
+        self.stream_count = streams  # how many contexts share the cores (a replacement too)
         self.plan = plan
         if isinstance(backends, Backend):
             backends = {device: backends for device in {"cpu", "gpu", *plan.devices()}}
@@ -134,7 +135,7 @@ class Executor:
         before = [_device_bytes(b) for b in distinct]
         try:
             for backend in distinct:
-                streams[id(backend)] = backend.stream()
+                streams[id(backend)] = backend.stream(self.stream_count)
             own = {device: streams[id(b)] for device, b in self.backends.items()}
             context = ExecutionContext(self.plan, own, self._shared)
         except BaseException:  # what it allocated before failing is dropped with it

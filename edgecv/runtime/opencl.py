@@ -187,7 +187,7 @@ class OpenCLBackend(Backend):
     def allocated_bytes(self, value: int) -> None:
         self._memory.allocated = value
 
-    def stream(self) -> OpenCLBackend:
+    def stream(self, streams: int = 1) -> OpenCLBackend:
         """This backend with a command queue of its own (an execution context's): the
         device, program and memory count are shared, and kernels bound through it,
         its copies, profiling and :meth:`synchronize` use that queue alone."""
