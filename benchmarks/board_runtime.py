@@ -46,15 +46,31 @@ def folder_mb(path: Path) -> float:
 def pip_target(requirements: list[str], target: Path) -> None:
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--target", str(target),
-         "--only-binary=:all:", *platforms, "--python-version", "3.11", *requirements],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--target",
+            str(target),
+            "--only-binary=:all:",
+            *platforms,
+            "--python-version",
+            "3.11",
+            *requirements,
+        ],
+        check=True,
+        capture_output=True,
+    )
 
 
 def installed_sizes(work: Path) -> list[str]:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work),
-                    str(REPO)], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = work.glob("edgecv-*.whl")
     rows = ["| install (aarch64, Python 3.11) | MB | largest parts |", "|---|---|---|"]
     for label, requirement in [
@@ -97,8 +113,10 @@ def on_board(runtime: Path, package: Path, x: np.ndarray) -> tuple[dict, list[np
     started = time.perf_counter()
     done = aarch64.run_python(
         ["-c", BOARD, str(package), str(package.parent / "x.npy")],
-        binds=[package.parent, runtime], env={"PYTHONPATH": str(runtime)}, timeout=7200,
-    )  # fmt: skip
+        binds=[package.parent, runtime],
+        env={"PYTHONPATH": str(runtime)},
+        timeout=7200,
+    )
     if done.returncode != 0:
         raise SystemExit(done.stderr[-3000:])
     facts = json.loads(done.stdout.strip().splitlines()[-1])
@@ -133,18 +151,40 @@ def main() -> int:
         lines += installed_sizes(work / "sizes")
         runtime = work / "runtime"
         (wheel,) = (work / "sizes").glob("edgecv-*.whl")
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                        str(runtime), str(wheel)], check=True)  # fmt: skip
-        lines += ["", "| `aisage` package on the emulated board (qemu-aarch64 7.2, PoCL 3.1) | "
-                  "import s | load s | first run s | run s | matches MXNet |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--target",
+                str(runtime),
+                str(wheel),
+            ],
+            check=True,
+        )
+        lines += [
+            "",
+            "| `aisage` package on the emulated board (qemu-aarch64 7.2, PoCL 3.1) | "
+            "import s | load s | first run s | run s | matches MXNet |",
+            "|---|---|---|---|---|---|",
+        ]
         cases = {"tiny": "tiny_yolo 64x64, box_nms on the CPU"}
         if args.ssd:
             cases["ssd"] = "ssd_512_mobilenet1.0_voc, every launch on the GPU"
         for case, label in cases.items():
             symbol, params, shape, cpu_ops = exported(case, work / "export")
-            path = deploy(str(symbol), work / case / "pkg", "aisage", params=str(params),
-                          input_shape=shape, cpu_ops=cpu_ops, check_on=None)  # fmt: skip
+            path = deploy(
+                str(symbol),
+                work / case / "pkg",
+                "aisage",
+                params=str(params),
+                input_shape=shape,
+                cpu_ops=cpu_ops,
+                check_on=None,
+            )
             x = np.random.RandomState(0).normal(size=shape).astype(np.float32)
             facts, outputs = on_board(runtime, path, x)
             assert not facts["compiler_library"]

@@ -52,8 +52,7 @@ def export_pair(folder: Path, cin: int, cout: int, poses: int, size: int, seed: 
     registered = mx.sym.Custom(data, w, op_type="capsule_conv2d", stride=1, pad=1)
     x = mx.sym.transpose(data, axes=(0, 2, 1, 3, 4, 5))  # (N, P_i, Cin, P_k, H, W)
     x = mx.sym.reshape(x, shape=(-1, cin * poses, size, size))
-    x = mx.sym.Convolution(x, w, kernel=(3, 3), pad=(1, 1), num_filter=cout * poses,
-                           no_bias=True)  # fmt: skip
+    x = mx.sym.Convolution(x, w, kernel=(3, 3), pad=(1, 1), num_filter=cout * poses, no_bias=True)
     x = mx.sym.reshape(x, shape=(-1, poses, cout, poses, size, size))
     builtin = mx.sym.transpose(x, axes=(0, 2, 1, 3, 4, 5))
     # weight[(co, j), (ci, k), kh, kw] = w[co, ci, kh, kw, k, j]
@@ -84,15 +83,22 @@ def main() -> None:
             profile, on = PROFILES[device]
             times = {}
             for symbol in symbols:
-                package = deploy(str(symbol), folder / f"{symbol.stem}-{device}", profile,
-                                 input_shape=shape, options=options)  # fmt: skip
+                package = deploy(
+                    str(symbol),
+                    folder / f"{symbol.stem}-{device}",
+                    profile,
+                    input_shape=shape,
+                    options=options,
+                )
                 model = edgecv.load(package, on=on)
                 assert_close(model.run(x)[0], expected, f"{symbol.stem} on {device}")
                 times[symbol.stem] = median_time(lambda m=model: m.run(x), args.repeat)
             ratio = times["registered-symbol"] / times["builtin-symbol"]
-            print(f"{device:6s} registered {times['registered-symbol'] * 1e3:8.3f} ms   "
-                  f"built-in {times['builtin-symbol'] * 1e3:8.3f} ms   "
-                  f"ratio {ratio:.2f}x")  # fmt: skip
+            print(
+                f"{device:6s} registered {times['registered-symbol'] * 1e3:8.3f} ms   "
+                f"built-in {times['builtin-symbol'] * 1e3:8.3f} ms   "
+                f"ratio {ratio:.2f}x"
+            )
 
 
 if __name__ == "__main__":

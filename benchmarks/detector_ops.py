@@ -40,19 +40,30 @@ def main() -> None:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     present = opencl_devices()
-    header = (f"{'model':<26}{'device':<16}{'subgroup ms':>12}{'work-group ms':>14}"
-              f"{'naive ms':>10}{'sub x':>7}{'wg x':>7}{'NMS sub ms':>11}{'NMS wg ms':>10}"
-              f"{'NMS naive ms':>13}")  # fmt: skip
+    header = (
+        f"{'model':<26}{'device':<16}{'subgroup ms':>12}{'work-group ms':>14}"
+        f"{'naive ms':>10}{'sub x':>7}{'wg x':>7}{'NMS sub ms':>11}{'NMS wg ms':>10}"
+        f"{'NMS naive ms':>13}"
+    )
     print(header)
     print("-" * len(header))
     with tempfile.TemporaryDirectory(prefix="edgecv-bench-") as tmp:
         for name in args.models:
             packages = [deploy(name, Path(tmp) / f"{name}-sub", "deeplens", pretrained=False)]
-            for label, versions in (("wg", OpVersions(subgroups=False)),
-                                    ("naive", OpVersions({"box_nms": "naive"}))):  # fmt: skip
+            for label, versions in (
+                ("wg", OpVersions(subgroups=False)),
+                ("naive", OpVersions({"box_nms": "naive"})),
+            ):
                 options = BuildOptions(op_versions=versions)
-                packages.append(deploy(name, Path(tmp) / f"{name}-{label}", "deeplens",
-                                       pretrained=False, options=options))  # fmt: skip
+                packages.append(
+                    deploy(
+                        name,
+                        Path(tmp) / f"{name}-{label}",
+                        "deeplens",
+                        pretrained=False,
+                        options=options,
+                    )
+                )
             for query in args.devices:
                 if not any(d.matches(query) for d in present):
                     continue

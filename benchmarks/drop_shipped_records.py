@@ -33,8 +33,11 @@ def main() -> None:
     dropped = set()
     for spec in args.kernel:
         model, _, kernel = spec.partition(":")
-        found = [key for key, w in meta["workloads"].items()
-                 if w["model"] == model and kernel in w["kernels"]]  # fmt: skip
+        found = [
+            key
+            for key, w in meta["workloads"].items()
+            if w["model"] == model and kernel in w["kernels"]
+        ]
         if len(found) != 1:
             raise SystemExit(f"{spec}: {len(found)} workloads match, expected one")
         entry = meta["workloads"][found[0]]

@@ -82,8 +82,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="edgecv-bench-") as tmp:
         for name in args.models:
             gpu_pkg = deploy(name, Path(tmp) / f"{name}-gpu", "deeplens", pretrained=False)
-            cpu_pkg = deploy(name, Path(tmp) / f"{name}-mixed", "deeplens", pretrained=False,
-                             cpu_ops=["box_nms"])  # fmt: skip
+            cpu_pkg = deploy(
+                name, Path(tmp) / f"{name}-mixed", "deeplens", pretrained=False, cpu_ops=["box_nms"]
+            )
             for query in args.devices:
                 if not any(d.matches(query) for d in present):
                     continue

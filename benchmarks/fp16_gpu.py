@@ -37,8 +37,15 @@ from edgecv.deploy import deploy
 from edgecv.pipelines import BuildOptions
 
 # the seven zoo models (edgecv/data/zoo.json)
-ZOO = ("mobilenet1.0", "resnet50_v1", "squeezenet1.0", "ssd_512_mobilenet1.0_voc",
-       "ssd_512_resnet50_v1_voc", "yolo3_mobilenet1.0_coco", "yolo3_darknet53_voc")  # fmt: skip
+ZOO = (
+    "mobilenet1.0",
+    "resnet50_v1",
+    "squeezenet1.0",
+    "ssd_512_mobilenet1.0_voc",
+    "ssd_512_resnet50_v1_voc",
+    "yolo3_mobilenet1.0_coco",
+    "yolo3_darknet53_voc",
+)
 
 
 def folder_bytes(path: Path) -> int:
@@ -49,8 +56,9 @@ def measure(model: str, device: str, on: str, repeat: int, latency: bool, work: 
     packages, row = {}, {"model": model}
     for precision in ("fp32", "fp16"):
         options = BuildOptions(tuning=None, layout="NCHW", precision=precision)
-        packages[precision] = deploy(model, work / f"{model}-{precision}", device=device,
-                                     pretrained=False, options=options)  # fmt: skip
+        packages[precision] = deploy(
+            model, work / f"{model}-{precision}", device=device, pretrained=False, options=options
+        )
         build = json.loads((packages[precision] / "manifest.json").read_text())["build"]
         row[precision] = {
             "params_bytes": (packages[precision] / "params.npz").stat().st_size,
@@ -85,16 +93,16 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="edgecv-fp16-bench-") as tmp:
         for model in args.models:
-            row = measure(model, args.device, args.on, args.repeat, not args.no_latency,
-                          Path(tmp))  # fmt: skip
+            row = measure(model, args.device, args.on, args.repeat, not args.no_latency, Path(tmp))
             rows.append(row)
             print(json.dumps(row), flush=True)
     print("| model | params fp16/fp32 | package | activations | latency fp32 | fp16 |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         ms = r.get("latency_ms", {})
-        ratios = " | ".join(str(r[f"{k}_ratio"]) for k in ("params_bytes", "package_bytes",
-                                                           "activation_bytes"))  # fmt: skip
+        ratios = " | ".join(
+            str(r[f"{k}_ratio"]) for k in ("params_bytes", "package_bytes", "activation_bytes")
+        )
         print(f"| {r['model']} | {ratios} | {ms.get('fp32', '-')} | {ms.get('fp16', '-')} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

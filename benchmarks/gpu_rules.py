@@ -109,8 +109,7 @@ def compare_subgroup(name: str, profile, device: str, repeat: int) -> None:
     c, o, h, w, k, s, g = LAYERS[name]
     func = layer_kernel(c, o, h, w, k, s, g, epilogue=False)
     rng = np.random.default_rng(1)
-    arrays = [rng.standard_normal([int(d) for d in b.shape]).astype("float32")
-              for b in func.params]  # fmt: skip
+    arrays = [rng.standard_normal([int(d) for d in b.shape]).astype("float32") for b in func.params]
     variants = {"rule": schedule_with_rules(func, profile.tvm_target())}
     for tile in (8, 16):
         variants[f"subgroup, {tile} channels"] = subgroup_pointwise(c, o, h, w, tile)
@@ -120,8 +119,11 @@ def compare_subgroup(name: str, profile, device: str, repeat: int) -> None:
         assert_close(result(), runners["rule"][1](), f"{name} {n}")
         ratio = timed[n].median / timed["rule"].median
         least = float(np.min(timed[n].seconds))
-        print(f"| {name} {LAYERS[name]} | {n} | {timed[n].median * 1e3:.2f} | "
-              f"{least * 1e3:.2f} | {ratio:.2f}x |", flush=True)  # fmt: skip
+        print(
+            f"| {name} {LAYERS[name]} | {n} | {timed[n].median * 1e3:.2f} | "
+            f"{least * 1e3:.2f} | {ratio:.2f}x |",
+            flush=True,
+        )
 
 
 def time_cpu(func, arrays, repeat: int):
@@ -155,19 +157,24 @@ def main() -> None:
         c, o, h, w, k, s, g = LAYERS[name]
         func = layer_kernel(c, o, h, w, k, s, g)
         rng = np.random.default_rng(1)
-        arrays = [rng.standard_normal([int(d) for d in b.shape]).astype("float32")
-                  for b in func.params]  # fmt: skip
+        arrays = [
+            rng.standard_normal([int(d) for d in b.shape]).astype("float32") for b in func.params
+        ]
         flop = 2 * o * (h // s) * (w // s) * (c // g) * k * k / 1e9
         cpu_s, expected = time_cpu(func, arrays, args.repeat)
-        rule_s, got = time_opencl(schedule_with_rules(func, target), profile, arrays,
-                                  args.device, args.repeat)  # fmt: skip
+        rule_s, got = time_opencl(
+            schedule_with_rules(func, target), profile, arrays, args.device, args.repeat
+        )
         assert_close(got, expected, name)
         dlight = "-"
         if not args.skip_dlight:  # up to seconds per launch: few repeats
             dlight_s, _ = time_opencl(func, profile, arrays, args.device, 3)
             dlight = f"{dlight_s * 1e3:.1f}"
-        print(f"| {name} {LAYERS[name]} | {flop:.3f} | {rule_s * 1e3:.2f} | {dlight} | "
-              f"{cpu_s * 1e3:.2f} | {rule_s / cpu_s:.1f}x |", flush=True)  # fmt: skip
+        print(
+            f"| {name} {LAYERS[name]} | {flop:.3f} | {rule_s * 1e3:.2f} | {dlight} | "
+            f"{cpu_s * 1e3:.2f} | {rule_s / cpu_s:.1f}x |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,14 @@ def run_one(name: str, profile: str, args, tmp: Path) -> dict | None:
         options = BuildOptions(layout=layout, layout_costs=args.costs / profile)
         started = time.perf_counter()
         try:
-            packages[layout] = deploy(name, tmp / f"{name}-{profile}-{layout}", profile,
-                                      pretrained=False, options=options, force=True)  # fmt: skip
+            packages[layout] = deploy(
+                name,
+                tmp / f"{name}-{profile}-{layout}",
+                profile,
+                pretrained=False,
+                options=options,
+                force=True,
+            )
         except edgecv.EdgecvError as err:
             print(f"{name} {profile} {layout}: not deployed: {str(err).splitlines()[0][:120]}")
             return None

@@ -35,16 +35,24 @@ from edgecv.deploy import PREPROCESSING, deploy
 from edgecv.imaging import preprocess
 from edgecv.pipelines import BuildOptions
 
-PHOTOS = ("astronaut", "cat", "coffee", "hubble_deep_field", "immunohistochemistry",
-          "retina", "rocket", "colorwheel", "chelsea")  # fmt: skip
+PHOTOS = (
+    "astronaut",
+    "cat",
+    "coffee",
+    "hubble_deep_field",
+    "immunohistochemistry",
+    "retina",
+    "rocket",
+    "colorwheel",
+    "chelsea",
+)
 
 
 def photos() -> list[np.ndarray]:
     """scikit-image's colour photos (shipped in its wheel) as BGR uint8."""
     import skimage.data
 
-    return [np.ascontiguousarray(getattr(skimage.data, n)()[:, :, :3][:, :, ::-1])
-            for n in PHOTOS]  # fmt: skip
+    return [np.ascontiguousarray(getattr(skimage.data, n)()[:, :, :3][:, :, ::-1]) for n in PHOTOS]
 
 
 def crops(images: list[np.ndarray], count: int, seed: int) -> list[np.ndarray]:
@@ -70,8 +78,7 @@ def agreement(fp32, int8, inputs) -> dict:
         top1.append(np.argmax(a) == np.argmax(b))
         overlap.append(len(set(np.argsort(-a)[:5]) & set(np.argsort(-b)[:5])) / 5)
         errors.append(np.abs(a - b).max() / np.abs(a).max())
-    return {"top1": 100 * np.mean(top1), "top5": 100 * np.mean(overlap),
-            "error": 100 * max(errors)}  # fmt: skip
+    return {"top1": 100 * np.mean(top1), "top5": 100 * np.mean(overlap), "error": 100 * max(errors)}
 
 
 def main() -> None:
@@ -82,8 +89,9 @@ def main() -> None:
     parser.add_argument("--calibration-size", type=int, default=64)
     parser.add_argument("--layout", default="auto", help="of the FP32 package")
     parser.add_argument("--work", help="keep the packages here (default: a temporary folder)")
-    parser.add_argument("--keep-fp32", action="store_true",
-                        help="reuse the FP32 packages already in --work")  # fmt: skip
+    parser.add_argument(
+        "--keep-fp32", action="store_true", help="reuse the FP32 packages already in --work"
+    )
     args = parser.parse_args()
     import cv2
 
@@ -99,18 +107,26 @@ def main() -> None:
             fp32_path = work / f"{name}-fp32"
             started = time.perf_counter()
             if not (args.keep_fp32 and (fp32_path / "manifest.json").exists()):
-                deploy(name, fp32_path, pretrained=False, force=True,
-                       options=BuildOptions(layout=args.layout))  # fmt: skip
+                deploy(
+                    name,
+                    fp32_path,
+                    pretrained=False,
+                    force=True,
+                    options=BuildOptions(layout=args.layout),
+                )
                 print(f"{name}: fp32 deployed in {time.perf_counter() - started:.0f} s", flush=True)
             packages = {"fp32": edgecv.load(fp32_path)}
             for method in args.methods.split(","):
                 path = work / f"{name}-int8-{method}-{time.strftime('%H%M%S')}"  # a new library
                 started = time.perf_counter()
-                options = BuildOptions(precision="int8", calibrate=calibration,
-                                       calibration_method=method)  # fmt: skip
+                options = BuildOptions(
+                    precision="int8", calibrate=calibration, calibration_method=method
+                )
                 deploy(name, path, pretrained=False, force=True, options=options)
-                print(f"{name}: int8 ({method}) deployed in {time.perf_counter() - started:.0f} s",
-                      flush=True)  # fmt: skip
+                print(
+                    f"{name}: int8 ({method}) deployed in {time.perf_counter() - started:.0f} s",
+                    flush=True,
+                )
                 packages[f"int8-{method}"] = edgecv.load(path)
             shape = packages["fp32"].input_shape
             inputs = [preprocess(im, PREPROCESSING, shape) for im in evaluation]
@@ -122,8 +138,10 @@ def main() -> None:
                 line = f"  {key:<18} {t.median * 1e3:8.2f} ms  fp32/this {base / t.median:5.2f}x"
                 if key != "fp32":
                     a = agreement(packages["fp32"], packages[key], inputs)
-                    line += (f"  top-1 agreement {a['top1']:5.1f}%  top-5 overlap {a['top5']:5.1f}%"
-                             f"  max logit error {a['error']:.1f}% of fp32's scale")  # fmt: skip
+                    line += (
+                        f"  top-1 agreement {a['top1']:5.1f}%  top-5 overlap {a['top5']:5.1f}%"
+                        f"  max logit error {a['error']:.1f}% of fp32's scale"
+                    )
                 print(line, flush=True)
 
 

@@ -50,8 +50,11 @@ def print_top_kernels(model, x: np.ndarray, top: int) -> None:
     total = sum(k.seconds for k in kernels) or 1.0
     for k in kernels[:top]:
         rule = schedules.get(k.kernel, {}).get("rule") or "-"
-        print(f"    {k.seconds * 1e3:8.2f} ms {100 * k.seconds / total:5.1f}% {k.device:<4} "
-              f"x{k.launches:<3} {k.kernel[:44]:<44} {rule}", flush=True)  # fmt: skip
+        print(
+            f"    {k.seconds * 1e3:8.2f} ms {100 * k.seconds / total:5.1f}% {k.device:<4} "
+            f"x{k.launches:<3} {k.kernel[:44]:<44} {rule}",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -71,8 +74,9 @@ def main() -> None:
             for profile in args.profiles:
                 started = time.perf_counter()
                 try:
-                    packages[profile] = deploy(name, Path(tmp) / f"{name}-{profile}", profile,
-                                               pretrained=False)  # fmt: skip
+                    packages[profile] = deploy(
+                        name, Path(tmp) / f"{name}-{profile}", profile, pretrained=False
+                    )
                 except edgecv.EdgecvError as err:
                     print(f"{name:<26}{profile:<10}  not deployed: {str(err).splitlines()[0][:90]}")
                     continue
@@ -86,8 +90,11 @@ def main() -> None:
             times = dict(zip(models, alternating_medians(runs, args.repeat), strict=True))
             for profile, seconds in times.items():
                 ratio = f"{seconds / times['cpu']:>7.1f}x" if "cpu" in times else f"{'-':>8}"
-                print(f"{name:<26}{profile:<10}{deploy_s[profile]:>9.1f}{seconds * 1e3:>12.1f}"
-                      f"{ratio}  {rules_of(packages[profile])}", flush=True)  # fmt: skip
+                print(
+                    f"{name:<26}{profile:<10}{deploy_s[profile]:>9.1f}{seconds * 1e3:>12.1f}"
+                    f"{ratio}  {rules_of(packages[profile])}",
+                    flush=True,
+                )
                 if args.top and profile != "cpu":
                     print_top_kernels(models[profile], x, args.top)
 

@@ -157,8 +157,15 @@ def build_detector(profile: str, folder: Path) -> Path:
     symbol, params, shape = tiny_yolo(folder / "tiny_yolo")
     out = folder / f"pkg-{profile}"
     # no device at hand for a check at deploy time nor a layout search: only its run here
-    deploy(str(symbol), out, profile, params=str(params), input_shape=shape, host="native",
-           options=BuildOptions(check_on=None, layout="NCHW"))  # fmt: skip
+    deploy(
+        str(symbol),
+        out,
+        profile,
+        params=str(params),
+        input_shape=shape,
+        host="native",
+        options=BuildOptions(check_on=None, layout="NCHW"),
+    )
     return out
 
 
@@ -178,9 +185,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="edgecv-soak-") as tmp:
         for device in args.devices.split(","):
             profile, _, on = device.partition(":")
-            package = Path(given[profile]) if profile in given else build_detector(
-                profile, Path(tmp)
-            )  # fmt: skip
+            package = (
+                Path(given[profile]) if profile in given else build_detector(profile, Path(tmp))
+            )
             model = edgecv.load(package, on=on or None)
             x = np.random.RandomState(0).uniform(-1, 1, model.input_shape).astype(np.float32)
             del model
@@ -221,10 +228,13 @@ def write_markdown(results: dict, args) -> None:
             )
     command = " ".join(sys.argv[1:])
     args.out.write_text(
-        f"# Soak: `benchmarks/soak.py {command}`\n\n" + "\n".join(rows) + "\n\n"
+        f"# Soak: `benchmarks/soak.py {command}`\n\n"
+        + "\n".join(rows)
+        + "\n\n"
         + "RSS along the serve runs (inference, MiB):\n\n"
-        + "\n".join(f"- {d}: {b['serve']['rss_samples']}" for d, b in results.items()) + "\n"
-    )  # fmt: skip
+        + "\n".join(f"- {d}: {b['serve']['rss_samples']}" for d, b in results.items())
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

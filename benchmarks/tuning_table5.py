@@ -51,14 +51,23 @@ def tuned_kernels(package: Path) -> tuple[int, int]:
     return sum(k["rule"] == "tuned" for k in kernels), len(kernels)
 
 
-def row(model: str, device: str, on: str | None, db: str | None, repeat: int, work: Path,
-        baselines: list[str]) -> dict:  # fmt: skip
+def row(
+    model: str,
+    device: str,
+    on: str | None,
+    db: str | None,
+    repeat: int,
+    work: Path,
+    baselines: list[str],
+) -> dict:
     folders = tuning_folders(device, db)
     common = dict(device=device, pretrained=False, host="native", force=True)
-    default = deploy(model, work / f"{model}-{device}-default",
-                     options=BuildOptions(tuning=None), **common)  # fmt: skip
-    tuned = deploy(model, work / f"{model}-{device}-tuned",
-                   options=BuildOptions(tuning=folders), **common)  # fmt: skip
+    default = deploy(
+        model, work / f"{model}-{device}-default", options=BuildOptions(tuning=None), **common
+    )
+    tuned = deploy(
+        model, work / f"{model}-{device}-tuned", options=BuildOptions(tuning=folders), **common
+    )
     a, b = load(default, on=on), load(tuned, on=on)
     x = bench_input(a)
     runners = {"default": lambda: a.run(x), "tuned": lambda: b.run(x)}
@@ -91,8 +100,11 @@ def measure(args, spec: str) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="mobilenet1.0,resnet50_v1,squeezenet1.0")
-    parser.add_argument("--devices", default="cpu,deeplens:intel,aisage:pocl",
-                        help="profile[:opencl device], comma-separated")  # fmt: skip
+    parser.add_argument(
+        "--devices",
+        default="cpu,deeplens:intel,aisage:pocl",
+        help="profile[:opencl device], comma-separated",
+    )
     parser.add_argument("--db", help="a database folder layered over the shipped ones")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--baselines", default="mxnet,onnxruntime,openvino")
@@ -107,8 +119,14 @@ def main() -> None:
         # One process per device: an OpenCL runtime's worker threads, once started, slow
         # the CPU packages timed after them in the same process (squeezenet1.0's cpu
         # package 4.2 ms there, 2.7 in a process of its own, 2 cores).
-        passed = ["--models", args.models, "--repeat", str(args.repeat),
-                  "--baselines", args.baselines]  # fmt: skip
+        passed = [
+            "--models",
+            args.models,
+            "--repeat",
+            str(args.repeat),
+            "--baselines",
+            args.baselines,
+        ]
         passed += ["--db", args.db] if args.db else []
         passed += ["--times", str(args.times)] if args.times else []
         for spec in specs:
@@ -117,16 +135,21 @@ def main() -> None:
                 command = [sys.executable, __file__, "--devices", spec, "--json", str(out)]
                 subprocess.run(command + passed, check=True)
                 rows += json.loads(out.read_text())
-    print("\n| model | device | default ms | tuned ms | speedup | tuned kernels | tuning min "
-          "| MXNet ms | ORT ms | OpenVINO f32 ms |")  # fmt: skip
+    print(
+        "\n| model | device | default ms | tuned ms | speedup | tuned kernels | tuning min "
+        "| MXNet ms | ORT ms | OpenVINO f32 ms |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        extra = " | ".join(f"{r[k]:.2f}" if k in r else "-"
-                           for k in ("mxnet", "onnxruntime", "openvino"))  # fmt: skip
+        extra = " | ".join(
+            f"{r[k]:.2f}" if k in r else "-" for k in ("mxnet", "onnxruntime", "openvino")
+        )
         spent = f"{r['tuning_min']:.0f}" if r["tuning_min"] else "-"
-        print(f"| {r['model']} | {r['device']} | {r['default']:.2f} | {r['tuned']:.2f} | "
-              f"{r['default'] / r['tuned']:.2f}x | {r['tuned_kernels']}/{r['kernels']} | "
-              f"{spent} | {extra} |")  # fmt: skip
+        print(
+            f"| {r['model']} | {r['device']} | {r['default']:.2f} | {r['tuned']:.2f} | "
+            f"{r['default'] / r['tuned']:.2f}x | {r['tuned_kernels']}/{r['kernels']} | "
+            f"{spent} | {extra} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

@@ -37,8 +37,15 @@ from edgecv.runtime.opencl import OpenCLBackend
 from edgecv.runtime.opencl_devices import opencl_devices
 from edgecv.testing import detector_inputs
 
-SSD = dict(overlap_thresh=0.45, valid_thresh=0.01, topk=400, id_index=0, score_index=1,
-           coord_start=2, force_suppress=False)  # fmt: skip
+SSD = dict(
+    overlap_thresh=0.45,
+    valid_thresh=0.01,
+    topk=400,
+    id_index=0,
+    score_index=1,
+    coord_start=2,
+    force_suppress=False,
+)
 
 
 class DeviceOp:
@@ -113,9 +120,11 @@ def row(label, ours, launches, sub, naive, stock, mxnet_s, other, note=""):
         return f"{v * 1e3:>10.2f}" if isinstance(v, float) else f"{'-':>10}"
 
     ratio = lambda a: f"{a / ours:>8.2f}" if isinstance(a, float) else f"{'-':>8}"  # noqa: E731
-    print(f"{label:<34}{ms(ours)}{launches:>5}{ms(sub)}{ms(naive)}{ms(stock)}{ms(mxnet_s)}"
-          f"{ms(other)}{ratio(sub)}{ratio(naive)}{ratio(stock)}{ratio(mxnet_s)}  {note}",
-          flush=True)  # fmt: skip
+    print(
+        f"{label:<34}{ms(ours)}{launches:>5}{ms(sub)}{ms(naive)}{ms(stock)}{ms(mxnet_s)}"
+        f"{ms(other)}{ratio(sub)}{ratio(naive)}{ratio(stock)}{ratio(mxnet_s)}  {note}",
+        flush=True,
+    )
 
 
 def subgroup_time(has_subgroups: bool, name, make, device, arrays, check, repeat):
@@ -152,41 +161,72 @@ def bench_device(device: str, repeat: int, mx) -> None:
         f"\n== {device} ==  (ms; x = that version's time / edgecv's work-group version; "
         f"subgroup: edgecv's Intel-subgroup variant, subgroups of 16)"
     )
-    print(f"{'operator':<34}{'edgecv':>10}{'lnch':>5}{'subgroup':>10}{'naive GPU':>10}"
-          f"{'TVM GPU':>10}{'MXNet CPU':>10}{'NumPy/CV':>10}{'sub x':>8}{'naive x':>8}"
-          f"{'TVM x':>8}{'MXNet x':>8}")  # fmt: skip
-    for label, n in (("box_nms SSD-512 (122640 boxes)", 122640),
-                     ("box_nms YOLOv3-512 (16128 boxes)", 16128)):  # fmt: skip
+    print(
+        f"{'operator':<34}{'edgecv':>10}{'lnch':>5}{'subgroup':>10}{'naive GPU':>10}"
+        f"{'TVM GPU':>10}{'MXNet CPU':>10}{'NumPy/CV':>10}{'sub x':>8}{'naive x':>8}"
+        f"{'TVM x':>8}{'MXNet x':>8}"
+    )
+    for label, n in (
+        ("box_nms SSD-512 (122640 boxes)", 122640),
+        ("box_nms YOLOv3-512 (16128 boxes)", 16128),
+    ):
         data = ssd_like_boxes(n)
         ref = box_nms_reference(data, **SSD)
 
         def same(op, ref=ref):
             np.testing.assert_allclose(op.result(1), ref, rtol=1e-5, atol=1e-4)
 
-        op, err = try_op("box_nms", lambda: box_nms_gpu(data.shape, **SSD), device,
-                         [data, np.zeros_like(data)], same)  # fmt: skip
+        op, err = try_op(
+            "box_nms",
+            lambda: box_nms_gpu(data.shape, **SSD),
+            device,
+            [data, np.zeros_like(data)],
+            same,
+        )
         if op is None:
             print(f"{label:<34} not run: {err}")
             return
         ours = median_time(op, repeat)
-        sub = subgroup_time(subgroups, "box_nms", lambda: box_nms_gpu(data.shape, subgroup=16,
-                            **SSD), device, [data, np.zeros_like(data)], same, repeat)  # fmt: skip
-        naive, _ = try_op("naive_box_nms", lambda: naive_box_nms_gpu(data.shape, **SSD),
-                          device, [data, np.zeros_like(data)], same)  # fmt: skip
+        sub = subgroup_time(
+            subgroups,
+            "box_nms",
+            lambda: box_nms_gpu(data.shape, subgroup=16, **SSD),
+            device,
+            [data, np.zeros_like(data)],
+            same,
+            repeat,
+        )
+        naive, _ = try_op(
+            "naive_box_nms",
+            lambda: naive_box_nms_gpu(data.shape, **SSD),
+            device,
+            [data, np.zeros_like(data)],
+            same,
+        )
         naive_s = median_time(naive, 1) if naive else None
         nd = mx.nd.array(data)
-        theirs = median_time(lambda: mx.nd.contrib.box_nms(nd, **SSD).wait_to_read(),
-                             repeat)  # fmt: skip
+        theirs = median_time(lambda: mx.nd.contrib.box_nms(nd, **SSD).wait_to_read(), repeat)
         valid = data[0, data[0, :, 1] > 0.01]
         rects = np.concatenate([valid[:, 2:4], valid[:, 4:6] - valid[:, 2:4]], 1).tolist()
         opencv = median_time(
             lambda: cv2.dnn.NMSBoxes(rects, valid[:, 1].tolist(), 0.01, 0.45, top_k=400),
             repeat,
         )
-        row(label, ours, op.launches, sub, naive_s, None, theirs, opencv,
-            "TVM: no GPU NMS; CV: cv2.dnn.NMSBoxes, class-agnostic")  # fmt: skip
-    for label, lengths in (("argsort 1 x 122640", [122640]),
-                           ("argsort 20 classes x 6132", [6132] * 20)):  # fmt: skip
+        row(
+            label,
+            ours,
+            op.launches,
+            sub,
+            naive_s,
+            None,
+            theirs,
+            opencv,
+            "TVM: no GPU NMS; CV: cv2.dnn.NMSBoxes, class-agnostic",
+        )
+    for label, lengths in (
+        ("argsort 1 x 122640", [122640]),
+        ("argsort 20 classes x 6132", [6132] * 20),
+    ):
         total = sum(lengths)
         keys = np.random.RandomState(1).uniform(0, 1, total).astype(np.float32)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
@@ -195,61 +235,110 @@ def bench_device(device: str, repeat: int, mx) -> None:
         op, err = try_op(
             "segmented_argsort",
             lambda: segmented_argsort_gpu(total, len(lengths), "float32", True),
-            device, [keys, offsets, np.zeros(total, np.int32), *work],
+            device,
+            [keys, offsets, np.zeros(total, np.int32), *work],
             lambda op: np.testing.assert_array_equal(op.result(2), ref),
-        )  # fmt: skip
+        )
         ours = median_time(op, repeat)
         sub = subgroup_time(
-            subgroups, "segmented_argsort",
+            subgroups,
+            "segmented_argsort",
             lambda: segmented_argsort_gpu(total, len(lengths), "float32", True, subgroup=16),
-            device, [keys, offsets, np.zeros(total, np.int32), *work],
-            lambda op: np.testing.assert_array_equal(op.result(2), ref), repeat,
-        )  # fmt: skip
+            device,
+            [keys, offsets, np.zeros(total, np.int32), *work],
+            lambda op: np.testing.assert_array_equal(op.result(2), ref),
+            repeat,
+        )
         naive, _ = try_op(
-            "naive_argsort", lambda: naive_segmented_argsort_gpu(lengths, "float32", True),
-            device, [keys, np.zeros(total, np.int32), np.zeros(total, np.int32)],
+            "naive_argsort",
+            lambda: naive_segmented_argsort_gpu(lengths, "float32", True),
+            device,
+            [keys, np.zeros(total, np.int32), np.zeros(total, np.int32)],
             lambda op: np.testing.assert_array_equal(op.result(1), ref),
-        )  # fmt: skip
+        )
         naive_s = median_time(naive, 1) if naive else None
         rows2d = keys.reshape(len(lengths), -1)
         stock, why = try_op(
-            "argsort", lambda: tvm_stock("argsort", rows2d.shape, True), device,
+            "argsort",
+            lambda: tvm_stock("argsort", rows2d.shape, True),
+            device,
             [rows2d, np.zeros(rows2d.shape, np.int32)],
             lambda op: np.testing.assert_array_equal(op.result(1).ravel(), ref),
-        )  # fmt: skip
+        )
         stock_s = median_time(stock, repeat) if stock else None
         nd = mx.nd.array(rows2d)
         theirs = median_time(
             lambda: mx.nd.argsort(nd, axis=-1, is_ascend=False).wait_to_read(), repeat
         )
         numpy_s = median_time(lambda: np.argsort(-rows2d, axis=-1, kind="stable"), repeat)
-        row(label, ours, op.launches, sub, naive_s, stock_s, theirs, numpy_s,
-            f"TVM: {why}" if why else "")  # fmt: skip
-    for label, shape in (("scan 1 x 122640 (int32)", (1, 122640)),
-                         ("scan 20 x 6132 (int32)", (20, 6132))):  # fmt: skip
+        row(
+            label,
+            ours,
+            op.launches,
+            sub,
+            naive_s,
+            stock_s,
+            theirs,
+            numpy_s,
+            f"TVM: {why}" if why else "",
+        )
+    for label, shape in (
+        ("scan 1 x 122640 (int32)", (1, 122640)),
+        ("scan 20 x 6132 (int32)", (20, 6132)),
+    ):
         x = np.random.RandomState(2).randint(0, 2, shape).astype(np.int32)
         ref = scan_reference(x, True)
 
         def same_scan(op, ref=ref):
             np.testing.assert_array_equal(op.result(1), ref)
 
-        op, err = try_op("scan", lambda: scan_gpu(*shape, "int32", True), device,
-                         [x, np.zeros_like(x)], same_scan)  # fmt: skip
+        op, err = try_op(
+            "scan",
+            lambda: scan_gpu(*shape, "int32", True),
+            device,
+            [x, np.zeros_like(x)],
+            same_scan,
+        )
         ours = median_time(op, repeat)
-        sub = subgroup_time(subgroups, "scan", lambda: scan_gpu(*shape, "int32", True,
-                            subgroup=16), device, [x, np.zeros_like(x)], same_scan,
-                            repeat)  # fmt: skip
-        naive, _ = try_op("naive_scan", lambda: naive_scan_gpu(*shape, "int32", True),
-                          device, [x, np.zeros_like(x)], same_scan)  # fmt: skip
+        sub = subgroup_time(
+            subgroups,
+            "scan",
+            lambda: scan_gpu(*shape, "int32", True, subgroup=16),
+            device,
+            [x, np.zeros_like(x)],
+            same_scan,
+            repeat,
+        )
+        naive, _ = try_op(
+            "naive_scan",
+            lambda: naive_scan_gpu(*shape, "int32", True),
+            device,
+            [x, np.zeros_like(x)],
+            same_scan,
+        )
         naive_s = median_time(naive, 1) if naive else None
-        stock, why = try_op("cumsum", lambda: tvm_stock("cumsum", shape, True), device,
-                            [x, np.zeros_like(x)], same_scan)  # fmt: skip
+        stock, why = try_op(
+            "cumsum",
+            lambda: tvm_stock("cumsum", shape, True),
+            device,
+            [x, np.zeros_like(x)],
+            same_scan,
+        )
         stock_s = median_time(stock, repeat) if stock else None
         nd = mx.nd.array(x, dtype="int32").as_np_ndarray()
         theirs = median_time(lambda: mx.np.cumsum(nd, axis=1).wait_to_read(), repeat)
         numpy_s = median_time(lambda: np.cumsum(x, axis=1), repeat)
-        row(label, ours, op.launches, sub, naive_s, stock_s, theirs, numpy_s,
-            f"TVM: {why}" if why else "")  # fmt: skip
+        row(
+            label,
+            ours,
+            op.launches,
+            sub,
+            naive_s,
+            stock_s,
+            theirs,
+            numpy_s,
+            f"TVM: {why}" if why else "",
+        )
     # ROIAlign at a Faster-RCNN-like size; MultiBoxDetection at SSD-300's anchors
     rng = np.random.RandomState(3)
     feat = rng.standard_normal((1, 256, 32, 32)).astype(np.float32)
@@ -259,42 +348,54 @@ def bench_device(device: str, repeat: int, mx) -> None:
     attrs = dict(pooled_size=(7, 7), spatial_scale=0.0625, sample_ratio=2)
     ref = roi_align_reference(feat, rois, **attrs)
     op, err = try_op(
-        "roi_align", lambda: roi_align_gpu(feat.shape, rois.shape, "float32", 256, **attrs),
-        device, [feat, rois, np.zeros_like(ref)],
+        "roi_align",
+        lambda: roi_align_gpu(feat.shape, rois.shape, "float32", 256, **attrs),
+        device,
+        [feat, rois, np.zeros_like(ref)],
         lambda op: np.testing.assert_allclose(op.result(2), ref, rtol=1e-4, atol=1e-4),
-    )  # fmt: skip
+    )
     if op is not None:
         ours = median_time(op, repeat)
         nf, nr = mx.nd.array(feat), mx.nd.array(rois)
         theirs = median_time(lambda: mx.nd.contrib.ROIAlign(nf, nr, **attrs).wait_to_read(), repeat)
-        row("ROIAlign 300 x 256ch 7x7 (32x32)", ours, op.launches, None, None, None, theirs,
-            None, "no subgroup variant: one work-item per output, nothing shared")  # fmt: skip
+        row(
+            "ROIAlign 300 x 256ch 7x7 (32x32)",
+            ours,
+            op.launches,
+            None,
+            None,
+            None,
+            theirs,
+            None,
+            "no subgroup variant: one work-item per output, nothing shared",
+        )
     cls, loc, anchors = detector_inputs(np.random.RandomState(4), 1, 21, 8732)
     det = dict(nms_threshold=0.45, nms_topk=400)
     ref = multibox_detection_reference(cls, loc, anchors, **det)
     op, err = try_op(
         "multibox_detection",
         lambda: multibox_detection_gpu(cls.shape, loc.shape, anchors.shape, **det),
-        device, [cls, loc, anchors, np.zeros_like(ref)],
+        device,
+        [cls, loc, anchors, np.zeros_like(ref)],
         lambda op: np.testing.assert_allclose(op.result(3), ref, rtol=1e-5, atol=1e-5),
-    )  # fmt: skip
+    )
     if op is not None:
         ours = median_time(op, repeat)
         sub = subgroup_time(
-            subgroups, "multibox_detection",
-            lambda: multibox_detection_gpu(cls.shape, loc.shape, anchors.shape, subgroup=16,
-                                           **det),
-            device, [cls, loc, anchors, np.zeros_like(ref)],
+            subgroups,
+            "multibox_detection",
+            lambda: multibox_detection_gpu(cls.shape, loc.shape, anchors.shape, subgroup=16, **det),
+            device,
+            [cls, loc, anchors, np.zeros_like(ref)],
             lambda op: np.testing.assert_allclose(op.result(3), ref, rtol=1e-5, atol=1e-5),
             repeat,
-        )  # fmt: skip
+        )
         args_nd = [mx.nd.array(a) for a in (cls, loc, anchors)]
         theirs = median_time(
             lambda: mx.nd.contrib.MultiBoxDetection(*args_nd, **det).wait_to_read(),
             repeat,
         )
-        row("MultiBoxDetection SSD-300 (8732x21)", ours, op.launches, sub, None, None, theirs,
-            None)  # fmt: skip
+        row("MultiBoxDetection SSD-300 (8732x21)", ours, op.launches, sub, None, None, theirs, None)
     elif err:
         print(f"MultiBoxDetection not run: {err}")
 

@@ -120,8 +120,10 @@ def explain_schedules(manifest: dict) -> None:
             mine = registered & set(kernel["ops"])
             if kernel["passed_over"] or kernel["rule"] in (None, "tuned") or mine:
                 why = "; ".join(f"{r}: {w}" for r, w in kernel["passed_over"])
-                print(f"  {name} ({', '.join(kernel['ops'])}): {kernel['rule']}"
-                      + (f"  [{why}]" if why else ""))  # fmt: skip
+                print(
+                    f"  {name} ({', '.join(kernel['ops'])}): {kernel['rule']}"
+                    + (f"  [{why}]" if why else "")
+                )
 
 
 def explain(manifest: dict) -> None:
@@ -404,8 +406,12 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", parents=[common], help="run a package on images or a tensor")
     r.add_argument("package", help="package folder or .tar.gz")
     r.add_argument("images", nargs="*", help="image files")
-    r.add_argument("--input", action="append", help="raw input tensor (.npy), no "
-                   "preprocessing; once per input, in order, for a model with several")  # fmt: skip
+    r.add_argument(
+        "--input",
+        action="append",
+        help="raw input tensor (.npy), no "
+        "preprocessing; once per input, in order, for a model with several",
+    )
     r.add_argument(
         "--sample", choices=SAMPLES, help="also run on a real photo shipped inside scikit-image"
     )

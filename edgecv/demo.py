@@ -28,9 +28,11 @@ def frames(camera: int | None, video: str | None, images: str | None) -> Iterato
     cv2 = opencv()
     if images is not None:
         folder = Path(images)
-        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if (
-            folder.is_dir()
-        ) else []  # fmt: skip
+        files = (
+            sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            if (folder.is_dir())
+            else []
+        )
         if not files:
             raise EdgecvError(f"--images {folder}: no .jpg/.png/.bmp images in that folder")
         for file in files:
@@ -279,10 +281,11 @@ def add_parser(sub, common) -> None:
     )
     d.add_argument("--headless", action="store_true", help="no window (needs -o)")
     d.add_argument(
-        "-o", "--output",
+        "-o",
+        "--output",
         help="write the annotated video here (.mp4); with several sources OUT-1.mp4, "
         "OUT-2.mp4, ... in the order given",
-    )  # fmt: skip
+    )
     d.add_argument("--fps", type=float, default=10.0, help="frame rate of the written video")
     d.add_argument("--threshold", type=float, default=0.5, help="detection score threshold")
     d.add_argument("--max-frames", type=int, default=0, help="stop after N frames of each source")

@@ -110,9 +110,15 @@ def deploy(
         raise ProfileError(f"--host accepts `native` only, not `{host}`")
     check_profile(profile)  # the native host may differ from the loaded one
     if options is None:  # the databases the CLI reads: the user's, then the shipped one
-        options = BuildOptions(list(cpu_ops), gpu_only, check_on,
-                               tuning=tuning_folders(profile, None), precision=precision,
-                               calibrate=calibrate, calibration_size=calibration_size)  # fmt: skip
+        options = BuildOptions(
+            list(cpu_ops),
+            gpu_only,
+            check_on,
+            tuning=tuning_folders(profile, None),
+            precision=precision,
+            calibrate=calibrate,
+            calibration_size=calibration_size,
+        )
     int8_step.check_request(options, profile)  # before minutes of exporting
     fp16_step.check_request(options, profile, progress)
     started = time.perf_counter()
@@ -217,8 +223,9 @@ def _with_calibration(options: BuildOptions, imported, destination: Path) -> Bui
             f"--precision int8 calibrates float32 inputs; input {name} is "
             f"{imported.input_dtypes[name]}"
         )
-    inputs = int8_step.read_calibration(options.calibrate, imported.input_shapes[name],
-                                        PREPROCESSING, options.calibration_size)  # fmt: skip
+    inputs = int8_step.read_calibration(
+        options.calibrate, imported.input_shapes[name], PREPROCESSING, options.calibration_size
+    )
     previous = None
     if package_manifest(destination) is not None:
         previous = int8_step.read_previous(destination)

@@ -179,8 +179,9 @@ def probe_divergence(
         ref_internals = reference.get_internals()
         ref_names = set(ref_internals.list_outputs())
         picked = [_defined(n, op_of, ref_names) for n in names]
-        forward = _mxnet_forward(mx, mx.sym.Group([ref_internals[n] for n in picked]),
-                                 list(inputs), params)  # fmt: skip
+        forward = _mxnet_forward(
+            mx, mx.sym.Group([ref_internals[n] for n in picked]), list(inputs), params
+        )
         xs = list(inputs.values())
         base = forward(xs)
         rng = np.random.RandomState(seed)
@@ -264,23 +265,37 @@ def _edgecv_forward(cut: Path, params, inputs: dict, profile: str, options, on, 
     host = None if profile == "cpu" else "native"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        package = deploy(cut, work / "cut-package", profile, params=params, input_shape=shapes,
-                         host=host, options=options, force=True)  # fmt: skip
+        package = deploy(
+            cut,
+            work / "cut-package",
+            profile,
+            params=params,
+            input_shape=shapes,
+            host=host,
+            options=options,
+            force=True,
+        )
     return load(package, on=on).run(*inputs.values())
 
 
 def _compare_stage(name, op, attrs, ours, ref, moved, factor) -> StageDifference:
     ours, ref = np.asarray(ours), np.asarray(ref)
     if ours.shape != ref.shape:
-        return StageDifference(name, op, np.inf, 0.0, np.inf, True,
-                               detail=f"shape {ours.shape} != MXNet's {ref.shape}")  # fmt: skip
+        return StageDifference(
+            name, op, np.inf, 0.0, np.inf, True, detail=f"shape {ours.shape} != MXNet's {ref.shape}"
+        )
     kind = _kind(op, attrs, name)
     a, b = ours.astype(np.float64), ref.astype(np.float64)
     if kind == "rows":
         a, b = np.sort(a, axis=None), np.sort(b, axis=None)
     diff = _max_abs(a, b)
-    drift = max((_max_abs(np.sort(m, axis=None) if kind == "rows" else m.astype(np.float64), b)
-                 for m in moved), default=0.0)  # fmt: skip
+    drift = max(
+        (
+            _max_abs(np.sort(m, axis=None) if kind == "rows" else m.astype(np.float64), b)
+            for m in moved
+        ),
+        default=0.0,
+    )
     scale = float(np.abs(b).max(initial=0.0))
     step = max(np.finfo(np.float32).eps * scale, np.finfo(np.float32).tiny)
     ratio = diff / max(drift, step)
@@ -303,8 +318,9 @@ def _compare_stage(name, op, attrs, ours, ref, moved, factor) -> StageDifference
         departs = departs or (sets and not drift_sets)
         if sets:
             detail = f"{only_mx} rows only in MXNet's, {only_ours} only in edgecv's"
-    return StageDifference(name, op, diff, drift, float(ratio), bool(departs), sets,
-                           drift_sets, detail)  # fmt: skip
+    return StageDifference(
+        name, op, diff, drift, float(ratio), bool(departs), sets, drift_sets, detail
+    )
 
 
 def _kind(op: str, attrs: dict, name: str) -> str:
@@ -356,8 +372,9 @@ def _unmatched_rows(ours: np.ndarray, ref: np.ndarray, tol: float) -> tuple[int,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m edgecv.divergence_probe SYMBOL PARAMS --shape N,C,H,W``: print the table."""
-    parser = argparse.ArgumentParser(prog="python -m edgecv.divergence_probe",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m edgecv.divergence_probe", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("symbol")
     parser.add_argument("params")
     parser.add_argument("--shape", help="input shape N,C,H,W (input `data`)")
@@ -381,11 +398,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         parser.error("give --shape or --input")
     report = probe_divergence(
-        args.symbol, args.params, {"data": x}, profile=args.profile, on=args.on,
+        args.symbol,
+        args.params,
+        {"data": x},
+        profile=args.profile,
+        on=args.on,
         stages=args.stages.split(",") if args.stages else None,
         ops=args.ops.split(",") if args.ops else None,
-        options=BuildOptions(layout=args.layout), factor=args.factor, trials=args.trials,
-    )  # fmt: skip
+        options=BuildOptions(layout=args.layout),
+        factor=args.factor,
+        trials=args.trials,
+    )
     print(report.table(limit=None if args.all else 40))
     return 1 if report.first else 0
 

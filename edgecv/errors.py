@@ -68,10 +68,19 @@ class QuantizedGraphError(UnsupportedOpsError):
 
 # Modules of the optional parts of edgecv, and the extra of ``pip install`` that brings each.
 EXTRAS = {
-    "tvm": "compiler", "mxnet": "compiler", "gluoncv": "compiler", "skimage": "compiler",
-    "scipy": "compiler", "xgboost": "compiler", "psutil": "compiler", "tqdm": "compiler",
-    "cloudpickle": "compiler", "tornado": "compiler", "pyopencl": "opencl", "cv2": "images",
-}  # fmt: skip
+    "tvm": "compiler",
+    "mxnet": "compiler",
+    "gluoncv": "compiler",
+    "skimage": "compiler",
+    "scipy": "compiler",
+    "xgboost": "compiler",
+    "psutil": "compiler",
+    "tqdm": "compiler",
+    "cloudpickle": "compiler",
+    "tornado": "compiler",
+    "pyopencl": "opencl",
+    "cv2": "images",
+}
 
 
 def missing_extra(err: ImportError, what: str) -> EdgecvError | None:

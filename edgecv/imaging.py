@@ -107,8 +107,7 @@ def draw_label(
     x = min(max(corner[0], 0), max(image.shape[1] - width, 0))
     y = min(max(corner[1], 0), max(image.shape[0] - height, 0))
     cv2.rectangle(image, (x, y), (x + width - 1, y + height - 1), background, cv2.FILLED)
-    cv2.putText(image, text, (x + 3, y + height - baseline - 2), font, scale, color, 1,
-                cv2.LINE_AA)  # fmt: skip
+    cv2.putText(image, text, (x + 3, y + height - baseline - 2), font, scale, color, 1, cv2.LINE_AA)
     return width, height
 
 

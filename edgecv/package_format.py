@@ -358,14 +358,18 @@ class Plan:
             _require(isinstance(buf.name, str), f"{at}: name", "a string", buf.name)
             if buf.kind == "view":
                 _require(
-                    _index(buf.view_of, i), f"{at}: view_of", f"a buffer before it (< {i})",
+                    _index(buf.view_of, i),
+                    f"{at}: view_of",
+                    f"a buffer before it (< {i})",
                     buf.view_of,
-                )  # fmt: skip
+                )
                 root = self.buffers[self.root(i)]
                 _require(
-                    buf.nbytes <= root.nbytes, f"{at}: shape",
-                    f"at most the {root.nbytes} bytes of the buffer it views", buf.shape,
-                )  # fmt: skip
+                    buf.nbytes <= root.nbytes,
+                    f"{at}: shape",
+                    f"at most the {root.nbytes} bytes of the buffer it views",
+                    buf.shape,
+                )
             if buf.kind == "temp":
                 _require(_index(buf.storage, len(slots)), f"{at}: storage", "a slot", buf.storage)
                 _require(_ints([buf.offset], 0), f"{at}: offset", "bytes >= 0", buf.offset)
@@ -390,13 +394,17 @@ class Plan:
             _require(isinstance(step.kernel, str), f"{at}: kernel", "a name", step.kernel)
             _require(
                 isinstance(step.args, list) and all(_index(a, n) for a in step.args),
-                f"{at}: args", "buffer ids", step.args,
-            )  # fmt: skip
+                f"{at}: args",
+                "buffer ids",
+                step.args,
+            )
             outputs = step.num_outputs
             _require(
                 _ints([outputs], 1) and outputs <= len(step.args),
-                f"{at}: num_outputs", "1 to the number of args", outputs,
-            )  # fmt: skip
+                f"{at}: num_outputs",
+                "1 to the number of args",
+                outputs,
+            )
             _require(step.kind in STEP_KINDS, f"{at}: kind", f"one of {STEP_KINDS}", step.kind)
             _require(step.device in DEVICES, f"{at}: device", f"one of {DEVICES}", step.device)
             if step.kind == "copy":
@@ -407,15 +415,18 @@ class Plan:
                 _require(
                     source.nbytes == destination.nbytes
                     or (converts and tuple(source.shape) == tuple(destination.shape)),
-                    f"{at}: args", "two buffers of one size (or shape, float16 <-> float32)",
+                    f"{at}: args",
+                    "two buffers of one size (or shape, float16 <-> float32)",
                     step.args,
-                )  # fmt: skip
+                )
             inputs = len(step.args) - outputs
             _require(
                 isinstance(step.elementwise_inputs, list)
                 and all(_index(p, inputs) for p in step.elementwise_inputs),
-                f"{at}: elementwise_inputs", "input positions", step.elementwise_inputs,
-            )  # fmt: skip
+                f"{at}: elementwise_inputs",
+                "input positions",
+                step.elementwise_inputs,
+            )
             _require(_ints(step.pieces, 0), f"{at}: pieces", "byte offsets", step.pieces)
             _require(isinstance(step.elided, bool), f"{at}: elided", "true or false", step.elided)
         for name in ("inputs", "outputs"):

@@ -57,8 +57,9 @@ class Profile:
     def with_native_host(self) -> Profile:
         """This profile with its host CPU replaced by the deploying machine's."""
         host = {"kind": "llvm", "mcpu": "native"}
-        return Profile(self.name, self.description, self.runtime, self.target, host,
-                       {**self.raw, "host": host})  # fmt: skip
+        return Profile(
+            self.name, self.description, self.runtime, self.target, host, {**self.raw, "host": host}
+        )
 
     @property
     def intel_subgroup_size(self) -> int | None:
@@ -81,8 +82,9 @@ class Profile:
         False, or ``"auto"`` (``local``: the device found decides); False without a GPU."""
         value = self.raw.get("gpu", {}).get("fp16", False) if self.runtime != "cpu" else False
         if value not in (True, False, "auto"):
-            raise ValueError(f"profile {self.name}: gpu.fp16 must be true, false or \"auto\", "
-                             f"found {value!r}")  # fmt: skip
+            raise ValueError(
+                f'profile {self.name}: gpu.fp16 must be true, false or "auto", found {value!r}'
+            )
         return value
 
     @property
@@ -141,9 +143,10 @@ def _missing_vector_features(cpu: str, cpuinfo: str = "/proc/cpuinfo") -> list[s
     target = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
     features = tvm.target.codegen.llvm_get_cpu_features(target)
     return sorted(
-        str(f) for f in features
+        str(f)
+        for f in features
         if str(f).startswith(_VECTOR_FEATURES) and str(f).replace("-", "") not in flags
-    )  # fmt: skip
+    )
 
 
 def list_profiles() -> list[Profile]:

@@ -163,8 +163,12 @@ def match_detections(
             full = (rids[:, 0] >= 0).all() and (ids[:, 0] >= 0).all()
             if cut is None or not (j == rows and j - i > 1 and full):
                 raise
-            assert_close(np.sort(scores[i:j, 0]), np.sort(rscores[i:j, 0]),
-                         f"scores of the tie cut at the end, rows {i}:{j}", loosen)  # fmt: skip
+            assert_close(
+                np.sort(scores[i:j, 0]),
+                np.sort(rscores[i:j, 0]),
+                f"scores of the tie cut at the end, rows {i}:{j}",
+                loosen,
+            )
             cut.append(j - i)
         i = j
     return int((rids[:, 0] >= 0).sum())
@@ -172,8 +176,9 @@ def match_detections(
 
 def _match_rows(ours, ref, i: int, j: int, loosen: float, box_scale: float) -> None:
     """Rows ``i:j`` of (ids, scores, boxes), as a set when they are a tie."""
-    ours_rows, ref_rows = (np.concatenate([o[0][i:j].reshape(j - i, -1) for o in x], axis=1)
-                           for x in (ours, ref))  # fmt: skip
+    ours_rows, ref_rows = (
+        np.concatenate([o[0][i:j].reshape(j - i, -1) for o in x], axis=1) for x in (ours, ref)
+    )
     if j - i > 1:
         ours_rows, ref_rows = _by_class_and_box(ours_rows), _by_class_and_box(ref_rows)
     np.testing.assert_array_equal(ours_rows[:, 0], ref_rows[:, 0], err_msg=f"ids, rows {i}:{j}")
@@ -302,8 +307,7 @@ def with_defined_roi_align(symbol_json: str) -> str:
             continue
         data, rois = node["inputs"]
         name = node["name"]
-        batch = add("slice_axis", f"{name}_batch", [rois],
-                    {"axis": "1", "begin": "0", "end": "1"})  # fmt: skip
+        batch = add("slice_axis", f"{name}_batch", [rois], {"axis": "1", "begin": "0", "end": "1"})
         valid = add("_greater_equal_scalar", f"{name}_valid", [batch], {"scalar": "0"})
         rows = add("broadcast_like", f"{name}_valid_rows", [valid, rois])
         zeros = add("zeros_like", f"{name}_zeros", [rois])
@@ -496,8 +500,14 @@ def check_op(
                 profile, host = ("deeplens", None) if intel else ("aisage", "native")
                 on = device
             options = BuildOptions(check_on=None, tuning=None, layout="NCHW")
-            package = deploy(str(symbol), Path(tmp) / f"pkg-{len(errors)}", profile,
-                             input_shape=shape_of, host=host, options=options)  # fmt: skip
+            package = deploy(
+                str(symbol),
+                Path(tmp) / f"pkg-{len(errors)}",
+                profile,
+                input_shape=shape_of,
+                host=host,
+                options=options,
+            )
             (actual,) = load(package, on=on).run(*inputs)
             assert_close(actual, expected, f"{name} on {device}", loosen=loosen)
             errors[device] = float(np.abs(actual.astype(np.float64) - expected).max())
@@ -509,8 +519,20 @@ def _one_node_symbol(name: str, inputs: int, attrs: dict) -> str:
     ``in0..inN-1``, its attributes written as MXNet writes them (strings)."""
     nodes = [{"op": "null", "name": f"in{i}", "inputs": []} for i in range(inputs)]
     custom = {"op_type": name, **{k: str(v) for k, v in attrs.items()}}
-    nodes.append({"op": "Custom", "name": name, "attrs": custom,
-                  "inputs": [[i, 0, 0] for i in range(inputs)]})  # fmt: skip
-    return json.dumps({"nodes": nodes, "arg_nodes": list(range(inputs)),
-                       "node_row_ptr": list(range(inputs + 2)), "heads": [[inputs, 0, 0]],
-                       "attrs": {"mxnet_version": ["int", 10901]}})  # fmt: skip
+    nodes.append(
+        {
+            "op": "Custom",
+            "name": name,
+            "attrs": custom,
+            "inputs": [[i, 0, 0] for i in range(inputs)],
+        }
+    )
+    return json.dumps(
+        {
+            "nodes": nodes,
+            "arg_nodes": list(range(inputs)),
+            "node_row_ptr": list(range(inputs + 2)),
+            "heads": [[inputs, 0, 0]],
+            "attrs": {"mxnet_version": ["int", 10901]},
+        }
+    )

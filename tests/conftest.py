@@ -102,8 +102,9 @@ def pocl_unusable() -> str | None:
         from edgecv.runtime.opencl_devices import register_pip_runtimes
 
         register_pip_runtimes()
-        devices = [d for p in cl.get_platforms() if "Portable Computing" in p.name
-                   for d in p.get_devices()]  # fmt: skip
+        devices = [
+            d for p in cl.get_platforms() if "Portable Computing" in p.name for d in p.get_devices()
+        ]
         if not devices:
             _POCL["reason"] = "PoCL is not installed"
         else:

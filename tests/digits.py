@@ -48,8 +48,9 @@ def digits_data(seed: int = 0):
     return x[train], y[train], x[test], y[test]
 
 
-def train_digits(prefix: Path, epochs: int = 6, seed: int = 0, width: int = 16,
-                 learning_rate: float = 0.01) -> Digits:  # fmt: skip
+def train_digits(
+    prefix: Path, epochs: int = 6, seed: int = 0, width: int = 16, learning_rate: float = 0.01
+) -> Digits:
     """Train the network on the digits and export it (``prefix-symbol.json``)."""
     mx = import_mxnet()
     nn = mx.gluon.nn

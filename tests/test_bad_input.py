@@ -180,12 +180,19 @@ def _cli_error_cases(tiny_package, tmp_path):
         )
     )
     # Profiles TVM or edgecv reject (TVM raises ValueError on these).
-    for i, change in enumerate([
-        {"target": {"kind": "no_such_target"}},
-        {"runtime": "opencl", "gpu": {"intel_subgroups": True, "subgroup_size": 3}},
-    ]):  # fmt: skip
-        raw = {"name": f"broken{i}", "runtime": "cpu", "target": {"kind": "llvm"},
-               "host": {"kind": "llvm"}, **change}  # fmt: skip
+    for i, change in enumerate(
+        [
+            {"target": {"kind": "no_such_target"}},
+            {"runtime": "opencl", "gpu": {"intel_subgroups": True, "subgroup_size": 3}},
+        ]
+    ):
+        raw = {
+            "name": f"broken{i}",
+            "runtime": "cpu",
+            "target": {"kind": "llvm"},
+            "host": {"kind": "llvm"},
+            **change,
+        }
         path = tmp_path / f"broken{i}.json"
         path.write_text(json.dumps(raw))
         cases.append(
@@ -194,12 +201,18 @@ def _cli_error_cases(tiny_package, tmp_path):
     # No C compiler for the CPU kernel library: export_library fails.
     cases.append(
         (
-            ["deploy", f"{tiny_package.parent}/tiny-symbol.json", "--input-shape", "1,2,5,5",
-             "-o", tmp_path / "nocc"],
+            [
+                "deploy",
+                f"{tiny_package.parent}/tiny-symbol.json",
+                "--input-shape",
+                "1,2,5,5",
+                "-o",
+                tmp_path / "nocc",
+            ],
             "cannot link the CPU kernels",
             {"CXX": "/nonexistent/g++", "CC": "/nonexistent/cc"},
         )
-    )  # fmt: skip
+    )
     photo = tmp_path / "photo.png"
     cv2.imwrite(str(photo), np.zeros((8, 8, 3), np.uint8))
     cases.append(
@@ -209,9 +222,12 @@ def _cli_error_cases(tiny_package, tmp_path):
         (["run", tiny_package, photo, "--save", tmp_path / "no" / "out.jpg"], "does not exist", {})
     )
     cases.append(
-        (["run", tiny_package, "--input", bad_input, "--output", tmp_path / "no" / "y.npz"],
-         "does not exist", {})
-    )  # fmt: skip
+        (
+            ["run", tiny_package, "--input", bad_input, "--output", tmp_path / "no" / "y.npz"],
+            "does not exist",
+            {},
+        )
+    )
     return cases
 
 
@@ -257,8 +273,9 @@ def test_graph_without_parameters_deploys_without_params_and_says_the_shape(tmp_
     from edgecv.model import load
 
     x = np.random.RandomState(0).normal(size=(1, 3, 224, 224)).astype(np.float32)
-    expected = mx.nd.Pooling(mx.nd.relu(mx.nd.array(x)), kernel=(2, 2), stride=(2, 2),
-                             pool_type="avg").asnumpy()  # fmt: skip
+    expected = mx.nd.Pooling(
+        mx.nd.relu(mx.nd.array(x)), kernel=(2, 2), stride=(2, 2), pool_type="avg"
+    ).asnumpy()
     assert_close(load(tmp_path / "pkg").run(x)[0], expected)
 
 
@@ -315,39 +332,70 @@ def test_unreadable_params_file_gives_mxnet_reason_in_one_line(tmp_path):
     mx.nd.save(str(whole), {f"arg:{k}": mx.nd.array(v) for k, v in small_params().items()})
     data = whole.read_bytes()
     (tmp_path / "tiny-0000.params").write_bytes(data[: len(data) // 2])  # found beside it
-    result = run_cli("deploy", tmp_path / "tiny-symbol.json", "--input-shape", "1,2,5,5",
-                     "-o", tmp_path / "pkg")  # fmt: skip
+    result = run_cli(
+        "deploy", tmp_path / "tiny-symbol.json", "--input-shape", "1,2,5,5", "-o", tmp_path / "pkg"
+    )
     line = _only_error_line(result)
     assert "tiny-0000.params: Invalid NDArray file format (truncated" in line, line
     # The operators are still checked first, before the params file is read.
     raw = json.loads(small_net().tojson())
     next(n for n in raw["nodes"] if n["op"] == "relu")["op"] = "Custom"
     (tmp_path / "odd-symbol.json").write_text(json.dumps(raw))
-    result = run_cli("deploy", tmp_path / "odd-symbol.json", "--params",
-                     tmp_path / "tiny-0000.params", "-o", tmp_path / "pkg")  # fmt: skip
+    result = run_cli(
+        "deploy",
+        tmp_path / "odd-symbol.json",
+        "--params",
+        tmp_path / "tiny-0000.params",
+        "-o",
+        tmp_path / "pkg",
+    )
     assert "`Custom` (x1)" in _only_error_line(result)
     # A zoo model's params file goes through Gluon: the same reason, the same one line.
-    result = run_cli("deploy", "mobilenet", "--random-weights", "--params",
-                     tmp_path / "tiny-0000.params", "-o", tmp_path / "pkg")  # fmt: skip
+    result = run_cli(
+        "deploy",
+        "mobilenet",
+        "--random-weights",
+        "--params",
+        tmp_path / "tiny-0000.params",
+        "-o",
+        tmp_path / "pkg",
+    )
     assert "Invalid NDArray file format (truncated" in _only_error_line(result)
 
 
 def test_params_of_another_graph_give_one_line(tmp_path):
     small_net().save(str(tmp_path / "tiny-symbol.json"))
     d = S.var("data")
-    other = S.FullyConnected(S.Convolution(d, kernel=(1, 1), num_filter=8, name="stem"),
-                             num_hidden=10, name="head")  # fmt: skip
+    other = S.FullyConnected(
+        S.Convolution(d, kernel=(1, 1), num_filter=8, name="stem"), num_hidden=10, name="head"
+    )
     shapes, _, _ = other.infer_shape(data=(1, 3, 8, 8))
-    arrays = {f"arg:{n}": mx.nd.zeros(s) for n, s in zip(other.list_arguments(), shapes,
-                                                          strict=True) if n != "data"}  # fmt: skip
+    arrays = {
+        f"arg:{n}": mx.nd.zeros(s)
+        for n, s in zip(other.list_arguments(), shapes, strict=True)
+        if n != "data"
+    }
     mx.nd.save(str(tmp_path / "other.params"), arrays)
-    result = run_cli("deploy", tmp_path / "tiny-symbol.json", "--params",
-                     tmp_path / "other.params", "--input-shape", "1,2,5,5")  # fmt: skip
+    result = run_cli(
+        "deploy",
+        tmp_path / "tiny-symbol.json",
+        "--params",
+        tmp_path / "other.params",
+        "--input-shape",
+        "1,2,5,5",
+    )
     line = _only_error_line(result)
     assert "conv_weight, conv_bias, fc_weight, fc_bias" in line and "not in the params" in line
     # Gluon's refusal of a zoo model's params: its first sentence, not its links.
-    result = run_cli("deploy", "mobilenet", "--random-weights", "--params",
-                     tmp_path / "other.params", "-o", tmp_path / "pkg")  # fmt: skip
+    result = run_cli(
+        "deploy",
+        "mobilenet",
+        "--random-weights",
+        "--params",
+        tmp_path / "other.params",
+        "-o",
+        tmp_path / "pkg",
+    )
     line = _only_error_line(result)
     assert "does not hold weights for mobilenet1.0: Parameter 'conv0_weight' is missing" in line
     assert "http" not in line
@@ -359,7 +407,8 @@ def test_failed_conversion_prints_only_the_error_line(tmp_path):
     raw = json.loads(S.Activation(S.var("data"), act_type="relu", name="act").tojson())
     raw["nodes"][1]["attrs"]["act_type"] = "selu"
     (tmp_path / "selu-symbol.json").write_text(json.dumps(raw))
-    result = run_cli("deploy", tmp_path / "selu-symbol.json", "--input-shape", "1,3,4,4",
-                     "-o", tmp_path / "pkg")  # fmt: skip
+    result = run_cli(
+        "deploy", tmp_path / "selu-symbol.json", "--input-shape", "1,3,4,4", "-o", tmp_path / "pkg"
+    )
     assert "act_type `selu` is not supported" in _only_error_line(result)
     assert not (tmp_path / "pkg").exists()

@@ -34,8 +34,11 @@ def test_alternate_times_in_turns_after_settling():
     calls = []
     timed = alternate(
         {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
-        7, 1, settle_s=0.0, turn=3,
-    )  # fmt: skip
+        7,
+        1,
+        settle_s=0.0,
+        turn=3,
+    )
     # warm-up, then each turn: one untimed settle run and up to 3 timed ones
     assert calls == ["a", "b"] + (["a"] * 4 + ["b"] * 4) * 2 + ["a", "a", "b", "b"]
     assert [len(t.seconds) for t in timed.values()] == [7, 7]
@@ -61,9 +64,19 @@ def test_a_turn_settles_for_its_seconds():
 def test_bench_reports_percentiles_kernels_and_baselines(package, tmp_path):
     out = tmp_path / "bench.json"
     result = run_cli(
-        "bench", package, "--repeat", "20", "--warmup", "2",
-        "--vs", "mxnet,onnxruntime,openvino", "--json", out, "--plot", tmp_path / "bench.png",
-    )  # fmt: skip
+        "bench",
+        package,
+        "--repeat",
+        "20",
+        "--warmup",
+        "2",
+        "--vs",
+        "mxnet,onnxruntime,openvino",
+        "--json",
+        out,
+        "--plot",
+        tmp_path / "bench.png",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     runtimes = report["runtimes"]
@@ -97,9 +110,19 @@ def test_bench_streams_reports_throughput_of_concurrent_callers(package, tmp_pat
     callers or listed with why not (MXNet's forward pass is not thread-safe)."""
     out = tmp_path / "streams.json"
     result = run_cli(
-        "bench", package, "--streams", "3", "--repeat", "10", "--warmup", "1",
-        "--vs", "mxnet,onnxruntime,openvino", "--json", out,
-    )  # fmt: skip
+        "bench",
+        package,
+        "--streams",
+        "3",
+        "--repeat",
+        "10",
+        "--warmup",
+        "1",
+        "--vs",
+        "mxnet,onnxruntime,openvino",
+        "--json",
+        out,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     assert report["streams"] == 3
@@ -171,8 +194,9 @@ def test_detector_agreement_ignores_the_order_of_tied_scores():
 
     ids = np.array([[[3], [1], [2], [-1]]], np.float32)
     scores = np.array([[[0.9], [0.5], [0.5], [-1]]], np.float32)
-    boxes = np.array([[[0, 0, 9, 9], [10, 10, 50, 50], [60, 0, 90, 40], [-1, -1, -1, -1]]],
-                     np.float32)  # fmt: skip
+    boxes = np.array(
+        [[[0, 0, 9, 9], [10, 10, 50, 50], [60, 0, 90, 40], [-1, -1, -1, -1]]], np.float32
+    )
     ref = [ids, scores, boxes]
     swapped = [a[:, [0, 2, 1, 3]] for a in ref]  # the tie at 0.5 in the other order
     swapped[1][0, 1, 0] += 2e-7  # and rounded differently
@@ -237,16 +261,26 @@ def test_bench_int8_baselines_quantize_on_the_package_calibration_inputs(int8_pa
     """NNCF and quantize_static, calibrated on the inputs the package was calibrated on,
     timed beside the INT8 package; each agrees with it within INT8 tolerance (both
     sides round every layer's input and weights: two quantization steps a layer)."""
-    needs = {"openvino-int8": ("openvino", "nncf", "onnx"), "onnxruntime-int8": ("onnxruntime",
-             "onnx")}  # fmt: skip
+    needs = {
+        "openvino-int8": ("openvino", "nncf", "onnx"),
+        "onnxruntime-int8": ("onnxruntime", "onnx"),
+    }
     if not any(all(importlib.util.find_spec(m) for m in ms) for ms in needs.values()):
         pytest.skip("no INT8 baseline is installed (pip install 'edgecv[bench]')")
     package, _ = int8_package
     out = tmp_path / "bench.json"
     result = run_cli(
-        "bench", package, "--repeat", "2", "--warmup", "1",
-        "--vs", "openvino-int8,onnxruntime-int8", "--json", out,
-    )  # fmt: skip
+        "bench",
+        package,
+        "--repeat",
+        "2",
+        "--warmup",
+        "1",
+        "--vs",
+        "openvino-int8,onnxruntime-int8",
+        "--json",
+        out,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     assert report["precision"] == "int8"

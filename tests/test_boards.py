@@ -29,10 +29,19 @@ EM_AARCH64 = 183  # ELF e_machine of aarch64
 # Modules of the board's device runtime (what `edgecv.load(...).run(x)` and `edgecv run`
 # import); they keep to the oldest Python the device runtime's wheels support.
 DEVICE_RUNTIME = [
-    "edgecv/__init__.py", "edgecv/_version.py", "edgecv/errors.py", "edgecv/model.py",
-    "edgecv/package.py", "edgecv/package_format.py", "edgecv/imaging.py", "edgecv/outputs.py",
-    "edgecv/progress.py", "edgecv/arguments.py", "edgecv/cli.py", "edgecv/runtime",
-]  # fmt: skip
+    "edgecv/__init__.py",
+    "edgecv/_version.py",
+    "edgecv/errors.py",
+    "edgecv/model.py",
+    "edgecv/package.py",
+    "edgecv/package_format.py",
+    "edgecv/imaging.py",
+    "edgecv/outputs.py",
+    "edgecv/progress.py",
+    "edgecv/arguments.py",
+    "edgecv/cli.py",
+    "edgecv/runtime",
+]
 COMPILER_MODULES = ("tvm", "mxnet", "gluoncv", "cv2", "tqdm", "skimage", "scipy", "xgboost")
 
 
@@ -52,8 +61,14 @@ def small(tmp_path_factory):
 
 def test_aisage_package_with_cpu_fallback_is_built_for_aarch64(small, tmp_path):
     symbol, params, _, _ = small
-    path = deploy(str(symbol), tmp_path / "pkg", "aisage", params=str(params),
-                  input_shape=SHAPE, cpu_ops=["max_pool2d", "mean"])  # fmt: skip
+    path = deploy(
+        str(symbol),
+        tmp_path / "pkg",
+        "aisage",
+        params=str(params),
+        input_shape=SHAPE,
+        cpu_ops=["max_pool2d", "mean"],
+    )
     build = json.loads((path / "manifest.json").read_text())["build"]
     assert build["placement"]["launches"]["cpu"] == 2
     assert build["host"]["triple"] == "aarch64-linux-gnu"
@@ -71,15 +86,28 @@ def test_a_missing_cross_linker_is_one_error_naming_the_install(small, tmp_path)
     """Without the ziglang wheel, an aarch64 package with CPU launches stops with one
     line naming the install step (ziglang blocked in a fresh process)."""
     symbol, params, _, _ = small
-    argv = ["deploy", str(symbol), "--params", str(params), "--input-shape", "1,3,12,12",
-            "--device", "aisage", "--cpu-ops", "mean", "--no-device-check",
-            "-o", str(tmp_path / "pkg")]  # fmt: skip
+    argv = [
+        "deploy",
+        str(symbol),
+        "--params",
+        str(params),
+        "--input-shape",
+        "1,3,12,12",
+        "--device",
+        "aisage",
+        "--cpu-ops",
+        "mean",
+        "--no-device-check",
+        "-o",
+        str(tmp_path / "pkg"),
+    ]
     code = (
         "import sys; sys.modules['ziglang'] = None\n"
         f"from edgecv.cli import main\nsys.exit(main({argv!r}))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=REPO, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600
+    )
     assert_one_error_line(done, "pip install 'edgecv[compiler]'")
     assert "ziglang" in done.stderr
     assert not (tmp_path / "pkg").exists()
@@ -140,17 +168,39 @@ def test_device_runtime_runs_packages_without_the_compiler(profile, small, tmp_p
         on = "intel"
     cpu_ops = ["max_pool2d"] if profile == "deeplens" else []  # a CPU fallback launch too
     host = "native" if cpu_ops else None
-    path = deploy(str(symbol), tmp_path / "pkg", profile, params=str(params),
-                  input_shape=SHAPE, cpu_ops=cpu_ops, host=host)  # fmt: skip
+    path = deploy(
+        str(symbol),
+        tmp_path / "pkg",
+        profile,
+        params=str(params),
+        input_shape=SHAPE,
+        cpu_ops=cpu_ops,
+        host=host,
+    )
     code = DEVICE_RUN.format(blocked=COMPILER_MODULES)
-    done = subprocess.run([sys.executable, "-c", code, str(path), str(_save(tmp_path, x)), on],
-                          capture_output=True, text=True, cwd=REPO, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path), str(_save(tmp_path, x)), on],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert not facts["tvm"] and not facts["compiler_library"], facts
     assert facts["runtime_library"], facts  # the package's own copy served the kernels
-    compiler_side = ("frontend", "lowering", "schedules", "codegen", "pipelines", "tuning",
-                     "graph_tuner", "fallback", "ops", "deploy")  # fmt: skip
+    compiler_side = (
+        "frontend",
+        "lowering",
+        "schedules",
+        "codegen",
+        "pipelines",
+        "tuning",
+        "graph_tuner",
+        "fallback",
+        "ops",
+        "deploy",
+    )
     assert not [
         m for m in facts["edgecv_modules"] if m.split(".")[1:2] in [[s] for s in compiler_side]
     ]
@@ -177,14 +227,27 @@ def test_device_runtime_installs_and_runs_on_python_3_9(small, tmp_path):
         [str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True
     )
     assert install.returncode == 0, install.stderr[-2000:]
-    listed = subprocess.run([str(venv / "bin" / "pip"), "list", "--format=freeze"],
-                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    listed = subprocess.run(
+        [str(venv / "bin" / "pip"), "list", "--format=freeze"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "apache-tvm-ffi==" in listed and "apache-tvm==" not in listed, listed
     done = subprocess.run(
-        [str(venv / "bin" / "edgecv"), "run", str(path), "--input", str(_save(tmp_path, x)),
-         "--output", str(tmp_path / "out.npz")],
-        capture_output=True, text=True, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            str(venv / "bin" / "edgecv"),
+            "run",
+            str(path),
+            "--input",
+            str(_save(tmp_path, x)),
+            "--output",
+            str(tmp_path / "out.npz"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     with np.load(tmp_path / "out.npz") as outputs:
         assert_close(outputs["output0"], reference[0], name="small on Python 3.9")
@@ -194,8 +257,15 @@ def test_device_runtime_keeps_to_python_3_9():
     """The board's modules parse and run on Python 3.9 (the oldest apache-tvm-ffi has
     aarch64 wheels for): vermin finds nothing newer."""
     done = subprocess.run(
-        [str(Path(sys.executable).with_name("vermin")), "--target=3.9-", "--no-tips",
-         "--violations", *DEVICE_RUNTIME],
-        capture_output=True, text=True, cwd=REPO,
-    )  # fmt: skip
+        [
+            str(Path(sys.executable).with_name("vermin")),
+            "--target=3.9-",
+            "--no-tips",
+            "--violations",
+            *DEVICE_RUNTIME,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -48,9 +48,11 @@ def compiler_crashing_on(fresh_compiles, monkeypatch):
 
 
 def _scale_source(tag: str = "") -> str:
-    return (f"// {tag or uuid.uuid4()}\n"
-            "__kernel void scale(__global const float* x, __global float* y) {\n"
-            "  int i = get_global_id(0);\n  y[i] = 2.0f * x[i] + 1.0f;\n}\n")  # fmt: skip
+    return (
+        f"// {tag or uuid.uuid4()}\n"
+        "__kernel void scale(__global const float* x, __global float* y) {\n"
+        "  int i = get_global_id(0);\n  y[i] = 2.0f * x[i] + 1.0f;\n}\n"
+    )
 
 
 def _many_kernels(count: int) -> str:
@@ -109,8 +111,9 @@ def test_compile_past_the_time_limit_is_killed(fresh_compiles):
     compiler_process.compile_in_worker(intel.platform, intel.name, _scale_source(), [])
     worker = compiler_process._worker
     with pytest.raises(compiler_process.CompilerCrash) as err:
-        compiler_process.compile_in_worker(intel.platform, intel.name, _many_kernels(2000),
-                                           [], time_limit_s=0.2)  # fmt: skip
+        compiler_process.compile_in_worker(
+            intel.platform, intel.name, _many_kernels(2000), [], time_limit_s=0.2
+        )
     assert "ran past 0.2 s (killed)" in str(err.value)
     assert worker.process.poll() is not None  # the hung compiler is gone
     assert compiler_process._worker is None
@@ -128,8 +131,19 @@ def test_deploy_moves_the_kernel_the_compiler_crashes_on_to_the_cpu(
     symbol, params = _tiny_model(tmp_path)
     compiler_crashing_on("matmul")  # the dense layer's kernel; the conv's compiles
     out = tmp_path / "pkg"
-    argv = ["deploy", symbol, "--params", params, "--device", "deeplens",
-            "--input-shape", "1,2,5,5", "-o", str(out), "--explain"]  # fmt: skip
+    argv = [
+        "deploy",
+        symbol,
+        "--params",
+        params,
+        "--device",
+        "deeplens",
+        "--input-shape",
+        "1,2,5,5",
+        "-o",
+        str(out),
+        "--explain",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     placement = json.loads((out / "manifest.json").read_text())["build"]["placement"]
@@ -161,8 +175,12 @@ def test_a_worker_whose_parent_is_killed_ends_even_with_its_input_open():
     import time
 
     read_end, write_end = os.pipe()
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(read_end)],
-                              pass_fds=(read_end,), stdout=subprocess.PIPE, text=True)  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(read_end)],
+        pass_fds=(read_end,),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     os.close(read_end)
     try:
         worker = int(parent.stdout.readline())

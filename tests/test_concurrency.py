@@ -55,8 +55,15 @@ def package(small, tmp_path_factory):
     def get(profile: str):
         if profile not in deployed:
             out = tmp_path_factory.mktemp(profile) / "pkg"
-            deployed[profile] = deploy(str(symbol), out, profile, params=str(params),
-                                       input_shape=SHAPE, host="native", options=QUICK)  # fmt: skip
+            deployed[profile] = deploy(
+                str(symbol),
+                out,
+                profile,
+                params=str(params),
+                input_shape=SHAPE,
+                host="native",
+                options=QUICK,
+            )
         return deployed[profile]
 
     return get
@@ -108,9 +115,10 @@ def test_threads_sharing_a_model_get_the_serial_results(
     serial = [model.run(x) for x in inputs]
     concurrent = run_from_threads(model, inputs)
     wrong = [
-        i for i, (got, want) in enumerate(zip(concurrent, serial, strict=True))
+        i
+        for i, (got, want) in enumerate(zip(concurrent, serial, strict=True))
         if any(not np.array_equal(g, w) for g, w in zip(got, want, strict=True))
-    ]  # fmt: skip
+    ]
     assert not wrong, (
         f"{len(wrong)} of {len(inputs)} calls from {THREADS} threads differ from the same "
         f"input run alone (calls {wrong[:10]}...)"
@@ -238,8 +246,15 @@ def test_a_package_redeployed_in_place_runs_its_new_kernels(small, tmp_path):
     symbol, params = small
     out = tmp_path / "pkg"
     for shape in (SHAPE, (1, 3, 16, 16)):
-        deploy(str(symbol), out, "cpu", params=str(params), input_shape=shape, options=QUICK,
-               force=True)  # fmt: skip
+        deploy(
+            str(symbol),
+            out,
+            "cpu",
+            params=str(params),
+            input_shape=shape,
+            options=QUICK,
+            force=True,
+        )
         model = edgecv.load(out)
         assert model.input_shape == shape
         x = np.random.RandomState(1).normal(size=shape).astype(np.float32)

@@ -72,8 +72,9 @@ def test_jetson_nano_package_carries_source_for_on_device_compilation(tmp_path, 
     assert cuda["arch"] == "sm_53" and cuda["compile_on_device"] is True
     assert cuda["binaries"] == [] and "sm_53" in cuda["why_source_only"]
     assert "__global__" in (nano / manifest["build"]["kernels"]["cuda"]).read_text()
-    orin = deploy(f"{prefix}-symbol.json", tmp_path / "orin", "jetson_orin_nano",
-                  input_shape=(1, 2, 5, 5))  # fmt: skip
+    orin = deploy(
+        f"{prefix}-symbol.json", tmp_path / "orin", "jetson_orin_nano", input_shape=(1, 2, 5, 5)
+    )
     manifest = json.loads((orin / "manifest.json").read_text())
     assert manifest["build"]["cuda"]["binaries"] == ["cubin", "ptx"]
     assert (orin / manifest["build"]["kernels"]["cuda_cubin"]).read_bytes()[:4] == b"\x7fELF"

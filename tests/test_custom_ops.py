@@ -81,8 +81,15 @@ def test_example_deploys_and_matches_its_reference(models, name, profile, on, tm
     symbol, params, shape = models(name)
     op, attrs = EXAMPLES[name]
     host = "native" if profile == "aisage" else None  # its fallback kernels run here
-    path = deploy(symbol, tmp_path / "pkg", profile, params=params, input_shape=shape,
-                  options=fast(), host=host)  # fmt: skip
+    path = deploy(
+        symbol,
+        tmp_path / "pkg",
+        profile,
+        params=params,
+        input_shape=shape,
+        options=fast(),
+        host=host,
+    )
     x = np.random.RandomState(3).normal(size=shape).astype(np.float32)
     (got,) = edgecv.load(path, on=on).run(x)
     weights = list(np.load(path / "params.npz").values()) if params else []
@@ -98,8 +105,9 @@ def test_mixed_model_matches_mxnet_with_layout_transforms_around_the_op(models, 
     """The stem conv runs packed (NCHW16c-like), the capsule conv in the layout it was
     written for, with a layout transform between; depth-to-space and hard-swish fuse."""
     symbol, params, shape = models("mixed")
-    path = deploy(symbol, tmp_path / "pkg", "cpu", params=params, input_shape=shape,
-                  options=fast("packed"))  # fmt: skip
+    path = deploy(
+        symbol, tmp_path / "pkg", "cpu", params=params, input_shape=shape, options=fast("packed")
+    )
     x = np.random.RandomState(5).normal(size=shape).astype(np.float32)
     assert_close(edgecv.load(path).run(x)[0], mxnet_forward(symbol, params, x)[0], "mixed")
     build = json.loads((path / "manifest.json").read_text())["build"]
@@ -126,8 +134,10 @@ def test_cpu_ops_moves_a_registered_op_to_the_cpu(models, tmp_path):
     options = BuildOptions(cpu_ops=["hard_swish"], check_on=None, tuning=None, layout="NCHW")
     path = deploy(symbol, tmp_path / "pkg", "deeplens", input_shape=shape, options=options)
     x = np.random.RandomState(6).normal(size=shape).astype(np.float32)
-    assert_close(edgecv.load(path, on="intel").run(x)[0],
-                 registered_op("hard_swish").reference(x, alpha=0.2, beta=0.5))  # fmt: skip
+    assert_close(
+        edgecv.load(path, on="intel").run(x)[0],
+        registered_op("hard_swish").reference(x, alpha=0.2, beta=0.5),
+    )
     placement = json.loads((path / "manifest.json").read_text())["build"]["placement"]
     assert placement["launches"]["cpu"] == 1, placement
 
@@ -145,8 +155,9 @@ def test_check_op_fails_on_a_wrong_reference():
         (x,) = inputs
         return te.compute(x.shape, lambda *i: x(*i) * 2.0, name="twice")
 
-    edgecv.register_op("twice_wrong", compute, shape=lambda s, a: s[0],
-                       reference=lambda x: x * 2.001)  # fmt: skip
+    edgecv.register_op(
+        "twice_wrong", compute, shape=lambda s, a: s[0], reference=lambda x: x * 2.001
+    )
     try:
         with pytest.raises(AssertionError, match="twice_wrong on cpu"):
             check_op("twice_wrong", [(3, 8)], devices=["cpu"])
@@ -218,8 +229,11 @@ def test_an_unregistered_custom_op_is_named_by_its_op_type():
 def test_a_compute_that_disagrees_with_its_shape_rule_is_named():
     from tvm import te
 
-    edgecv.register_op("shape_liar", lambda i, a: te.compute((2, 2), lambda *j: i[0][0, 0]),
-                       shape=lambda s, a: s[0])  # fmt: skip
+    edgecv.register_op(
+        "shape_liar",
+        lambda i, a: te.compute((2, 2), lambda *j: i[0][0, 0]),
+        shape=lambda s, a: s[0],
+    )
     try:
         with pytest.raises(ConversionError, match=r"shape_liar.*built \(2, 2\).*say \(1, 4\)"):
             from_mxnet(graph_of("shape_liar"), {}, {"in0": (1, 4)})
@@ -229,9 +243,22 @@ def test_a_compute_that_disagrees_with_its_shape_rule_is_named():
 
 def test_deploy_ops_explain_names_the_op_and_its_rule(models, tmp_path, capsys):
     symbol, _, shape = models("hard_swish")
-    code = main(["deploy", str(symbol), "--ops", str(DEMO / "my_ops.py"), "--explain",
-                 "--no-tuning", "--layout", "NCHW", "-o", str(tmp_path / "pkg"),
-                 "--input-shape", ",".join(map(str, shape))])  # fmt: skip
+    code = main(
+        [
+            "deploy",
+            str(symbol),
+            "--ops",
+            str(DEMO / "my_ops.py"),
+            "--explain",
+            "--no-tuning",
+            "--layout",
+            "NCHW",
+            "-o",
+            str(tmp_path / "pkg"),
+            "--input-shape",
+            ",".join(map(str, shape)),
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "registered capsule_conv2d, dilated_depth_to_space, hard_swish" in out.err
@@ -263,9 +290,22 @@ def test_tune_ops_tunes_a_registered_op_and_deploy_applies_the_record(models, tm
     would ship them). The CLI takes 4-D input shapes, so the hard-swish model."""
     symbol, _, shape = models("hard_swish")
     db = tmp_path / "db"
-    status = main(["tune", str(symbol), "--ops", str(DEMO / "my_ops.py"), "--input-shape",
-                   ",".join(map(str, shape)), "--layout", "NCHW", "--trials", "3",
-                   "--db", str(db)])  # fmt: skip
+    status = main(
+        [
+            "tune",
+            str(symbol),
+            "--ops",
+            str(DEMO / "my_ops.py"),
+            "--input-shape",
+            ",".join(map(str, shape)),
+            "--layout",
+            "NCHW",
+            "--trials",
+            "3",
+            "--db",
+            str(db),
+        ]
+    )
     assert status == 0
     meta_path = db / "edgecv_database.json"
     meta = json.loads(meta_path.read_text())
@@ -275,8 +315,13 @@ def test_tune_ops_tunes_a_registered_op_and_deploy_applies_the_record(models, tm
     for entry in meta["workloads"].values():
         entry["best_s"] = entry["default_s"] / 2
     meta_path.write_text(json.dumps(meta))
-    path = deploy(symbol, tmp_path / "pkg", "cpu", input_shape=shape,
-                  options=BuildOptions(check_on=None, tuning=[str(db)], layout="NCHW"))  # fmt: skip
+    path = deploy(
+        symbol,
+        tmp_path / "pkg",
+        "cpu",
+        input_shape=shape,
+        options=BuildOptions(check_on=None, tuning=[str(db)], layout="NCHW"),
+    )
     build = json.loads((path / "manifest.json").read_text())["build"]
     (kernels,) = build["schedules"].values()
     (kernel,) = kernels["kernels"].values()

@@ -27,8 +27,9 @@ def tiny_detector():
     zero = level * 0
     x1 = zero + 8 + level * 2
     rows = S.concat(zero, zero + 0.9, x1, zero + 10, x1 + 30, zero + 50, dim=2)
-    nms = S.contrib.box_nms(rows, overlap_thresh=0.5, topk=1, id_index=0, score_index=1,
-                            coord_start=2)  # fmt: skip
+    nms = S.contrib.box_nms(
+        rows, overlap_thresh=0.5, topk=1, id_index=0, score_index=1, coord_start=2
+    )
     ids = S.slice_axis(nms, axis=2, begin=0, end=1)
     scores = S.slice_axis(nms, axis=2, begin=1, end=2)
     boxes = S.slice_axis(nms, axis=2, begin=2, end=6)
@@ -156,18 +157,29 @@ def test_demo_plays_several_sources_at_once(detector_package, tmp_path):
     check_video(tmp_path / "annotated-2.mp4", stills)
     # one source that fails ends the run with its one error line
     assert_one_error_line(
-        run_cli("demo", detector_package, "--video", video, "--video", tmp_path / "none.mp4",
-                "--headless", "-o", tmp_path / "c.mp4"),
+        run_cli(
+            "demo",
+            detector_package,
+            "--video",
+            video,
+            "--video",
+            tmp_path / "none.mp4",
+            "--headless",
+            "-o",
+            tmp_path / "c.mp4",
+        ),
         "does not exist",
-    )  # fmt: skip
+    )
 
 
 def test_demo_fits_photos_of_other_sizes_into_the_video(detector_package, tmp_path):
     folder = tmp_path / "mixed"
     folder.mkdir()
     sizes = [(160, 120), (120, 160), (400, 300)]  # the first photo sets the video's size
-    frames = [cv2.resize(getattr(skimage.data, n)()[:, :, ::-1], s)
-              for n, s in zip(PHOTOS, sizes, strict=False)]  # fmt: skip
+    frames = [
+        cv2.resize(getattr(skimage.data, n)()[:, :, ::-1], s)
+        for n, s in zip(PHOTOS, sizes, strict=False)
+    ]
     for i, frame in enumerate(frames):
         cv2.imwrite(str(folder / f"{i:02d}.png"), frame)
     out = tmp_path / "mixed.mp4"
@@ -196,8 +208,15 @@ def test_demo_errors(detector_package, tmp_path):
         "no .jpg/.png/.bmp images",
     )
     assert_one_error_line(
-        run_cli("demo", detector_package, "--video", tmp_path / "none.mp4", "--headless", "-o",
-                tmp_path / "b.mp4"),
+        run_cli(
+            "demo",
+            detector_package,
+            "--video",
+            tmp_path / "none.mp4",
+            "--headless",
+            "-o",
+            tmp_path / "b.mp4",
+        ),
         "does not exist",
-    )  # fmt: skip
+    )
     assert_one_error_line(run_cli("demo", detector_package, "--headless"), "needs -o")

@@ -25,10 +25,13 @@ def test_probe_names_the_stage_whose_weight_was_changed(tmp_path):
     mx.nd.save(str(tmp_path / "edited.params"), weights)
     x = np.random.RandomState(0).standard_normal(SHAPE).astype(np.float32)
     report = probe_divergence(
-        symbol, params, {"data": x}, edgecv_params=tmp_path / "edited.params",
+        symbol,
+        params,
+        {"data": x},
+        edgecv_params=tmp_path / "edited.params",
         ops=["Convolution", "elemwise_add", "LeakyReLU", "Concat", "FullyConnected"],
         options=BuildOptions(layout="NCHW", tuning=None, check_on=None),
-    )  # fmt: skip
+    )
     layer = name.removeprefix("arg:").removesuffix("_weight")
     first = report.first
     assert first is not None and first.name == f"{layer}_fwd_output", report.table()
@@ -36,8 +39,13 @@ def test_probe_names_the_stage_whose_weight_was_changed(tmp_path):
     before = report.stages[: report.stages.index(first)]
     # the stages before it were compared, MXNet's drift measured there, and none departs:
     # a probe that flagged rounding would name the first convolution instead
-    assert [s.op for s in before] == ["Convolution", "Convolution", "elemwise_add",
-                                      "Convolution", "LeakyReLU"], report.table()  # fmt: skip
+    assert [s.op for s in before] == [
+        "Convolution",
+        "Convolution",
+        "elemwise_add",
+        "Convolution",
+        "LeakyReLU",
+    ], report.table()
     assert all(0 < s.mxnet_drift and s.max_abs_diff <= 4 * s.mxnet_drift for s in before)
     # the edit shows downstream too, and the branch beside it (conv4) still matches
     after = {s.op: s for s in report.stages[report.stages.index(first) + 1 :]}

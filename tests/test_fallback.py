@@ -56,8 +56,10 @@ def test_copies_only_on_edges_that_cross_devices():
     assert w_cpu != 1 and result.buffers[w_cpu].kind == "const"
     assert result.buffers[w_cpu].name == "w" and result.buffers[w_cpu].device == "cpu"
     assert [(c.from_device, c.to_device, c.shape) for c in copies] == [
-        ("gpu", "cpu", (4,)), ("cpu", "gpu", (2, 2)), ("cpu", "gpu", (4,)),
-    ]  # fmt: skip
+        ("gpu", "cpu", (4,)),
+        ("cpu", "gpu", (2, 2)),
+        ("cpu", "gpu", (4,)),
+    ]
     assert sum(c.nbytes for c in copies) == 16 + 16 + 16
     assert plan.steps[1].args == [2, 1, 3]  # the input plan is left as it was
 
@@ -105,8 +107,9 @@ def test_placement_reasons_in_order():
     listed = place(plan, ops, gpu_ops=["conv2d", "relu"])
     assert listed.devices == ["gpu", "cpu", "gpu", "cpu"]  # steps run a, b, d, c
     assert [(n.kernel, n.reason, n.detail) for n in listed.cpu_nodes] == [
-        ("b", "not-on-gpu-list", "box_nms"), ("c", "not-on-gpu-list", "argsort"),
-    ]  # fmt: skip
+        ("b", "not-on-gpu-list", "box_nms"),
+        ("c", "not-on-gpu-list", "argsort"),
+    ]
     assert place(plan, ops, gpu_ops="all").devices == ["gpu"] * 4
 
 
@@ -154,8 +157,17 @@ def test_operator_left_off_the_gpu_list_runs_on_the_cpu(tmp_path, capsys):
     raw["gpu_ops"] = ["conv2d", "add", "matmul", "dense", "permute_dims", "multiply"]
     (tmp_path / "no_relu.json").write_text(json.dumps(raw))
     out = tmp_path / "pkg"
-    argv = ["deploy", symbol, "--device", str(tmp_path / "no_relu.json"),
-            "--input-shape", "1,2,5,5", "-o", str(out), "--explain"]  # fmt: skip
+    argv = [
+        "deploy",
+        symbol,
+        "--device",
+        str(tmp_path / "no_relu.json"),
+        "--input-shape",
+        "1,2,5,5",
+        "-o",
+        str(out),
+        "--explain",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     manifest = json.loads((out / "manifest.json").read_text())
@@ -190,8 +202,14 @@ def test_forced_cpu_ops_give_the_same_outputs_as_all_gpu(tmp_path, exported):
     model = exported("squeezenet1.0")
     symbol, params = str(model.symbol_path), str(model.params_path)
     gpu = deploy(symbol, tmp_path / "gpu", "deeplens", params=params, input_shape=model.input_shape)
-    mixed = deploy(symbol, tmp_path / "mixed", "deeplens", params=params,
-                   input_shape=model.input_shape, cpu_ops=["max_pool2d"])  # fmt: skip
+    mixed = deploy(
+        symbol,
+        tmp_path / "mixed",
+        "deeplens",
+        params=params,
+        input_shape=model.input_shape,
+        cpu_ops=["max_pool2d"],
+    )
     build = json.loads((mixed / "manifest.json").read_text())["build"]
     facts = build["placement"]
     assert facts["launches"]["cpu"] == 3 and len(facts["copies"]) == 6

@@ -47,8 +47,12 @@ def small_model(tmp_path_factory):
             super().__init__()
             with self.name_scope():
                 self.stem = nn.HybridSequential()
-                self.stem.add(nn.Conv2D(16, 3, padding=1, use_bias=False), nn.BatchNorm(),
-                              nn.Activation("relu"), nn.MaxPool2D(2))  # fmt: skip
+                self.stem.add(
+                    nn.Conv2D(16, 3, padding=1, use_bias=False),
+                    nn.BatchNorm(),
+                    nn.Activation("relu"),
+                    nn.MaxPool2D(2),
+                )
                 self.dw = nn.Conv2D(16, 3, padding=1, groups=16, use_bias=False)
                 self.pw = nn.Conv2D(32, 1)
                 self.conv = nn.Conv2D(32, 3, padding=1)
@@ -95,7 +99,7 @@ def packages(small_model):
             input_shape=SHAPE,
             force=True,
             options=options(precision),
-        )  # fmt: skip
+        )
         for precision in ("fp32", "fp16")
     }
 
@@ -153,8 +157,9 @@ def test_fp16_kernels_are_keyed_apart_from_fp32_ones():
     mod = bb.get()
 
     def conv_of(module):
-        (func,) = [f for gv, f in lower(module).kernels.functions.items()
-                   if "conv2d" in gv.name_hint]  # fmt: skip
+        (func,) = [
+            f for gv, f in lower(module).kernels.functions.items() if "conv2d" in gv.name_hint
+        ]
         return func
 
     fp32, fp16 = conv_of(mod), conv_of(to_half(mod))
@@ -208,8 +213,15 @@ def test_launches_moved_to_the_cpu_run_in_float32(small_model):
     from edgecv.deploy import deploy
 
     options = BuildOptions(cpu_ops=["conv2d"], tuning=None, layout="NCHW", precision="fp16")
-    package = deploy(str(symbol), folder / "fp16-cpu", device="deeplens", params=str(params),
-                     input_shape=SHAPE, force=True, options=options)  # fmt: skip
+    package = deploy(
+        str(symbol),
+        folder / "fp16-cpu",
+        device="deeplens",
+        params=str(params),
+        input_shape=SHAPE,
+        force=True,
+        options=options,
+    )
     build = _manifest(package)["build"]
     cpu = [launch for launch in build["fp16"]["launches"] if launch["device"] == "cpu"]
     assert cpu and all(launch["precision"] == "fp32" for launch in cpu)
@@ -245,8 +257,16 @@ def test_fp16_package_refused_on_a_device_without_fp16(packages, capsys):
 def test_cpu_profile_refuses_fp16_with_one_line(tmp_path, capsys):
     from edgecv.cli import main
 
-    argv = ["deploy", str(tmp_path / "none-symbol.json"), "--device", "cpu", "--precision",
-            "fp16", "-o", str(tmp_path / "out")]  # fmt: skip
+    argv = [
+        "deploy",
+        str(tmp_path / "none-symbol.json"),
+        "--device",
+        "cpu",
+        "--precision",
+        "fp16",
+        "-o",
+        str(tmp_path / "out"),
+    ]
     assert main(argv) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("edgecv: error:"), lines
@@ -304,9 +324,14 @@ def test_zoo_classifier_in_fp16_agrees_with_mxnet_on_intel(exported, tmp_path, n
     device = _intel()
     model = exported(name)
     options = BuildOptions(tuning=None, layout="NCHW", precision="fp16")
-    package = deploy(str(model.symbol_path), tmp_path / name, device="deeplens",
-                     params=str(model.params_path), input_shape=model.input_shape,
-                     options=options)  # fmt: skip
+    package = deploy(
+        str(model.symbol_path),
+        tmp_path / name,
+        device="deeplens",
+        params=str(model.params_path),
+        input_shape=model.input_shape,
+        options=options,
+    )
     layers, reduction = _depth_and_reduction(model.symbol_path, model.params_path)
     deployed = load(package, on=device)
     for seed in (1, 2):
@@ -327,11 +352,16 @@ def test_copies_convert_and_a_weight_read_on_both_devices_is_stored_for_each(dev
     from edgecv.fallback import Placement, insert_copies, widened_constants
     from edgecv.package_format import Buffer, Plan, Step
 
-    buffers = [Buffer(0, (4,), "float16", "input", "x"), Buffer(1, (4,), "float16", "const", "w"),
-               Buffer(2, (4,), "float16", "temp"), Buffer(3, (4,), "float16", "temp")]  # fmt: skip
+    buffers = [
+        Buffer(0, (4,), "float16", "input", "x"),
+        Buffer(1, (4,), "float16", "const", "w"),
+        Buffer(2, (4,), "float16", "temp"),
+        Buffer(3, (4,), "float16", "temp"),
+    ]
     steps = [Step("first", [0, 1, 2]), Step("second", [2, 1, 3])]
-    plan, copies = insert_copies(Plan(buffers, steps, [0], [3]), Placement(list(devices)),
-                                 widen_on_cpu=True)  # fmt: skip
+    plan, copies = insert_copies(
+        Plan(buffers, steps, [0], [3]), Placement(list(devices)), widen_on_cpu=True
+    )
     consts = {(b.device, b.name, b.dtype) for b in plan.buffers if b.kind == "const"}
     assert consts == {("gpu", "w", "float16"), ("cpu", "w_fp32", "float32")}
     for b in plan.buffers:

@@ -299,29 +299,62 @@ def test_symbols_that_broke_the_importer(tiny, tmp_path):
     weight = raw["nodes"][conv]["inputs"][1][0]
     node = raw["nodes"][conv]
     cases = [  # (what is changed, the outcome now); before: ...
-        ("input entry of strings", lambda r: r["nodes"][conv].update(inputs=[["0", "x", 0]]),
-         "GraphError"),  # ValueError: invalid literal for int()
-        ("negative output index", lambda r: r["nodes"][conv]["inputs"][0].__setitem__(1, -1),
-         "GraphError"),  # imported, reading output -1
-        ("op is a number", lambda r: r["nodes"][conv].update(op=3),
-         "GraphError"),  # AttributeError: 'int' object has no attribute 'startswith'
-        ("name with a newline", lambda r: r["nodes"][conv].update(name="a\nb"),
-         "GraphError"),  # imported
-        ("attrs is a list", lambda r: r["nodes"][conv].update(attrs=["kernel"]),
-         "GraphError"),  # ValueError: dictionary update sequence element #0 ...
-        ("attr value is a list", lambda r: r["nodes"][conv]["attrs"].update(kernel=[3, 3]),
-         "GraphError"),  # ConversionError, after conversion started
-        ("attr value is a number", lambda r: r["nodes"][conv]["attrs"].update(
-            num_filter=int(node["attrs"]["num_filter"])), "imported"),  # imported
-        ("shape hint not a tuple", lambda r: r["nodes"][weight].setdefault("attrs", {}).update(
-            __shape__="5"), "imported"),  # TypeError: 'int' object is not iterable
-        ("heads is a number", lambda r: r.update(heads=7),
-         "GraphError"),  # TypeError: 'int' object is not iterable
-        ("head entry of floats", lambda r: r.update(heads=[[1.5, 0, 0]]),
-         "GraphError"),  # imported, node index 1.5 read as 1
-        ("nodes is an object", lambda r: r.update(nodes={}),
-         "GraphError"),  # GraphError, by chance: iterating the object's keys
-    ]  # fmt: skip
+        (
+            "input entry of strings",
+            lambda r: r["nodes"][conv].update(inputs=[["0", "x", 0]]),
+            "GraphError",
+        ),  # ValueError: invalid literal for int()
+        (
+            "negative output index",
+            lambda r: r["nodes"][conv]["inputs"][0].__setitem__(1, -1),
+            "GraphError",
+        ),  # imported, reading output -1
+        (
+            "op is a number",
+            lambda r: r["nodes"][conv].update(op=3),
+            "GraphError",
+        ),  # AttributeError: 'int' object has no attribute 'startswith'
+        (
+            "name with a newline",
+            lambda r: r["nodes"][conv].update(name="a\nb"),
+            "GraphError",
+        ),  # imported
+        (
+            "attrs is a list",
+            lambda r: r["nodes"][conv].update(attrs=["kernel"]),
+            "GraphError",
+        ),  # ValueError: dictionary update sequence element #0 ...
+        (
+            "attr value is a list",
+            lambda r: r["nodes"][conv]["attrs"].update(kernel=[3, 3]),
+            "GraphError",
+        ),  # ConversionError, after conversion started
+        (
+            "attr value is a number",
+            lambda r: r["nodes"][conv]["attrs"].update(num_filter=int(node["attrs"]["num_filter"])),
+            "imported",
+        ),  # imported
+        (
+            "shape hint not a tuple",
+            lambda r: r["nodes"][weight].setdefault("attrs", {}).update(__shape__="5"),
+            "imported",
+        ),  # TypeError: 'int' object is not iterable
+        (
+            "heads is a number",
+            lambda r: r.update(heads=7),
+            "GraphError",
+        ),  # TypeError: 'int' object is not iterable
+        (
+            "head entry of floats",
+            lambda r: r.update(heads=[[1.5, 0, 0]]),
+            "GraphError",
+        ),  # imported, node index 1.5 read as 1
+        (
+            "nodes is an object",
+            lambda r: r.update(nodes={}),
+            "GraphError",
+        ),  # GraphError, by chance: iterating the object's keys
+    ]
     for what, change, expected in cases:
         mutated = copy.deepcopy(raw)
         change(mutated)

@@ -170,10 +170,13 @@ def test_a_concat_along_rows_of_a_map_of_one_channel_gives_offsets():
 
 @pytest.mark.parametrize(
     "module",
-    [lambda: concat_module(shape=(2, 4, 6, 6)), lambda: pools_concat(2),
-     lambda: concat_module(fused=True)],
+    [
+        lambda: concat_module(shape=(2, 4, 6, 6)),
+        lambda: pools_concat(2),
+        lambda: concat_module(fused=True),
+    ],
     ids=["batch-2", "rows-of-4-channels", "relu-fused-in"],
-)  # fmt: skip
+)
 def test_a_concat_of_scattered_pieces_or_computing_more_gives_none(module):
     assert concat_pieces(concat_kernel(lower(module()))) == []
 

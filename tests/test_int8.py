@@ -113,8 +113,13 @@ def test_int8_without_calibration_is_refused_with_what_to_pass(tmp_path):
 
 def test_int8_on_a_gpu_profile_is_refused_before_anything_is_built(small, tmp_path):
     with pytest.raises(EdgecvError, match="`deeplens` runs on the opencl backend"):
-        deploy(small[0], tmp_path / "p", device="deeplens", input_shape=SHAPE,
-               options=_options(precision="int8", calibrate=small[1]))  # fmt: skip
+        deploy(
+            small[0],
+            tmp_path / "p",
+            device="deeplens",
+            input_shape=SHAPE,
+            options=_options(precision="int8", calibrate=small[1]),
+        )
     assert not (tmp_path / "p").exists()
 
 
@@ -184,8 +189,13 @@ def test_a_relu_spike_of_zeros_does_not_drag_the_entropy_threshold_down():
 def test_the_pass_folds_batchnorm_and_passes_uint8_between_convolutions(small):
     mod = _imported(small[0])
     found = find_sites(mod)
-    assert [s.name for s in found.sites] == ["conv2d_0", "conv2d_1", "conv2d_2", "conv2d_3",
-                                             "dense_0"]  # fmt: skip
+    assert [s.name for s in found.sites] == [
+        "conv2d_0",
+        "conv2d_1",
+        "conv2d_2",
+        "conv2d_3",
+        "dense_0",
+    ]
     quants = {k: TensorQuant(0.05, "int8" if k == "t0" else "uint8") for k in found.tensors}
     quantized, records = quantize(mod, quants)
     # BatchNorm's multiply + add (and the 1x1's bias) folded into the requantization
@@ -194,11 +204,23 @@ def test_the_pass_folds_batchnorm_and_passes_uint8_between_convolutions(small):
     ops = list(lowered.kernel_ops.values())
     # the first convolution's kernel: int8 conv, requantization + BatchNorm in one
     # multiply-add, ReLU, and the next convolution's quantization, one kernel
-    assert ["conv2d", "cast", "multiply", "add", "relu", "multiply", "tir_round", "tir_clip",
-            "cast"] in ops  # fmt: skip
+    assert [
+        "conv2d",
+        "cast",
+        "multiply",
+        "add",
+        "relu",
+        "multiply",
+        "tir_round",
+        "tir_clip",
+        "cast",
+    ] in ops
     plan = lowered.plan
-    conv_inputs = [plan.buffers[s.args[0]].dtype for s in plan.steps
-                   if lowered.kernel_ops[s.kernel][0] in ("conv2d", "matmul")]  # fmt: skip
+    conv_inputs = [
+        plan.buffers[s.args[0]].dtype
+        for s in plan.steps
+        if lowered.kernel_ops[s.kernel][0] in ("conv2d", "matmul")
+    ]
     assert conv_inputs == ["int8", "uint8", "uint8", "uint8", "uint8"]
     assert sum(o[0] == "conv2d" for o in ops) == 4
 
@@ -295,8 +317,9 @@ def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
     for rules in (default_rules(target), generic):
         scheduled = ScheduleOrder(target, rules, safe_rule())
         done = next(c for c in scheduled.attempts(func) if c.func is not None).func
-        library = tvm.tirx.build(tvm.IRModule({name: done.with_attr("global_symbol", name)}),
-                                 target=target)  # fmt: skip
+        library = tvm.tirx.build(
+            tvm.IRModule({name: done.with_attr("global_symbol", name)}), target=target
+        )
         executor = Executor(lowered.plan, CPUBackend(library), lowered.constants)
         outputs_.append(executor.run([x])[0])
     assert 0.1 < np.mean(outputs_[0] > 0) < 0.9, "the test output carries little signal"
@@ -305,9 +328,12 @@ def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
 
 @pytest.mark.parametrize(
     "cpu, instructions",
-    [("znver3", {"vpmaddubsw", "vpmaddwd"}), ("skylake-avx512", {"vpmaddubsw", "vpmaddwd"}),
-     ("znver4", {"vpdpbusd"})],
-)  # fmt: skip
+    [
+        ("znver3", {"vpmaddubsw", "vpmaddwd"}),
+        ("skylake-avx512", {"vpmaddubsw", "vpmaddwd"}),
+        ("znver4", {"vpdpbusd"}),
+    ],
+)
 def test_dot_product_instruction_is_chosen_from_the_target_features(cpu, instructions):
     """Compiled (not run: this machine may lack them) for each CPU, the kernel uses the
     dot product of its features: AVX2 and AVX-512 without VNNI pair bytes into int16
@@ -320,8 +346,11 @@ def test_dot_product_instruction_is_chosen_from_the_target_features(cpu, instruc
     target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "mtriple": "x86_64-linux-gnu"})
     lowered = _int8_conv_kernel(32, 32, 8, 3, 1)
     ((name, func),) = [(gv.name_hint, f) for gv, f in lowered.kernels.functions.items()]
-    chosen = next(c for c in ScheduleOrder(target, default_rules(target), safe_rule())
-                  .attempts(func) if c.func is not None)  # fmt: skip
+    chosen = next(
+        c
+        for c in ScheduleOrder(target, default_rules(target), safe_rule()).attempts(func)
+        if c.func is not None
+    )
     assert chosen.rule == "cpu.Conv2DInt8"
     module = tvm.IRModule({name: chosen.func.with_attr("global_symbol", name)})
     assembly = tvm.tirx.build(module, target=target).inspect_source("asm")
@@ -334,12 +363,17 @@ def test_dot_product_instruction_is_chosen_from_the_target_features(cpu, instruc
 
 def test_int8_package_matches_fp32_within_the_quantization_step(small, tmp_path):
     symbol, npy, inputs, fp32_path = small
-    int8_path = deploy(symbol, tmp_path / "int8", input_shape=SHAPE, options=_options(
-        precision="int8", calibrate=npy, calibration_method="minmax"))  # fmt: skip
+    int8_path = deploy(
+        symbol,
+        tmp_path / "int8",
+        input_shape=SHAPE,
+        options=_options(precision="int8", calibrate=npy, calibration_method="minmax"),
+    )
     fp32, int8 = edgecv.load(fp32_path), edgecv.load(int8_path)
     # min/max calibration on these very inputs: nothing is clipped, the derived bound holds
-    errors = [assert_close_int8(int8.run(x[None])[0], fp32.run(x[None])[0], layers=5)
-              for x in inputs]  # fmt: skip
+    errors = [
+        assert_close_int8(int8.run(x[None])[0], fp32.run(x[None])[0], layers=5) for x in inputs
+    ]
     assert max(errors) > 0, "int8 gave exactly the float32 outputs: was anything quantized?"
     print(f"int8 vs fp32: largest error {max(errors):.2%} of the output's scale (5 layers)")
     build = int8.manifest["build"]
@@ -347,13 +381,23 @@ def test_int8_package_matches_fp32_within_the_quantization_step(small, tmp_path)
     if dot is not None:  # the 1x1 and the residual 3x3 (16 -> 16 channels, uint8 inputs)
         assert build["schedules"]["cpu"]["rules"].get("cpu.Conv2DInt8") == 2
         weight_max = {op["name"]: op["weight_max"] for op in build["quantization"]["operators"]}
-        assert weight_max == {"conv2d_0": 127, "conv2d_1": 127, "conv2d_2": dot.weight_max,
-                              "conv2d_3": dot.weight_max, "dense_0": 127}  # fmt: skip
+        assert weight_max == {
+            "conv2d_0": 127,
+            "conv2d_1": 127,
+            "conv2d_2": dot.weight_max,
+            "conv2d_3": dot.weight_max,
+            "dense_0": 127,
+        }
         # the first (signed input), the depthwise and the small dense layer: their
         # integer sums held exactly in float32 kernels
         arithmetic = {op["name"]: op["arithmetic"] for op in build["quantization"]["operators"]}
-        assert arithmetic == {"conv2d_0": "float32", "conv2d_1": "float32", "conv2d_2": "int32",
-                              "conv2d_3": "int32", "dense_0": "float32"}  # fmt: skip
+        assert arithmetic == {
+            "conv2d_0": "float32",
+            "conv2d_1": "float32",
+            "conv2d_2": "int32",
+            "conv2d_3": "int32",
+            "dense_0": "float32",
+        }
     assert build["precision"] == "int8" and fp32.manifest["build"]["precision"] == "fp32"
     facts = build["quantization"]
     assert facts["quantized"] == {"conv2d": 4, "dense": 1} and facts["method"] == "minmax"
@@ -367,9 +411,13 @@ def test_int8_package_matches_fp32_within_the_quantization_step(small, tmp_path)
     # redeploying with the same model and inputs reuses the statistics (no calibration
     # build: a quantize_model of its own runs in a second), another method applied
     mod = _imported(symbol)
-    options = _options(precision="int8", calibrate=npy, calibration_method="percentile",
-                       calibration=read_calibration(npy, SHAPE, PREPROCESSING, None),
-                       previous_calibration=saved)  # fmt: skip
+    options = _options(
+        precision="int8",
+        calibrate=npy,
+        calibration_method="percentile",
+        calibration=read_calibration(npy, SHAPE, PREPROCESSING, None),
+        previous_calibration=saved,
+    )
     started = time.perf_counter()
     _, again, files = quantize_model(mod, load_profile("cpu"), options, lambda line: None)
     assert time.perf_counter() - started < 5
@@ -426,8 +474,12 @@ def test_int8_package_calibrated_on_a_folder_of_images(small, tmp_path):
     rng = np.random.RandomState(0)
     for i in range(5):
         cv2.imwrite(str(folder / f"{i}.png"), rng.randint(0, 255, (30, 40, 3), np.uint8))
-    path = deploy(symbol, tmp_path / "int8", input_shape=SHAPE, options=_options(
-        precision="int8", calibrate=folder, calibration_size=3))  # fmt: skip
+    path = deploy(
+        symbol,
+        tmp_path / "int8",
+        input_shape=SHAPE,
+        options=_options(precision="int8", calibrate=folder, calibration_size=3),
+    )
     model = edgecv.load(path)
     facts = model.manifest["build"]["quantization"]["calibration"]
     assert (facts["kind"], facts["inputs"], facts["available"]) == ("images", 3, 5)
@@ -442,15 +494,24 @@ def test_trained_digits_int8_accuracy_within_one_point_of_fp32(tmp_path):
     digits = train_digits(tmp_path / "digits")
     npy = tmp_path / "train.npy"
     np.save(npy, digits.x_train)
-    fp32 = edgecv.load(deploy(digits.symbol, tmp_path / "fp32", input_shape=digits.input_shape,
-                              options=_options()))  # fmt: skip
-    int8 = edgecv.load(deploy(digits.symbol, tmp_path / "int8", input_shape=digits.input_shape,
-                              options=_options(precision="int8", calibrate=npy)))  # fmt: skip
+    fp32 = edgecv.load(
+        deploy(digits.symbol, tmp_path / "fp32", input_shape=digits.input_shape, options=_options())
+    )
+    int8 = edgecv.load(
+        deploy(
+            digits.symbol,
+            tmp_path / "int8",
+            input_shape=digits.input_shape,
+            options=_options(precision="int8", calibrate=npy),
+        )
+    )
     acc32, predicted32 = accuracy(fp32, digits.x_test, digits.y_test)
     acc8, predicted8 = accuracy(int8, digits.x_test, digits.y_test)
     agreement = 100 * np.mean(predicted8 == predicted32)
-    print(f"digits: fp32 {acc32:.2f}%, int8 {acc8:.2f}%, top-1 agreement {agreement:.2f}% "
-          f"on {len(digits.y_test)} images")  # fmt: skip
+    print(
+        f"digits: fp32 {acc32:.2f}%, int8 {acc8:.2f}%, top-1 agreement {agreement:.2f}% "
+        f"on {len(digits.y_test)} images"
+    )
     assert acc32 > 95.0, "the network did not learn: the comparison would prove little"
     assert acc8 >= acc32 - 1.0
     assert np.mean(predicted8 == predicted32) >= 0.98

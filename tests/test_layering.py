@@ -64,16 +64,30 @@ def floor_name(module: str) -> str:
 MODULES = {module_of(p): p for p in sorted(EDGECV.rglob("*.py"))}
 # What `edgecv.load(path).run(x)` and `edgecv run` import: the floors of the device side.
 DEVICE_SIDE = [
-    path for module, path in MODULES.items()
+    path
+    for module, path in MODULES.items()
     if FLOOR.get(floor_name(module), len(FLOORS)) <= FLOOR["__init__"]
-]  # fmt: skip
+]
 # The compiler side: edgecv's stages and the libraries only they need.
 COMPILER_SIDE = {
-    "edgecv.frontend", "edgecv.ops", "edgecv.lowering", "edgecv.fallback", "edgecv.schedules",
-    "edgecv.codegen", "edgecv.pipelines", "edgecv.graph_tuner", "edgecv.tuning",
-    "edgecv.deploy", "edgecv.profiles", "edgecv.source", "edgecv.bench", "edgecv.testing",
-    "tvm", "mxnet", "gluoncv",
-}  # fmt: skip
+    "edgecv.frontend",
+    "edgecv.ops",
+    "edgecv.lowering",
+    "edgecv.fallback",
+    "edgecv.schedules",
+    "edgecv.codegen",
+    "edgecv.pipelines",
+    "edgecv.graph_tuner",
+    "edgecv.tuning",
+    "edgecv.deploy",
+    "edgecv.profiles",
+    "edgecv.source",
+    "edgecv.bench",
+    "edgecv.testing",
+    "tvm",
+    "mxnet",
+    "gluoncv",
+}
 
 
 def imports_of(path: Path) -> set[str]:
@@ -104,9 +118,10 @@ def test_imports_of_reads_relative_and_nested_imports():
 @pytest.mark.parametrize("path", DEVICE_SIDE, ids=lambda p: str(p.relative_to(EDGECV)))
 def test_the_device_runtime_never_imports_the_compiler_side(path):
     bad = sorted(
-        name for name in imports_of(path)
+        name
+        for name in imports_of(path)
         if any(name == c or name.startswith(c + ".") for c in COMPILER_SIDE)
-    )  # fmt: skip
+    )
     assert not bad, f"{path.relative_to(EDGECV)} imports the compiler side: {bad}"
 
 
@@ -128,9 +143,12 @@ def edgecv_imports(path: Path) -> list[tuple[int, str]]:
                 name = f"{base}.{alias.name}"
                 found.append((node.lineno, name if name in MODULES else base))
     return sorted(
-        {(line, module) for line, module in found
-         if module == "edgecv" or module.startswith("edgecv.")}
-    )  # fmt: skip
+        {
+            (line, module)
+            for line, module in found
+            if module == "edgecv" or module.startswith("edgecv.")
+        }
+    )
 
 
 def edges() -> Iterator[tuple[Path, int, str, str]]:

@@ -70,8 +70,16 @@ def test_deploy_and_run_opencl_package(tmp_path, capsys):
     params = small_params()
     mx.nd.save(f"{prefix}-0000.params", {k: mx.nd.array(v) for k, v in params.items()})
     out = tmp_path / "pkg"
-    argv = ["deploy", f"{prefix}-symbol.json", "--device", "deeplens", "--input-shape",
-            "1,2,5,5", "-o", str(out)]  # fmt: skip
+    argv = [
+        "deploy",
+        f"{prefix}-symbol.json",
+        "--device",
+        "deeplens",
+        "--input-shape",
+        "1,2,5,5",
+        "-o",
+        str(out),
+    ]
     assert main(argv) == 0
     model = load(out, on="intel")
     x = np.random.RandomState(0).normal(size=(1, 2, 5, 5)).astype(np.float32)
@@ -252,8 +260,12 @@ def test_buffer_larger_than_the_device_allows_is_a_clear_error():
     assert backend.allocated_bytes == 0
 
 
-DETECTORS = ["ssd_512_mobilenet1.0_voc", "ssd_512_resnet50_v1_voc", "yolo3_mobilenet1.0_coco",
-             "yolo3_darknet53_voc"]  # fmt: skip
+DETECTORS = [
+    "ssd_512_mobilenet1.0_voc",
+    "ssd_512_resnet50_v1_voc",
+    "yolo3_mobilenet1.0_coco",
+    "yolo3_darknet53_voc",
+]
 
 
 @heavy
@@ -261,9 +273,8 @@ DETECTORS = ["ssd_512_mobilenet1.0_voc", "ssd_512_resnet50_v1_voc", "yolo3_mobil
     ("name", "profile", "device"),
     [(name, profile, "intel(r) opencl") for name in DETECTORS for profile in ("deeplens", "aisage")]
     + [("ssd_512_resnet50_v1_voc", "aisage", "portable computing")],  # PoCL: slow compiles
-)  # fmt: skip
-def test_detector_deployed_all_on_opencl_matches_mxnet(tmp_path, exported, name, profile,
-                                                       device):  # fmt: skip
+)
+def test_detector_deployed_all_on_opencl_matches_mxnet(tmp_path, exported, name, profile, device):
     """Every launch of the package on the OpenCL device (box_nms included: the
     Intel-subgroup variants for deeplens, the work-group ones for aisage); ids exact,
     scores and boxes within tolerance of MXNet's forward pass."""
@@ -279,8 +290,13 @@ def test_detector_deployed_all_on_opencl_matches_mxnet(tmp_path, exported, name,
     if device.startswith("portable") and pocl_unusable():
         pytest.skip(pocl_unusable())
     model = exported(name)
-    pkg = deploy(str(model.symbol_path), tmp_path / "pkg", profile,
-                 params=str(model.params_path), input_shape=model.input_shape)  # fmt: skip
+    pkg = deploy(
+        str(model.symbol_path),
+        tmp_path / "pkg",
+        profile,
+        params=str(model.params_path),
+        input_shape=model.input_shape,
+    )
     placement = json.loads((pkg / "manifest.json").read_text())["build"]["placement"]
     assert placement["launches"]["cpu"] == 0 and placement["copies"] == []
     source = (pkg / "kernels" / "opencl.cl").read_text()

@@ -166,8 +166,16 @@ def test_random_plans_with_concats_compute_what_they_compute_unplanned(data):
         device = data.draw(st.sampled_from(["cpu", "cpu", "gpu"]))
         if len(buffers) > 1 and data.draw(st.integers(0, 4)) == 0:  # a reshape: a view
             source = buffers[data.draw(st.integers(1, len(buffers) - 1))]
-            buffers.append(Buffer(len(buffers), source.shape, "float32", "view", view_of=source.id,
-                                  device=source.device))  # fmt: skip
+            buffers.append(
+                Buffer(
+                    len(buffers),
+                    source.shape,
+                    "float32",
+                    "view",
+                    view_of=source.id,
+                    device=source.device,
+                )
+            )
         if len(buffers) > 2 and data.draw(st.booleans()):
             ins = data.draw(st.lists(st.integers(1, len(buffers) - 1), min_size=2, max_size=3))
             sizes = [buffers[i].shape[0] for i in ins]
@@ -198,9 +206,13 @@ def test_a_concat_of_a_concat_places_each_piece_at_its_summed_offset():
     buffers = [Buffer(0, (16,), "float32", "input", "x")]
     buffers += [Buffer(i, (n,), "float32", "temp") for i, n in ((1, 16), (2, 32), (3, 16))]
     buffers += [Buffer(4, (48,), "float32", "temp"), Buffer(5, (64,), "float32", "temp")]
-    steps = [Step("k", [0, 1]), Step("k", [0, 2]), Step("k", [0, 3]),
-             Step("concat", [2, 3, 4], pieces=[0, 128]),
-             Step("concat", [1, 4, 5], pieces=[0, 64])]  # fmt: skip
+    steps = [
+        Step("k", [0, 1]),
+        Step("k", [0, 2]),
+        Step("k", [0, 3]),
+        Step("concat", [2, 3, 4], pieces=[0, 128]),
+        Step("concat", [1, 4, 5], pieces=[0, 64]),
+    ]
     plan = Plan(buffers, steps, [0], [5])
     plan.plan_memory()
     assert [s.elided for s in plan.steps] == [False, False, False, True, True]

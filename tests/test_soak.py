@@ -22,10 +22,22 @@ def test_short_soak_holds_nothing_more_at_the_end(tmp_path):
     device_or_skip("intel(r) opencl")
     out = tmp_path / "soak.json"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--inferences", "2000",
-         "--loads", "30", "--devices", "cpu,deeplens:intel", "--json", str(out)],
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "soak.py"),
+            "--inferences",
+            "2000",
+            "--loads",
+            "30",
+            "--devices",
+            "cpu,deeplens:intel",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     results = json.loads(out.read_text())
     assert set(results) == {"cpu", "deeplens:intel"}

@@ -17,9 +17,12 @@ def _imported_with(**env: str) -> list[str]:
         k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "TVM_BIND_THREADS")
     }
     result = subprocess.run(
-        [sys.executable, "-c", SHOW], env={**clean, **env}, capture_output=True, text=True,
+        [sys.executable, "-c", SHOW],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
         check=True,
-    )  # fmt: skip
+    )
     return result.stdout.split()
 
 
@@ -70,14 +73,24 @@ def test_the_kernels_run_on_as_many_threads_as_cores(tmp_path):
     from edgecv.pipelines import BuildOptions
 
     symbol, params = export_small_model(tmp_path / "small")
-    package = deploy(str(symbol), tmp_path / "pkg", "cpu", params=str(params),
-                     input_shape=(1, 3, 96, 96),
-                     options=BuildOptions(check_on=None, layout="NCHW", tuning=None))  # fmt: skip
+    package = deploy(
+        str(symbol),
+        tmp_path / "pkg",
+        "cpu",
+        params=str(params),
+        input_shape=(1, 3, 96, 96),
+        options=BuildOptions(check_on=None, layout="NCHW", tuning=None),
+    )
     clean = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
 
     def busy_threads(**env: str) -> int:
-        done = subprocess.run([sys.executable, "-c", WORK, str(package)], env={**clean, **env},
-                              capture_output=True, text=True, check=True)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", WORK, str(package)],
+            env={**clean, **env},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return int(done.stdout.split()[-1])
 
     assert busy_threads() == cores

@@ -60,11 +60,17 @@ def test_tied_detections_in_another_order_match_whatever_their_last_bits():
     in their last bits the other way round: the same detections. (A third row is
     invalid: the output is not full, so the tie was not cut by its length.)"""
     none = [-1.0, -1, -1, -1]
-    ref = [np.array([[[4.0], [4.0], [-1]]]), np.array([[[0.5], [0.5 + 2e-7], [-1]]]),
-           np.array([[[10.0, 10, 50, 50], [200, 30, 260, 90], none]])]  # fmt: skip
+    ref = [
+        np.array([[[4.0], [4.0], [-1]]]),
+        np.array([[[0.5], [0.5 + 2e-7], [-1]]]),
+        np.array([[[10.0, 10, 50, 50], [200, 30, 260, 90], none]]),
+    ]
     # ours ranks the first box higher, by the last bit of its score
-    ours = [ref[0].copy(), np.array([[[0.5 + 2e-7], [0.5], [-1]]]),
-            np.array([[[10, 10, 50, 50.0001], [200.0001, 30, 260, 90], none]])]  # fmt: skip
+    ours = [
+        ref[0].copy(),
+        np.array([[[0.5 + 2e-7], [0.5], [-1]]]),
+        np.array([[[10, 10, 50, 50.0001], [200.0001, 30, 260, 90], none]]),
+    ]
     ref, ours = ([a.astype(np.float32) for a in x] for x in (ref, ours))
     assert match_detections(ours, ref, box_scale=300.0) == 2
     wrong = [ref[0], ours[1], np.array([[[200.0, 30, 260, 90], [10, 10, 50, 80], none]])]
@@ -78,10 +84,12 @@ def test_a_tie_is_a_chain_of_rows_each_tied_with_the_one_before():
     each ties with its neighbour: one run, so the last two may come in either order."""
     a, b, c, none = [10.0, 10, 50, 50], [200, 30, 260, 90], [53, 280, 84, 304], [-1] * 4
     ids = np.array([[[0.0], [0.0], [0.0], [-1]]])
-    ref = [ids, np.array([[[0.33711], [0.337098], [0.337098], [-1]]]),
-           np.array([[a, b, c, none]])]  # fmt: skip
-    ours = [ids.copy(), np.array([[[0.33711], [0.337099], [0.337098], [-1]]]),
-            np.array([[a, c, b, none]])]  # fmt: skip
+    ref = [ids, np.array([[[0.33711], [0.337098], [0.337098], [-1]]]), np.array([[a, b, c, none]])]
+    ours = [
+        ids.copy(),
+        np.array([[[0.33711], [0.337099], [0.337098], [-1]]]),
+        np.array([[a, c, b, none]]),
+    ]
     ref, ours = ([a.astype(np.float32) for a in x] for x in (ref, ours))
     assert match_detections(ours, ref, box_scale=416.0) == 3
     # scores 1e-4 apart are no tie: the same swap is a mismatch
@@ -138,8 +146,9 @@ def test_roi_align_rows_of_a_negative_batch_index_are_compared_as_zero(tmp_path)
     rois = np.array(
         [[-1, -1, -1, -1, -1], [0, 1, 2, 12, 9], [-1, 3, 3, 8, 8], [0, 0, 0, 15, 15]], np.float32
     )
-    pooled = S.contrib.ROIAlign(S.var("data"), S.var("rois"), pooled_size=(2, 2),
-                                spatial_scale=0.5, sample_ratio=2)  # fmt: skip
+    pooled = S.contrib.ROIAlign(
+        S.var("data"), S.var("rois"), pooled_size=(2, 2), spatial_scale=0.5, sample_ratio=2
+    )
     net = S.relu(pooled) + 1
     shape = (1, 3, 8, 8)
     x = np.random.RandomState(0).normal(size=shape).astype(np.float32)
@@ -157,7 +166,13 @@ def test_roi_align_rows_of_a_negative_batch_index_are_compared_as_zero(tmp_path)
     prefix = tmp_path / "fpn_level"
     net.save(f"{prefix}-symbol.json")
     mx.nd.save(f"{prefix}-0000.params", {"arg:rois": mx.nd.array(rois)})
-    package = deploy(f"{prefix}-symbol.json", tmp_path / "pkg", "cpu",
-                     params=f"{prefix}-0000.params", input_shape=shape, host="native")  # fmt: skip
+    package = deploy(
+        f"{prefix}-symbol.json",
+        tmp_path / "pkg",
+        "cpu",
+        params=f"{prefix}-0000.params",
+        input_shape=shape,
+        host="native",
+    )
     ours = edgecv.load(package).run(x)
     compare_with_mxnet(ours, f"{prefix}-symbol.json", f"{prefix}-0000.params", {"data": x})

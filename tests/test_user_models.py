@@ -33,8 +33,9 @@ def exported(name, tmp_path_factory):
 def check(name, profile, on, tmp_path, tmp_path_factory):
     symbol, params, shape = exported(name, tmp_path_factory)
     host = "native" if profile == "aisage" else None  # its fallback kernels run here
-    path = deploy(str(symbol), tmp_path / "pkg", profile, params=str(params),
-                  input_shape=shape, host=host)  # fmt: skip
+    path = deploy(
+        str(symbol), tmp_path / "pkg", profile, params=str(params), input_shape=shape, host=host
+    )
     x = np.random.RandomState(4).normal(size=shape).astype(np.float32)
     reference = mxnet_forward(symbol, params, x)
     outputs = edgecv.load(path, on=on).run(x)
@@ -56,9 +57,9 @@ def test_user_model_on_the_cpu_profile_matches_mxnet(name, tmp_path, tmp_path_fa
 # tiny_yolo's deploy for deeplens measures its layouts on Intel's runtime: 4-8 minutes
 # on 2 cores; it runs on the emulated board's PoCL in tests/emulation and with -m heavy
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.heavy) if n == "tiny_yolo" else n
-             for n in sorted(MODELS)],
-)  # fmt: skip
+    "name",
+    [pytest.param(n, marks=pytest.mark.heavy) if n == "tiny_yolo" else n for n in sorted(MODELS)],
+)
 def test_user_model_on_intel_opencl_matches_mxnet(name, tmp_path, tmp_path_factory):
     device_or_skip("intel(r) opencl")
     build = check(name, "deeplens", "intel", tmp_path, tmp_path_factory)
@@ -68,7 +69,7 @@ def test_user_model_on_intel_opencl_matches_mxnet(name, tmp_path, tmp_path_facto
     # behind the class ids runs edgecv's GPU sort
     for kernel in kernels.values():
         if any(op.startswith("conv2d") for op in kernel["ops"]):
-            rules = ("gpu.Conv2d", "gpu.DepthwiseConv2d", "gpu.PackedConv2d")
+            rules = ("gpu.Conv2D", "gpu.DepthwiseConv2D", "gpu.PackedConv2D")
             assert kernel["rule"] in rules, kernel
         if "pool2d" in " ".join(kernel["ops"]):
             assert kernel["rule"] == "gpu.Pool", kernel

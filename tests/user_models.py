@@ -74,9 +74,16 @@ def tiny_yolo(prefix: Path, size: int = 96, classes: int = 3, seed: int = 0):
             cid = F.topk(cls, axis=-1, k=1, ret_typ="indices")  # float ids, as MXNet gives
             boxes = F.concat(xy - wh / 2, xy + wh / 2, dim=-1)
             dets = F.concat(cid, score, boxes, dim=-1)
-            return F.contrib.box_nms(dets, overlap_thresh=0.45, valid_thresh=0.01, topk=50,
-                                     coord_start=2, score_index=1, id_index=0,
-                                     force_suppress=False)  # fmt: skip
+            return F.contrib.box_nms(
+                dets,
+                overlap_thresh=0.45,
+                valid_thresh=0.01,
+                topk=50,
+                coord_start=2,
+                score_index=1,
+                id_index=0,
+                force_suppress=False,
+            )
 
     shape = (1, 3, size, size)
     symbol, params = _export(TinyYolo(), shape, prefix, seed)
@@ -106,8 +113,12 @@ def efficient_lite(prefix: Path, size: int = 64, classes: int = 10, seed: int = 
             y = F.clip(self.bn1(self.expand(x)), 0, 6)
             total = self.kernel - 1 if self.stride == 1 else self.kernel - 2
             before, after = total // 2, total - total // 2  # TF "same": more after
-            y = F.pad(y, mode="constant", constant_value=0,
-                      pad_width=(0, 0, 0, 0, before, after, before, after))  # fmt: skip
+            y = F.pad(
+                y,
+                mode="constant",
+                constant_value=0,
+                pad_width=(0, 0, 0, 0, before, after, before, after),
+            )
             y = F.clip(self.bn2(self.dw(y)), 0, 6)
             y = self.bn3(self.project(y))
             return y + x if self.residual else y
@@ -119,9 +130,13 @@ def efficient_lite(prefix: Path, size: int = 64, classes: int = 10, seed: int = 
                 self.stem = nn.Conv2D(16, 3, strides=2, padding=1, use_bias=False)
                 self.bn = nn.BatchNorm()
                 self.blocks = nn.HybridSequential()
-                self.blocks.add(MBConv(16, 16, 3, 1, 1), MBConv(16, 24, 3, 2, 4),
-                                MBConv(24, 24, 5, 1, 4), MBConv(24, 40, 5, 2, 4),
-                                MBConv(40, 40, 5, 1, 4))  # fmt: skip
+                self.blocks.add(
+                    MBConv(16, 16, 3, 1, 1),
+                    MBConv(16, 24, 3, 2, 4),
+                    MBConv(24, 24, 5, 1, 4),
+                    MBConv(24, 40, 5, 2, 4),
+                    MBConv(40, 40, 5, 1, 4),
+                )
                 self.head = nn.Dense(classes)
 
         def hybrid_forward(self, F, x):

@@ -83,8 +83,7 @@ class DilatedDepthToSpace(mx.gluon.HybridBlock):
         self.block, self.dilation = block, dilation
 
     def hybrid_forward(self, F, x):
-        return F.Custom(x, op_type=self.op_type, block=self.block,
-                        dilation=self.dilation)  # fmt: skip
+        return F.Custom(x, op_type=self.op_type, block=self.block, dilation=self.dilation)
 
 
 class HardSwish(mx.gluon.HybridBlock):

@@ -92,8 +92,10 @@ def d2s_shape(shapes, attrs):
     ((n, c, h, w),) = shapes
     r, d = int(attrs.get("block", 2)), int(attrs.get("dilation", 1))
     if c % (r * r) or h % d or w % d:
-        raise ValueError(f"input {shapes[0]}: channels must divide by block^2 ({r * r}) and "
-                         f"height and width by dilation ({d})")  # fmt: skip
+        raise ValueError(
+            f"input {shapes[0]}: channels must divide by block^2 ({r * r}) and "
+            f"height and width by dilation ({d})"
+        )
     return (n, c // (r * r), h * r, w * r)
 
 

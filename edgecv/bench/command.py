@@ -195,9 +195,14 @@ def cmd_bench(args) -> int:
             else:
                 progress.say(f"loading baselines: {', '.join(wanted)}")
                 built, failed = build_baselines(
-                    wanted, symbol, params, tuple(x.shape), Path(tmp), streams or 1,
+                    wanted,
+                    symbol,
+                    params,
+                    tuple(x.shape),
+                    Path(tmp),
+                    streams or 1,
                     calibration=lambda: calibration_set(model),
-                )  # fmt: skip
+                )
                 report["not_run"] = failed
                 for b in built:
                     try:  # one that loads but cannot run the input is listed, not fatal

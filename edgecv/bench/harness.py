@@ -215,7 +215,8 @@ def alternate_concurrent(
             per_round[name].append(rate)
             latencies[name].extend(seconds)
     return {
-        name: Throughput(name, len(runners[name]), np.asarray(per_round[name]),
-                         np.asarray(latencies[name]))
+        name: Throughput(
+            name, len(runners[name]), np.asarray(per_round[name]), np.asarray(latencies[name])
+        )
         for name in runners
-    }  # fmt: skip
+    }

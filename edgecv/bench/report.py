@@ -41,10 +41,18 @@ def print_report(report: dict, top: int = 10) -> None:
     _summary(report)
     ours = report["runtimes"]["edgecv"]["p50_ms"]
     rows = [
-        [f"{name} {r['version']}", r["p50_ms"], r["p90_ms"], r["p99_ms"],
-         r["throughput_per_s"], r["load_s"], r["p50_ms"] / ours, _agreement(r)]
+        [
+            f"{name} {r['version']}",
+            r["p50_ms"],
+            r["p90_ms"],
+            r["p99_ms"],
+            r["throughput_per_s"],
+            r["load_s"],
+            r["p50_ms"] / ours,
+            _agreement(r),
+        ]
         for name, r in report["runtimes"].items()
-    ]  # fmt: skip
+    ]
     headers = ["runtime", "p50 ms", "p90 ms", "p99 ms", "inf/s", "load s", "edgecv x"]
     formats = ("", ".2f", ".2f", ".2f", ".1f", ".2f", ".2f")
     _table([*headers, "agreement with edgecv"], rows, formats)
@@ -59,11 +67,17 @@ def print_throughput_report(report: dict, top: int = 10) -> None:
     print(f"{streams} callers at once; edgecv loaded with streams={streams}")
     ours = report["runtimes"]["edgecv"]["throughput_per_s"]
     rows = [
-        [f"{name} {r['version']}", r["throughput_per_s"],
-         r["throughput_min_per_s"], r["p50_ms"], r["p90_ms"],
-         f"{ours / r['throughput_per_s']:.2f}x", _agreement(r)]
+        [
+            f"{name} {r['version']}",
+            r["throughput_per_s"],
+            r["throughput_min_per_s"],
+            r["p50_ms"],
+            r["p90_ms"],
+            f"{ours / r['throughput_per_s']:.2f}x",
+            _agreement(r),
+        ]
         for name, r in report["runtimes"].items()
-    ]  # fmt: skip
+    ]
     headers = ["runtime", "inf/s", "worst", "p50 ms", "p90 ms", "vs edgecv"]
     note = "vs edgecv: edgecv's throughput over the runtime's (above 1: edgecv serves more)"
     formats = ("", ".1f", ".1f", ".2f", ".2f")

@@ -172,8 +172,15 @@ def _restart_or_fail(name, state: _State, kernels, order: ScheduleOrder, pending
         finish(name, {}, None)
 
 
-def _child(send: Connection, func, order: ScheduleOrder, compile_one: CompileOne, name: str,
-           work_dir: Path, start: int) -> None:  # fmt: skip
+def _child(
+    send: Connection,
+    func,
+    order: ScheduleOrder,
+    compile_one: CompileOne,
+    name: str,
+    work_dir: Path,
+    start: int,
+) -> None:
     """Runs in the forked child: try candidates from ``start`` until one compiles."""
     # A library loaded by the build (Intel's OpenCL runtime) may have installed its own
     # crash handler, which can return from a SIGSEGV: a crash here must end the child.

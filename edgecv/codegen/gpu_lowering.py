@@ -42,22 +42,49 @@ def _lower_to_split(mod: tvm.IRModule, narrow: bool = True) -> tvm.IRModule:
     st, tx = s_tir.transform, tirx.transform
     narrowing = [tx.NarrowDataType(32)] if narrow else []
     passes = [
-        st.CanonicalizeLoop(), st.LowerCrossThreadReduction(), st.LowerInitBlock(),
-        st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
-        st.LiftThreadBinding(), st.ManifestSharedMemoryLocalStage(),
-        st.CompactBufferAllocation(), st.LowerAutoCopy(), st.UnifyThreadBinding(),
-        st.LowerMatchBuffer(), st.StmtSimplify(), st.InjectPermutedLayout(),
-        st.AnnotateIrregularLoop(), st.InjectSoftwarePipeline(),
-        st.TransformMmaBufferLayout(), st.LowerOpaqueBlock(), tx.FlattenBuffer(),
-        tx.BF16ComputeLegalize(), *narrowing, st.LoopPartition(),
-        tx.VectorizeLoop(True), st.InjectVirtualThread(), st.InjectDoubleBuffer(),
-        tx.StorageRewrite(), st.HoistIfThenElse(), tx.UnrollLoop(),
-        st.RenormalizeSplitPattern(), tx.StmtSimplify(), tx.RemoveNoOp(),
-        st.RewriteUnsafeSelect(), tx.CommonSubexprElim(), tx.FP8ComputeLegalize(),
-        tx.VerifyMemory(), tx.AnnotateEntryFunc(), st.ThreadSync("shared"),
-        st.ThreadSync("shared.dyn"), st.ThreadSync("warp"), st.InferFragment(),
-        st.LowerThreadAllreduce(), st.MergeSharedMemoryAllocations(), tx.SplitHostDevice(),
-    ]  # fmt: skip
+        st.CanonicalizeLoop(),
+        st.LowerCrossThreadReduction(),
+        st.LowerInitBlock(),
+        st.PlanAndUpdateBufferAllocationLocation(),
+        st.ConvertBlocksToOpaque(),
+        st.LiftThreadBinding(),
+        st.ManifestSharedMemoryLocalStage(),
+        st.CompactBufferAllocation(),
+        st.LowerAutoCopy(),
+        st.UnifyThreadBinding(),
+        st.LowerMatchBuffer(),
+        st.StmtSimplify(),
+        st.InjectPermutedLayout(),
+        st.AnnotateIrregularLoop(),
+        st.InjectSoftwarePipeline(),
+        st.TransformMmaBufferLayout(),
+        st.LowerOpaqueBlock(),
+        tx.FlattenBuffer(),
+        tx.BF16ComputeLegalize(),
+        *narrowing,
+        st.LoopPartition(),
+        tx.VectorizeLoop(True),
+        st.InjectVirtualThread(),
+        st.InjectDoubleBuffer(),
+        tx.StorageRewrite(),
+        st.HoistIfThenElse(),
+        tx.UnrollLoop(),
+        st.RenormalizeSplitPattern(),
+        tx.StmtSimplify(),
+        tx.RemoveNoOp(),
+        st.RewriteUnsafeSelect(),
+        tx.CommonSubexprElim(),
+        tx.FP8ComputeLegalize(),
+        tx.VerifyMemory(),
+        tx.AnnotateEntryFunc(),
+        st.ThreadSync("shared"),
+        st.ThreadSync("shared.dyn"),
+        st.ThreadSync("warp"),
+        st.InferFragment(),
+        st.LowerThreadAllreduce(),
+        st.MergeSharedMemoryAllocations(),
+        tx.SplitHostDevice(),
+    ]
     return tvm.transform.Sequential(passes)(mod)
 
 
@@ -183,8 +210,9 @@ def lower_to_file(target: tvm.target.Target):
 
     def compile_one(name: str, func: tirx.PrimFunc, work_dir: Path) -> dict:
         with target:
-            device, launches = lower_kernel(name, tirx.transform.BindTarget(target)(
-                tvm.IRModule({name: func}))[name])  # fmt: skip
+            device, launches = lower_kernel(
+                name, tirx.transform.BindTarget(target)(tvm.IRModule({name: func}))[name]
+            )
         # Generate the kernel's own code here, in the contained child: a device function
         # the code generator rejects (a packed call left in device code) fails this
         # candidate, not the whole program later.
@@ -192,9 +220,11 @@ def lower_to_file(target: tvm.target.Target):
         tvm.get_global_func(codegen)(_device_passes(device), target)
         path = work_dir / f"{name}.device.json"
         path.write_text(tvm.ir.save_json(device))
-        subgroups = [
-            g.name_hint for g, f in device.functions.items() if "sub_group_" in f.script()
-        ] if _calls_subgroups(func) else []  # fmt: skip
+        subgroups = (
+            [g.name_hint for g, f in device.functions.items() if "sub_group_" in f.script()]
+            if _calls_subgroups(func)
+            else []
+        )
         return {"device": str(path), "launches": launches, "subgroup_kernels": subgroups}
 
     return compile_one

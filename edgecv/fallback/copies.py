@@ -107,8 +107,9 @@ def insert_copies(
         if kind == "const":  # the GPU reads a parameter as stored, the CPU its float32 copy
             name = name.removesuffix(_WIDE_SUFFIX)
             name += _WIDE_SUFFIX if dtype != dtypes[like.id] else ""
-        new = replace(like, id=len(buffers), kind=kind, view_of=None, device=device,
-                      dtype=dtype, name=name)  # fmt: skip
+        new = replace(
+            like, id=len(buffers), kind=kind, view_of=None, device=device, dtype=dtype, name=name
+        )
         buffers.append(new)
         dtypes.append(dtypes[like.id])
         return new.id
@@ -128,10 +129,18 @@ def insert_copies(
                     made[key] = add_buffer(source, "temp", step.device)
                     to_dtype = buffers[made[key]].dtype
                     copies.append(
-                        Copy(len(new_steps), arg, made[key], source.shape, source.dtype,
-                             source.nbytes, source.device, step.device,
-                             to_dtype if to_dtype != source.dtype else "")
-                    )  # fmt: skip
+                        Copy(
+                            len(new_steps),
+                            arg,
+                            made[key],
+                            source.shape,
+                            source.dtype,
+                            source.nbytes,
+                            source.device,
+                            step.device,
+                            to_dtype if to_dtype != source.dtype else "",
+                        )
+                    )
                     new_steps.append(Step("copy", [arg, made[key]], 1, step.device, "copy"))
             args[position] = made[key]
         new_steps.append(replace(step, args=args))

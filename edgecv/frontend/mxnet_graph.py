@@ -141,8 +141,9 @@ def _parse_node(item: object, index: int, count: int, source: str) -> Node:
             f"{source}: node `{name}` has attributes {attrs!r:.80}, expected a JSON object "
             "of strings"
         )
-    return Node(op, name, {k: _attr_value(name, k, v, source) for k, v in attrs.items()},
-                tuple(inputs))  # fmt: skip
+    return Node(
+        op, name, {k: _attr_value(name, k, v, source) for k, v in attrs.items()}, tuple(inputs)
+    )
 
 
 def _attr_value(node: str, key: str, value: object, source: str) -> str:

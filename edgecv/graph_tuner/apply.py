@@ -69,7 +69,7 @@ def convert_layouts(extracted: Extracted, layouts: dict[int, str]) -> tvm.IRModu
                 lambda mod, ctx: fold_constant_transforms(mod),
                 opt_level=0,
                 name="FoldConstantTransforms",
-            ),  # fmt: skip
+            ),
             relax.transform.OptimizeLayoutTransform(),
             relax.transform.DeadCodeElimination(["main"]),
         ]

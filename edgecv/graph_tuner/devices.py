@@ -37,8 +37,9 @@ def meter_for(profile: Profile, options):
         arch, here = cpu_class(target).key["arch"], platform.machine()
         if arch != here:
             return None, None, f"{arch} kernels cannot be timed on this {here} machine"
-        meter = CpuMeter(target, cpu_order(target, database), options.kernel_time_limit_s,
-                         options.workers)  # fmt: skip
+        meter = CpuMeter(
+            target, cpu_order(target, database), options.kernel_time_limit_s, options.workers
+        )
     elif profile.runtime == "opencl":
         from .opencl_meter import opencl_meter
 

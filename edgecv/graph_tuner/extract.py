@@ -103,8 +103,9 @@ def extract(mod: tvm.IRModule, candidates: Candidates) -> Extracted:
                 values[var] = graph.add(Node(var.name, "fixed", (), _shape(var)))
             if not isinstance(var, relax.DataflowVar) or not isinstance(block, relax.DataflowBlock):
                 # ConvertLayout returns every tensor leaving a dataflow block to plain.
-                values[var] = graph.add(Node(f"{var.name}.out", "fixed", tuple(ref(var)),
-                                             _shape(var), op="boundary"))  # fmt: skip
+                values[var] = graph.add(
+                    Node(f"{var.name}.out", "fixed", tuple(ref(var)), _shape(var), op="boundary")
+                )
     graph.add(Node("output", "fixed", tuple(ref(main.body.body)), (), op="output"))
     return out
 
@@ -144,8 +145,10 @@ def _describe(call: relax.Call) -> str:
 def _plain_conv(call: relax.Call) -> bool:
     attrs = call.attrs
     return (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)) == (
-        "NCHW", "OIHW", "NCHW",
-    )  # fmt: skip
+        "NCHW",
+        "OIHW",
+        "NCHW",
+    )
 
 
 def _keeps_channels(call: relax.Call, out_rank: int) -> bool:

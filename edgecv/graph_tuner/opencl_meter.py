@@ -77,8 +77,9 @@ class OpenCLMeter:
             subgroups = sorted(
                 k for key in ok for k in compiled[names[key]].facts["subgroup_kernels"]
             )
-            source, requires = generate_opencl(device_module(parts), self.target, subgroups,
-                                               self.profile.intel_subgroup_size)  # fmt: skip
+            source, requires = generate_opencl(
+                device_module(parts), self.target, subgroups, self.profile.intel_subgroup_size
+            )
         if not ok:
             return times
         progress(f"graph tuner: building {len(ok)} kernels on {self.query}")
@@ -113,8 +114,9 @@ def _bind(backend, name: str, func: tirx.PrimFunc):
     for param in func.params:
         shape = tuple(int(d) for d in param.shape)
         dtype = str(param.dtype)
-        tensor = backend.view(backend.alloc(int(np.prod(shape)) * np.dtype(dtype).itemsize),
-                              shape, dtype)  # fmt: skip
+        tensor = backend.view(
+            backend.alloc(int(np.prod(shape)) * np.dtype(dtype).itemsize), shape, dtype
+        )
         backend.upload(tensor, rng.uniform(-1, 1, shape).astype(dtype))
         tensors.append(tensor)
     run = backend.bind(name, tensors)

@@ -226,8 +226,9 @@ def iterated_greedy(
     best local optimum found."""
     convs = graph.convs()
     if starts is None:
-        own_best = {i: min(graph.choices(i), key=lambda c: costs.kernel(graph.nodes[i], c))
-                    for i in convs}  # fmt: skip
+        own_best = {
+            i: min(graph.choices(i), key=lambda c: costs.kernel(graph.nodes[i], c)) for i in convs
+        }
         starts = [*uniform_plans(graph).values(), own_best]
     best: LayoutPlan | None = None
     for start in starts:

@@ -52,10 +52,11 @@ def winograd_plan(facts: dict) -> dict:
     """The ``winograd`` argument of :func:`edgecv.lowering.lower` from the facts
     :func:`choose_layouts` recorded: signature -> output tile side."""
     return {
-        tuple(tuple(part) if isinstance(part, list) else part for part in choice["signature"]):
-        choice["side"]
+        tuple(
+            tuple(part) if isinstance(part, list) else part for part in choice["signature"]
+        ): choice["side"]
         for choice in facts.get("winograd", [])
-    }  # fmt: skip
+    }
 
 
 def _winograd_choices(extracted, plan: LayoutPlan, costs) -> list[dict]:
@@ -81,8 +82,13 @@ def _winograd_choices(extracted, plan: LayoutPlan, costs) -> list[dict]:
         side = winograd_side(min(totals, key=totals.get))
         if side is not None:
             data, weight, padding = key
-            choices.append({"convolutions": names[key], "side": side,
-                            "signature": [list(data), list(weight), list(padding)]})  # fmt: skip
+            choices.append(
+                {
+                    "convolutions": names[key],
+                    "side": side,
+                    "signature": [list(data), list(weight), list(padding)],
+                }
+            )
     return choices
 
 

@@ -150,8 +150,14 @@ class TensorStats:
         histogram = np.zeros(BINS, np.int64)
         counts = np.asarray(entry["histogram"], np.int64)
         histogram[: len(counts)] = counts
-        return cls(float(entry["min"]), float(entry["max"]), int(entry["count"]),
-                   float(entry["edge"]), histogram, int(entry["zeros"]))  # fmt: skip
+        return cls(
+            float(entry["min"]),
+            float(entry["max"]),
+            int(entry["count"]),
+            float(entry["edge"]),
+            histogram,
+            int(entry["zeros"]),
+        )
 
 
 __all__ = ["BINS", "METHODS", "PERCENTILE", "STATS_VERSION", "TensorStats"]

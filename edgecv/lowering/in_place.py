@@ -172,8 +172,12 @@ def concat_pieces(func: tirx.PrimFunc, blocks: list | None = None) -> list[int]:
         analyzer = Analyzer()
         for i, (var, extent) in enumerate(zip(iters, out_shape, strict=True)):
             low, size = (start, shape[axis]) if i == axis else (0, extent)
-            analyzer.bind(var, ir.Range.from_min_extent(
-                tirx.IntImm(str(var.ty), low), tirx.IntImm(str(var.ty), size)))  # fmt: skip
+            analyzer.bind(
+                var,
+                ir.Range.from_min_extent(
+                    tirx.IntImm(str(var.ty), low), tirx.IntImm(str(var.ty), size)
+                ),
+            )
         value = analyzer.simplify(block.body.value)
         want = [v - start if i == axis else v for i, v in enumerate(iters)]
         if not (

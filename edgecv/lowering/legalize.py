@@ -99,14 +99,22 @@ def legalize_conv2d(
         side = winograd.get(winograd_signature(call))
     if side:
         weights = transform_weights(weight.value.numpy(), side)
-        return bb.call_te(winograd_conv2d_nchwc, call.args[0], relax.const(weights),
-                          padding=args["padding"], m=side, out_dtype=args["out_dtype"],
-                          primfunc_name_hint=WINOGRAD)  # fmt: skip
+        return bb.call_te(
+            winograd_conv2d_nchwc,
+            call.args[0],
+            relax.const(weights),
+            padding=args["padding"],
+            m=side,
+            out_dtype=args["out_dtype"],
+            primfunc_name_hint=WINOGRAD,
+        )
     if int(attrs.groups) == 1:
-        return bb.call_te(conv2d_nchwc, call.args[0], call.args[1], **args,
-                          primfunc_name_hint=CONV2D)  # fmt: skip
-    return bb.call_te(depthwise_conv2d_nchwc, call.args[0], call.args[1], **args,
-                      primfunc_name_hint=DEPTHWISE)  # fmt: skip
+        return bb.call_te(
+            conv2d_nchwc, call.args[0], call.args[1], **args, primfunc_name_hint=CONV2D
+        )
+    return bb.call_te(
+        depthwise_conv2d_nchwc, call.args[0], call.args[1], **args, primfunc_name_hint=DEPTHWISE
+    )
 
 
 def legalize_conv2d_int8(bb: relax.BlockBuilder, call: relax.Call, block: int):
@@ -116,8 +124,12 @@ def legalize_conv2d_int8(bb: relax.BlockBuilder, call: relax.Call, block: int):
     attrs = call.attrs
     data, weight_expr = call.args
     layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
-    if (layouts != ("NCHW", "OIHW", "NCHW") or int(attrs.groups) != 1
-            or str(data.ty.dtype) != "uint8" or str(call.ty.dtype) != "int32"):  # fmt: skip
+    if (
+        layouts != ("NCHW", "OIHW", "NCHW")
+        or int(attrs.groups) != 1
+        or str(data.ty.dtype) != "uint8"
+        or str(call.ty.dtype) != "int32"
+    ):
         return None
     weight = _bound_value(bb, weight_expr)
     if not isinstance(weight, tvm.ir.expr.Constant) or str(weight.ty.dtype) != "int8":
@@ -129,11 +141,15 @@ def legalize_conv2d_int8(bb: relax.BlockBuilder, call: relax.Call, block: int):
     # [O, I, KH, KW] -> [O/L, I/4, KH, KW, L, 4]: the L x 4 bytes one instruction reads
     packed = w.reshape(out_channels // block, block, in_channels // 4, 4, kh, kw)
     packed = np.ascontiguousarray(packed.transpose(0, 2, 4, 5, 1, 3))
-    return bb.call_te(conv2d_int8_packed, data, relax.const(packed),
-                      strides=[int(v) for v in attrs.strides],
-                      padding=[int(v) for v in attrs.padding],
-                      dilation=[int(v) for v in attrs.dilation],
-                      primfunc_name_hint=CONV2D_INT8)  # fmt: skip
+    return bb.call_te(
+        conv2d_int8_packed,
+        data,
+        relax.const(packed),
+        strides=[int(v) for v in attrs.strides],
+        padding=[int(v) for v in attrs.padding],
+        dilation=[int(v) for v in attrs.dilation],
+        primfunc_name_hint=CONV2D_INT8,
+    )
 
 
 def conv2d_int8_packed(data, kernel, strides, padding, dilation) -> te.Tensor:

@@ -211,8 +211,12 @@ def with_taps(mod: tvm.IRModule, tensors: list[relax.Var]) -> tvm.IRModule:
     fields = list(outputs.fields) if isinstance(outputs, relax.Tuple) else [outputs]
     fields += [taps[v] for v in wanted]
     result_type = relax.TupleType([f.ty for f in fields])
-    tapped = relax.Function(rewritten.params, relax.SeqExpr(body.blocks, relax.Tuple(fields)),
-                            result_type, attrs=rewritten.attrs)  # fmt: skip
+    tapped = relax.Function(
+        rewritten.params,
+        relax.SeqExpr(body.blocks, relax.Tuple(fields)),
+        result_type,
+        attrs=rewritten.attrs,
+    )
     updated = tvm.IRModule(dict(mod.functions))
     updated["main"] = relax.BlockBuilder().normalize(tapped)
     return updated
@@ -239,8 +243,11 @@ def _channel_vector(value: np.ndarray, out_shape: list[int], axis: int) -> np.nd
     for i, (d, out) in enumerate(zip(shape, out_shape, strict=True)):
         if d != 1 and (i != axis or d != out):
             return None
-    return np.broadcast_to(value.reshape(shape), shape[:axis] + (channels,) + shape[axis + 1 :]
-                           ).reshape(-1).astype(np.float64)  # fmt: skip
+    return (
+        np.broadcast_to(value.reshape(shape), shape[:axis] + (channels,) + shape[axis + 1 :])
+        .reshape(-1)
+        .astype(np.float64)
+    )
 
 
 @dataclass
@@ -427,8 +434,18 @@ def quantize(
                 weight = relax.const(q_weight.astype(np.float32))
             if site.op == "conv2d":
                 a = site.call.attrs
-                acc = R.nn.conv2d(data, weight, a.strides, a.padding, a.dilation, a.groups,
-                                  "NCHW", "OIHW", "NCHW", out_dtype=kind)  # fmt: skip
+                acc = R.nn.conv2d(
+                    data,
+                    weight,
+                    a.strides,
+                    a.padding,
+                    a.dilation,
+                    a.groups,
+                    "NCHW",
+                    "OIHW",
+                    "NCHW",
+                    out_dtype=kind,
+                )
                 shape = (1, -1, 1, 1)
             else:
                 acc = R.matmul(data, weight, out_dtype=kind)

@@ -182,9 +182,11 @@ def winograd_conv2d_nchwc(data: te.Tensor, u: te.Tensor, padding, m: int, out_dt
         )
 
     cols = te.compute(
-        (out_chunks, n * th, tw, alpha, m, out_block), output_cols, name=OUTPUT_COLS,
+        (out_chunks, n * th, tw, alpha, m, out_block),
+        output_cols,
+        name=OUTPUT_COLS,
         tag=OUTPUT_COLS,
-    )  # fmt: skip
+    )
 
     def output_pixel(b, o, y, x, lane):
         row, col = b * th + y // m, x // m

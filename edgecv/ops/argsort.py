@@ -90,10 +90,13 @@ def segmented_argsort_gpu(
             offsets = arg("offsets", (num_segments + 1,), "int32")
             result = arg("indices", (total,), "int32")
             work = [
-                (arg(f"key_{s}", (total,), dtype), arg(f"index_{s}", (total,), "int32"),
-                 arg(f"segment_{s}", (total,), "int32"))
+                (
+                    arg(f"key_{s}", (total,), dtype),
+                    arg(f"index_{s}", (total,), "int32"),
+                    arg(f"segment_{s}", (total,), "int32"),
+                )
                 for s in "ab"
-            ]  # fmt: skip
+            ]
 
             def segment_of(g, scratch):
                 """Last segment whose start <= g: a binary search in ``offsets``."""
@@ -109,9 +112,18 @@ def segmented_argsort_gpu(
                 return scratch[0]
 
             emit_segmented_sort(
-                keys, result, work, total, segment_of, lambda seg: offsets[seg],
-                dtype, descending, block, subgroup, merge_chunk,
-            )  # fmt: skip
+                keys,
+                result,
+                work,
+                total,
+                segment_of,
+                lambda seg: offsets[seg],
+                dtype,
+                descending,
+                block,
+                subgroup,
+                merge_chunk,
+            )
     return ib.get()
 
 
@@ -192,8 +204,9 @@ def _emit_block_sort(keys, out, total: int, segment_of, dtype: str, block: int, 
                     out[2][g] = ss[slot]
 
 
-def _emit_subgroup_block_sort(keys, out, total: int, segment_of, dtype: str, block: int,
-                              size: int, before):  # fmt: skip
+def _emit_subgroup_block_sort(
+    keys, out, total: int, segment_of, dtype: str, block: int, size: int, before
+):
     """The bitonic block sort with each work-item's element held in registers: steps
     whose partner is less than ``size`` positions away are within the subgroup and
     exchange by ``intel_sub_group_shuffle_xor`` (no local memory, no barrier); only the
@@ -252,9 +265,18 @@ def _emit_subgroup_block_sort(keys, out, total: int, segment_of, dtype: str, blo
 
 
 def emit_segmented_sort(
-    keys, result, work, total: int, segment_of, segment_start, dtype: str,
-    descending: bool, block: int, subgroup: int | None = None, merge_chunk: int = 32,
-):  # fmt: skip
+    keys,
+    result,
+    work,
+    total: int,
+    segment_of,
+    segment_start,
+    dtype: str,
+    descending: bool,
+    block: int,
+    subgroup: int | None = None,
+    merge_chunk: int = 32,
+):
     """Emit the sort's launches into the PrimFunc being built (see the module docstring).
 
     ``keys``/``result`` are ``(total,)`` buffers, ``work`` two (key, index, segment)
@@ -276,8 +298,7 @@ def emit_segmented_sort(
 
     # 1 + 2. segment ids and block sort, one work-group per block
     if subgroup is not None:
-        _emit_subgroup_block_sort(keys, work[0], total, segment_of, dtype, block, subgroup,
-                                  before)  # fmt: skip
+        _emit_subgroup_block_sort(keys, work[0], total, segment_of, dtype, block, subgroup, before)
     else:
         _emit_block_sort(keys, work[0], total, segment_of, dtype, block, before)
 
@@ -291,8 +312,9 @@ def emit_segmented_sort(
             # a chunk never straddles two pairs of runs (both are powers of two); one
             # chunk per pair (chunk == 2 * width) makes TVM 0.27's CompactBufferAllocation
             # divide by zero on workspaces, so a chunk is at most one run
-            _emit_path_merge(work[src], work[1 - src], total, width,
-                             min(merge_chunk, width), before)  # fmt: skip
+            _emit_path_merge(
+                work[src], work[1 - src], total, width, min(merge_chunk, width), before
+            )
         width, src = width * 2, 1 - src
 
     # 4. indices within their segments
@@ -327,8 +349,9 @@ def _emit_rank_merge(src, dst, total: int, width: int, threads: int, before) -> 
                 pos[1] = tirx.Select(in_left, end, mid)  # high
                 with T.While(pos[0] < pos[1]):
                     pos[2] = (pos[0] + pos[1]) // 2
-                    with T.If(before(s_in[pos[2]], k_in[pos[2]], i_in[pos[2]],
-                                     s_in[e], k_in[e], i_in[e])):  # fmt: skip
+                    with T.If(
+                        before(s_in[pos[2]], k_in[pos[2]], i_in[pos[2]], s_in[e], k_in[e], i_in[e])
+                    ):
                         with T.Then():
                             pos[0] = pos[2] + 1
                         with T.Else():
@@ -366,9 +389,17 @@ def topk_pad_key(dtype: str, descending: bool):
 
 
 def emit_row_topk_sort(
-    keys, work, rows: int, n: int, k: int, dtype: str, descending: bool, block: int,
-    subgroup: int | None = None, merge_chunk: int = 32,
-):  # fmt: skip
+    keys,
+    work,
+    rows: int,
+    n: int,
+    k: int,
+    dtype: str,
+    descending: bool,
+    block: int,
+    subgroup: int | None = None,
+    merge_chunk: int = 32,
+):
     """Emit a sort that keeps only the first ``k`` of each row: ``keys`` is
     ``(rows * S,)`` with row ``r`` at ``r * S`` (``S =`` :func:`topk_row_stride`) and
     :func:`topk_pad_key` past ``n``; ``work`` two (key, index, segment) triples of that
@@ -397,14 +428,16 @@ def emit_row_topk_sort(
         _emit_block_sort(keys, work[0], total, row_of, dtype, block, before)
     width, src = block, 0
     while width < stride:
-        _emit_truncated_merge(work[src], work[1 - src], rows, stride, width, k,
-                              min(merge_chunk, k, width), before)  # fmt: skip
+        _emit_truncated_merge(
+            work[src], work[1 - src], rows, stride, width, k, min(merge_chunk, k, width), before
+        )
         width, src = width * 2, 1 - src
     return work[src]
 
 
-def _emit_truncated_merge(src, dst, rows: int, stride: int, width: int, k: int, chunk: int,
-                          before) -> None:  # fmt: skip
+def _emit_truncated_merge(
+    src, dst, rows: int, stride: int, width: int, k: int, chunk: int, before
+) -> None:
     """Merge runs of ``width`` pairwise within each row, writing only the first ``k``
     outputs of each pair (runs hold at most ``k`` meaningful keys after the first
     pass). Merge path: a co-rank search per ``chunk`` outputs (the split of the outputs
@@ -438,8 +471,9 @@ def _emit_truncated_merge(src, dst, rows: int, stride: int, width: int, k: int, 
                         with T.While(pos[0] < pos[1]):
                             pos[2] = (pos[0] + pos[1]) // 2
                             a, b_ = a0 + pos[2], b0 + o - pos[2] - 1
-                            with T.If(before(s_in[a], k_in[a], i_in[a],
-                                             s_in[b_], k_in[b_], i_in[b_])):  # fmt: skip
+                            with T.If(
+                                before(s_in[a], k_in[a], i_in[a], s_in[b_], k_in[b_], i_in[b_])
+                            ):
                                 with T.Then():
                                     pos[0] = pos[2] + 1
                                 with T.Else():
@@ -456,9 +490,18 @@ def _emit_truncated_merge(src, dst, rows: int, stride: int, width: int, k: int, 
                                     cb = tirx.Select(len_b > 0, tirx.min(b_, b0 + len_b - 1), a0)
                                     take_left = tirx.Or(
                                         tirx.Not(b_ok),
-                                        tirx.And(a_ok, before(s_in[ca], k_in[ca], i_in[ca],
-                                                              s_in[cb], k_in[cb], i_in[cb])),
-                                    )  # fmt: skip
+                                        tirx.And(
+                                            a_ok,
+                                            before(
+                                                s_in[ca],
+                                                k_in[ca],
+                                                i_in[ca],
+                                                s_in[cb],
+                                                k_in[cb],
+                                                i_in[cb],
+                                            ),
+                                        ),
+                                    )
                                     head[0] = tirx.Select(take_left, 1, 0)
                                     pos[5] = tirx.Select(head[0] == 1, a, b_)
                                     k_out[base + o + c] = k_in[pos[5]]
@@ -469,9 +512,15 @@ def _emit_truncated_merge(src, dst, rows: int, stride: int, width: int, k: int, 
 
 
 def row_topk_argsort_gpu(
-    rows: int, n: int, k: int, dtype: str = "float32", descending: bool = True,
-    block: int = 256, subgroup: int | None = None, merge_chunk: int = 32,
-) -> tirx.PrimFunc:  # fmt: skip
+    rows: int,
+    n: int,
+    k: int,
+    dtype: str = "float32",
+    descending: bool = True,
+    block: int = 256,
+    subgroup: int | None = None,
+    merge_chunk: int = 32,
+) -> tirx.PrimFunc:
     """The first ``k`` entries of each row's stable argsort, as a scheduled GPU PrimFunc:
     ``keys (rows, n)`` -> ``indices (rows, min(k, n)) int32`` (see
     :func:`emit_row_topk_sort`); its workspaces are allocated inside."""

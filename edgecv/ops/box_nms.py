@@ -30,10 +30,17 @@ __all__ = ["box_nms", "box_nms_reference"]
 
 
 DEFAULTS = {
-    "overlap_thresh": 0.5, "valid_thresh": 0.0, "topk": -1, "coord_start": 2,
-    "score_index": 1, "id_index": -1, "background_id": -1, "force_suppress": False,
-    "in_format": "corner", "out_format": "corner",
-}  # fmt: skip
+    "overlap_thresh": 0.5,
+    "valid_thresh": 0.0,
+    "topk": -1,
+    "coord_start": 2,
+    "score_index": 1,
+    "id_index": -1,
+    "background_id": -1,
+    "force_suppress": False,
+    "in_format": "corner",
+    "out_format": "corner",
+}
 
 
 def gpu_setup(shape, attrs: dict) -> tuple[dict, int, int, int]:
@@ -44,8 +51,14 @@ def gpu_setup(shape, attrs: dict) -> tuple[dict, int, int, int]:
     if len(shape) < 2:
         raise ValueError(f"box_nms: data must be (..., N, K), found shape {shape}")
     n, k = shape[-2:]
-    check_box_nms_attrs(k, attrs["coord_start"], attrs["score_index"], attrs["id_index"],
-                        attrs["in_format"], attrs["out_format"])  # fmt: skip
+    check_box_nms_attrs(
+        k,
+        attrs["coord_start"],
+        attrs["score_index"],
+        attrs["id_index"],
+        attrs["in_format"],
+        attrs["out_format"],
+    )
     batch = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 2 else 1
     return attrs, batch, n, k
 
@@ -198,8 +211,12 @@ def box_nms(
     flat = topi.reshape(data, (batch, n, k)) if len(shape) != 3 else data
     dtype = data.dtype
     lowest = tirx.const(float(np.finfo(dtype).min), dtype)
-    key_attrs = dict(valid_thresh=valid_thresh, score_index=score_index, id_index=id_index,
-                     background_id=background_id)  # fmt: skip
+    key_attrs = dict(
+        valid_thresh=valid_thresh,
+        score_index=score_index,
+        id_index=id_index,
+        background_id=background_id,
+    )
 
     def key(b, i):
         return sort_key(flat, b, i, key_attrs, dtype)
@@ -310,8 +327,14 @@ def box_nms_gpu(
             span = batch * topk_row_stride(n, block) if top_only else total
             keys = workspace((span,), dtype)
             order = None if top_only else workspace((total,), "int32")
-            work = [(workspace((span,), dtype), workspace((span,), "int32"),
-                     workspace((span,), "int32")) for _ in range(2)]  # fmt: skip
+            work = [
+                (
+                    workspace((span,), dtype),
+                    workspace((span,), "int32"),
+                    workspace((span,), "int32"),
+                )
+                for _ in range(2)
+            ]
             count = workspace((batch,), "int32")
             rows = workspace((batch, n, k), dtype)
             flags = workspace((batch, n), "int32")
@@ -349,9 +372,17 @@ def box_nms_gpu(
                     return sorted_flat[b * stride + j] - b * stride
             else:
                 sorted_keys, _, _ = emit_segmented_sort(
-                    keys, order, work, total, lambda g, scratch: g // n, lambda s: s * n,
-                    dtype, True, block, subgroup,
-                )  # fmt: skip
+                    keys,
+                    order,
+                    work,
+                    total,
+                    lambda g, scratch: g // n,
+                    lambda s: s * n,
+                    dtype,
+                    True,
+                    block,
+                    subgroup,
+                )
                 searched = n
 
                 def sorted_key(b, j):
@@ -405,9 +436,16 @@ def box_nms_gpu(
                 flags[b, j] = 0
 
             emit_greedy_suppression(
-                batch, lambda b: count[b], lambda b, j: flags[b, j] == 1, kill, suppresses,
-                threads, target_kind, subgroup, kept,
-            )  # fmt: skip
+                batch,
+                lambda b: count[b],
+                lambda b, j: flags[b, j] == 1,
+                kill,
+                suppresses,
+                threads,
+                target_kind,
+                subgroup,
+                kept,
+            )
 
             # 6. where each kept box goes
             emit_scan(flags, position, batch, n, "int32", True, min(threads, 256), subgroup)

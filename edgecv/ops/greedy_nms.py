@@ -38,9 +38,16 @@ def barrier(target_kind: str) -> None:
 
 
 def emit_greedy_suppression(
-    batch: int, count, alive, kill, suppresses, threads: int, target_kind: str,
-    subgroup: int | None = None, kept=None,
-) -> None:  # fmt: skip
+    batch: int,
+    count,
+    alive,
+    kill,
+    suppresses,
+    threads: int,
+    target_kind: str,
+    subgroup: int | None = None,
+    kept=None,
+) -> None:
     """Emit the suppression launch (see the module docstring). The subgroup version
     needs ``kept``, a ``(batch, n)`` int32 workspace for each row's survivors."""
     if subgroup is not None:

@@ -68,8 +68,9 @@ def _prior_geometry(height, width, steps, offsets):
     return step_y, step_x, float(offsets[0]), float(offsets[1])
 
 
-def multibox_prior_reference(data_shape, sizes=(1.0,), ratios=(1.0,), clip=False,
-                             steps=(-1.0, -1.0), offsets=(0.5, 0.5)) -> np.ndarray:  # fmt: skip
+def multibox_prior_reference(
+    data_shape, sizes=(1.0,), ratios=(1.0,), clip=False, steps=(-1.0, -1.0), offsets=(0.5, 0.5)
+) -> np.ndarray:
     """The anchors, in float64 then float32, from the definition."""
     _, _, height, width = data_shape
     shapes = _prior_shapes(sizes, ratios)
@@ -87,8 +88,9 @@ def multibox_prior_reference(data_shape, sizes=(1.0,), ratios=(1.0,), clip=False
     return (np.clip(out, 0, 1) if clip else out).astype(np.float32)
 
 
-def multibox_prior(data: te.Tensor, sizes=(1.0,), ratios=(1.0,), clip=False,
-                   steps=(-1.0, -1.0), offsets=(0.5, 0.5)) -> te.Tensor:  # fmt: skip
+def multibox_prior(
+    data: te.Tensor, sizes=(1.0,), ratios=(1.0,), clip=False, steps=(-1.0, -1.0), offsets=(0.5, 0.5)
+) -> te.Tensor:
     """The anchors as a tensor expression (they depend only on the input's shape)."""
     shape = [int(s) for s in data.shape]
     if len(shape) != 4:
@@ -128,9 +130,15 @@ def multibox_prior(data: te.Tensor, sizes=(1.0,), ratios=(1.0,), clip=False,
 # -- MultiBoxDetection: reference ----------------------------------------------------
 
 
-DETECTION_DEFAULTS = dict(clip=True, threshold=0.01, background_id=0, nms_threshold=0.5,
-                          force_suppress=False, variances=(0.1, 0.1, 0.2, 0.2),
-                          nms_topk=-1)  # fmt: skip
+DETECTION_DEFAULTS = dict(
+    clip=True,
+    threshold=0.01,
+    background_id=0,
+    nms_threshold=0.5,
+    force_suppress=False,
+    variances=(0.1, 0.1, 0.2, 0.2),
+    nms_topk=-1,
+)
 
 
 def _detection_attrs(cls_shape, loc_shape, anchor_shape, attrs: dict) -> dict:
@@ -188,8 +196,9 @@ def _overlap(p, q) -> float:
     return 0.0 if union <= 0 else inter / union
 
 
-def multibox_detection_reference(cls_prob: np.ndarray, loc_pred: np.ndarray,
-                                 anchors: np.ndarray, **attrs) -> np.ndarray:  # fmt: skip
+def multibox_detection_reference(
+    cls_prob: np.ndarray, loc_pred: np.ndarray, anchors: np.ndarray, **attrs
+) -> np.ndarray:
     """The operator, from the definition (float32 arithmetic, as MXNet's)."""
     attrs = _detection_attrs(cls_prob.shape, loc_pred.shape, anchors.shape, attrs)
     batch, classes, n = cls_prob.shape
@@ -204,8 +213,15 @@ def multibox_detection_reference(cls_prob: np.ndarray, loc_pred: np.ndarray,
             score = probs[best]
             if score < f32(attrs["threshold"]):
                 continue
-            box = _decode(anchors[0, i], loc_pred[b, 4 * i : 4 * i + 4], var, attrs["clip"],
-                          np.minimum, np.maximum, np.exp)  # fmt: skip
+            box = _decode(
+                anchors[0, i],
+                loc_pred[b, 4 * i : 4 * i + 4],
+                var,
+                attrs["clip"],
+                np.minimum,
+                np.maximum,
+                np.exp,
+            )
             cands.append([f32(best), score, *(f32(v) for v in box)])
         count = len(cands)
         if count:
@@ -336,8 +352,9 @@ def _score_keys(cls_prob: te.Tensor, threshold: float) -> te.Tensor:
     )
 
 
-def multibox_detection(cls_prob: te.Tensor, loc_pred: te.Tensor, anchors: te.Tensor,
-                       **attrs) -> te.Tensor:  # fmt: skip
+def multibox_detection(
+    cls_prob: te.Tensor, loc_pred: te.Tensor, anchors: te.Tensor, **attrs
+) -> te.Tensor:
     """The operator as tensor expressions for the CPU build."""
     shapes = [[int(s) for s in t.shape] for t in (cls_prob, loc_pred, anchors)]
     attrs = _detection_attrs(*shapes, attrs)
@@ -356,7 +373,7 @@ def multibox_detection(cls_prob: te.Tensor, loc_pred: te.Tensor, anchors: te.Ten
                 (loc_pred, "loc_pred"),
                 (anchors, "anchors"),
                 (order, "order"),
-            )  # fmt: skip
+            )
         ],
         out_buffers=[tvm.tirx.decl_buffer((batch, n, 6), cls_prob.dtype, "out")],
         name="multibox_detection",
@@ -364,9 +381,16 @@ def multibox_detection(cls_prob: te.Tensor, loc_pred: te.Tensor, anchors: te.Ten
     )
 
 
-def multibox_detection_gpu(cls_shape, loc_shape, anchor_shape, dtype: str = "float32",
-                           target_kind: str = "opencl", threads: int = 256,
-                           subgroup: int | None = None, **attrs) -> tirx.PrimFunc:  # fmt: skip
+def multibox_detection_gpu(
+    cls_shape,
+    loc_shape,
+    anchor_shape,
+    dtype: str = "float32",
+    target_kind: str = "opencl",
+    threads: int = 256,
+    subgroup: int | None = None,
+    **attrs,
+) -> tirx.PrimFunc:
     """The operator as a scheduled GPU PrimFunc ``(cls_prob, loc_pred, anchors, out)``.
 
     Launches: (1) per anchor, its candidate row, sort key and flag; (2) an exclusive
@@ -434,8 +458,14 @@ def multibox_detection_gpu(cls_shape, loc_shape, anchor_shape, dtype: str = "flo
             if nms:
                 order = None if top_only else workspace((total,), "int32")
                 span = batch * stride
-                work = [(workspace((span,), dtype), workspace((span,), "int32"),
-                         workspace((span,), "int32")) for _ in range(2)]  # fmt: skip
+                work = [
+                    (
+                        workspace((span,), dtype),
+                        workspace((span,), "int32"),
+                        workspace((span,), "int32"),
+                    )
+                    for _ in range(2)
+                ]
             if top_only:  # padding keys sort after every candidate
                 g_frame, t_frame, bx, tx = launch(batch * stride // block, block)
                 with g_frame, t_frame:
@@ -472,9 +502,17 @@ def multibox_detection_gpu(cls_shape, loc_shape, anchor_shape, dtype: str = "flo
                     return sorted_flat[b * stride + i] - b * stride
             elif nms:
                 sorted_keys, _, _ = emit_segmented_sort(
-                    keys, order, work, total, lambda g, scratch: g // n, lambda s: s * n,
-                    dtype, True, block, subgroup,
-                )  # fmt: skip
+                    keys,
+                    order,
+                    work,
+                    total,
+                    lambda g, scratch: g // n,
+                    lambda s: s * n,
+                    dtype,
+                    True,
+                    block,
+                    subgroup,
+                )
 
                 def sorted_index(b, i):
                     return order[b * n + i]
@@ -526,7 +564,14 @@ def multibox_detection_gpu(cls_shape, loc_shape, anchor_shape, dtype: str = "flo
                     out[b, j, 0] = minus_one
 
                 emit_greedy_suppression(
-                    batch, count_of, lambda b, j: out[b, j, 0] >= zero, kill, suppresses,
-                    threads, target_kind, subgroup, kept,
-                )  # fmt: skip
+                    batch,
+                    count_of,
+                    lambda b, j: out[b, j, 0] >= zero,
+                    kill,
+                    suppresses,
+                    threads,
+                    target_kind,
+                    subgroup,
+                    kept,
+                )
     return ib.get()

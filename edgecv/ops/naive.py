@@ -85,8 +85,9 @@ def naive_scan_gpu(rows: int, n: int, dtype: str = "int32", exclusive: bool = Fa
     return ib.get()
 
 
-def naive_segmented_argsort_gpu(lengths: list[int], dtype: str = "float32",
-                                descending: bool = False):  # fmt: skip
+def naive_segmented_argsort_gpu(
+    lengths: list[int], dtype: str = "float32", descending: bool = False
+):
     """Stable argsort with one work-item per segment (a sequential merge sort each).
 
     Segment lengths are static (the passes unroll per distinct length), which suits
@@ -114,8 +115,9 @@ def naive_segmented_argsort_gpu(lengths: list[int], dtype: str = "float32",
                             scratch = T.buffer_proxy(T.alloc_buffer((4,), "int32", scope="local"))
                             with T.serial(0, length) as i:
                                 result[start + i] = start + i
-                            done = _serial_merge_sort(lambda i: keys[i], result, work, start,
-                                                      length, scratch, descending)  # fmt: skip
+                            done = _serial_merge_sort(
+                                lambda i: keys[i], result, work, start, length, scratch, descending
+                            )
                             with T.serial(0, length) as i:
                                 result[start + i] = done[start + i] - start
     return ib.get()
@@ -145,8 +147,9 @@ def naive_box_nms_gpu(shape, dtype: str = "float32", **attrs):
                             keys[b, i] = sort_key(data, b, i, attrs, dtype)
                             order[b * n + i] = i
                         scratch = T.buffer_proxy(T.alloc_buffer((4,), "int32", scope="local"))
-                        done = _serial_merge_sort(lambda i: keys[b, i], order, spare, b * n, n,
-                                                  scratch, True)  # fmt: skip
+                        done = _serial_merge_sort(
+                            lambda i: keys[b, i], order, spare, b * n, n, scratch, True
+                        )
 
                         class Row:  # order[b, j] for emit_nms_row, over the flat result
                             def __getitem__(self, index):

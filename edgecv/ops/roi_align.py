@@ -33,8 +33,9 @@ from tvm.script.ir_builder import tirx as T
 __all__ = ["roi_align", "roi_align_gpu", "roi_align_reference", "roi_align_attrs"]
 
 
-def roi_align_attrs(pooled_size, spatial_scale, sample_ratio=-1, position_sensitive=False,
-                    aligned=False) -> dict:  # fmt: skip
+def roi_align_attrs(
+    pooled_size, spatial_scale, sample_ratio=-1, position_sensitive=False, aligned=False
+) -> dict:
     """Checked, normalized attributes (``pooled_size`` as a pair of ints)."""
     if isinstance(pooled_size, int):
         pooled_size = (pooled_size, pooled_size)
@@ -78,9 +79,15 @@ def _out_shape(data_shape, rois_shape, attrs: dict) -> tuple[int, int, int, int]
 # -- NumPy reference -----------------------------------------------------------------
 
 
-def roi_align_reference(data: np.ndarray, rois: np.ndarray, pooled_size, spatial_scale: float,
-                        sample_ratio: int = -1, position_sensitive: bool = False,
-                        aligned: bool = False) -> np.ndarray:  # fmt: skip
+def roi_align_reference(
+    data: np.ndarray,
+    rois: np.ndarray,
+    pooled_size,
+    spatial_scale: float,
+    sample_ratio: int = -1,
+    position_sensitive: bool = False,
+    aligned: bool = False,
+) -> np.ndarray:
     """The operator, written directly from its definition (float64 inside)."""
     attrs = roi_align_attrs(pooled_size, spatial_scale, sample_ratio, position_sensitive, aligned)
     r_count, c_out, ph_n, pw_n = _out_shape(data.shape, rois.shape, attrs)
@@ -127,8 +134,12 @@ def roi_align_reference(data: np.ndarray, rois: np.ndarray, pooled_size, spatial
                         else:
                             chans = np.arange(c_out)
                         m = data[b, chans].astype(np.float64)
-                        acc += (hy * hx * m[:, y0, x0] + hy * lx * m[:, y0, x1_]
-                                + ly * hx * m[:, y1_, x0] + ly * lx * m[:, y1_, x1_])  # fmt: skip
+                        acc += (
+                            hy * hx * m[:, y0, x0]
+                            + hy * lx * m[:, y0, x1_]
+                            + ly * hx * m[:, y1_, x0]
+                            + ly * lx * m[:, y1_, x1_]
+                        )
                 out[r, :, ph, pw] = acc / count
     return out.astype(data.dtype)
 
@@ -187,9 +198,11 @@ def _emit_element(data, rois, out, e, attrs: dict) -> None:
                         + (tirx.Cast(dtype, ix) + f(0.5)) * geo[2] / tirx.Cast(dtype, grid[1])
                     )
                     inside = tirx.all(
-                        pos[0] >= f(-1.0), pos[0] <= f(height), pos[1] >= f(-1.0),
+                        pos[0] >= f(-1.0),
+                        pos[0] <= f(height),
+                        pos[1] >= f(-1.0),
                         pos[1] <= f(width),
-                    )  # fmt: skip
+                    )
                     with T.If(inside):
                         with T.Then():
                             y = tirx.max(pos[0], f(0.0))
@@ -222,9 +235,15 @@ def _cpu_ir(data, rois, out, attrs: dict):
     return ib.get()
 
 
-def roi_align(data: te.Tensor, rois: te.Tensor, pooled_size, spatial_scale: float,
-              sample_ratio: int = -1, position_sensitive: bool = False,
-              aligned: bool = False) -> te.Tensor:  # fmt: skip
+def roi_align(
+    data: te.Tensor,
+    rois: te.Tensor,
+    pooled_size,
+    spatial_scale: float,
+    sample_ratio: int = -1,
+    position_sensitive: bool = False,
+    aligned: bool = False,
+) -> te.Tensor:
     """The operator as a TE extern for the CPU build (elements in a parallel loop)."""
     attrs = roi_align_attrs(pooled_size, spatial_scale, sample_ratio, position_sensitive, aligned)
     shape = _out_shape([int(s) for s in data.shape], [int(s) for s in rois.shape], attrs)
@@ -243,8 +262,9 @@ def roi_align(data: te.Tensor, rois: te.Tensor, pooled_size, spatial_scale: floa
     )
 
 
-def roi_align_gpu(data_shape, rois_shape, dtype: str = "float32", threads: int = 256,
-                  **attrs) -> tirx.PrimFunc:  # fmt: skip
+def roi_align_gpu(
+    data_shape, rois_shape, dtype: str = "float32", threads: int = 256, **attrs
+) -> tirx.PrimFunc:
     """The operator as a scheduled GPU PrimFunc ``(data, rois, out)``: one work-item per
     output element, ``threads`` per work-group."""
     attrs = roi_align_attrs(**attrs)

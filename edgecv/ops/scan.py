@@ -51,8 +51,16 @@ def _check(shape, dtype: str) -> tuple[int, int]:
     return int(shape[0]), int(shape[1])
 
 
-def emit_scan(data, out, rows: int, n: int, dtype: str, exclusive: bool, threads: int,
-              subgroup: int | None = None) -> None:  # fmt: skip
+def emit_scan(
+    data,
+    out,
+    rows: int,
+    n: int,
+    dtype: str,
+    exclusive: bool,
+    threads: int,
+    subgroup: int | None = None,
+) -> None:
     """Emit the scan's launch into the PrimFunc being built: ``(rows, n)`` buffers
     ``data`` -> ``out`` (they may be workspaces of a larger operator). With
     ``subgroup`` (OpenCL, Intel subgroups of that size) the subgroup variant."""
@@ -139,8 +147,9 @@ def _emit_subgroup_scan(data, out, rows, n, dtype, exclusive, threads, size) -> 
                     out[row, i] = out[row, i] + acc[1]
 
 
-def _gpu_func(rows: int, n: int, dtype: str, exclusive: bool, threads: int,
-              subgroup: int | None = None) -> tirx.PrimFunc:  # fmt: skip
+def _gpu_func(
+    rows: int, n: int, dtype: str, exclusive: bool, threads: int, subgroup: int | None = None
+) -> tirx.PrimFunc:
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("scan")
@@ -187,9 +196,13 @@ def _extern(data: te.Tensor, body, name: str) -> te.Tensor:
 
 
 def scan_gpu(
-    rows: int, n: int, dtype: str = "float32", exclusive: bool = False, threads: int = 256,
+    rows: int,
+    n: int,
+    dtype: str = "float32",
+    exclusive: bool = False,
+    threads: int = 256,
     subgroup: int | None = None,
-) -> tirx.PrimFunc:  # fmt: skip
+) -> tirx.PrimFunc:
     """The three-stage scan of ``(rows, n)`` as a scheduled GPU PrimFunc (one
     work-group of ``threads`` work-items per row); ``subgroup``: the Intel-subgroup
     variant for that subgroup size (OpenCL only)."""

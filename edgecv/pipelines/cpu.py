@@ -40,8 +40,10 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     target = profile.tvm_target()
     dot = dot_product_of(target) if options.precision == "int8" else None
     lowered = lower(mod, winograd_plan(layouts), dot.lanes if dot else None)  # 2
-    progress(f"scheduling and compiling {len(lowered.kernels.functions)} kernels for "
-             f"{target.attrs.get('mcpu', 'the CPU')}")  # fmt: skip
+    progress(
+        f"scheduling and compiling {len(lowered.kernels.functions)} kernels for "
+        f"{target.attrs.get('mcpu', 'the CPU')}"
+    )
     started = time.perf_counter()
     write, facts = compile_cpu_kernels(lowered.kernels, target, lowered, options, progress)
     host = facts.pop("host")

@@ -42,12 +42,15 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     progress(f"generating CUDA and compiling it with nvcc for {target.attrs['arch']}")
     code = generate_cuda(device_mod, target)  # 4
     if code.cubin is None:
-        progress(f"shipping CUDA source only: {code.not_compiled_because}; the device "
-                 "compiles it with its own nvcc on first run (then cached)")  # fmt: skip
+        progress(
+            f"shipping CUDA source only: {code.not_compiled_because}; the device "
+            "compiles it with its own nvcc on first run (then cached)"
+        )
     placement = g.place_launches(lowered, profile, options, no_kernel)  # 5
     g.warn_fallbacks(placement)
-    plan, facts, write_cpu = g.copies_and_cpu_kernels(lowered, placement, profile, options,
-                                                      progress)  # 6  # fmt: skip
+    plan, facts, write_cpu = g.copies_and_cpu_kernels(
+        lowered, placement, profile, options, progress
+    )  # 6
     facts["cuda"] = {
         "arch": code.arch,
         "binaries": [k for k in ("cubin", "ptx") if getattr(code, k) is not None],

@@ -39,9 +39,10 @@ def check_request(options: BuildOptions, profile: Profile, progress: Progress) -
     if has_fp16(profile) is False:
         raise EdgecvError(
             f"profile `{profile.name}` says its device has no float16 arithmetic (gpu.fp16 "
-            "is false" + (", and no OpenCL device here has cl_khr_fp16" if profile.fp16 ==
-                          "auto" else "") + "): deploy without --precision fp16"
-        )  # fmt: skip
+            "is false"
+            + (", and no OpenCL device here has cl_khr_fp16" if profile.fp16 == "auto" else "")
+            + "): deploy without --precision fp16"
+        )
     if profile.runtime != "opencl" or options.check_on is None:
         return
     from ..runtime.opencl_devices import opencl_devices
@@ -54,9 +55,8 @@ def check_request(options: BuildOptions, profile: Profile, progress: Progress) -
         progress(
             f"the fp16 program cannot be checked on {'; '.join(d.label for d in matching)}: "
             f"it lacks {EXTENSION}"
-            + (f" (devices that have it: {'; '.join(able)})" if able
-               else "; it is built unchecked")
-        )  # fmt: skip
+            + (f" (devices that have it: {'; '.join(able)})" if able else "; it is built unchecked")
+        )
 
 
 def has_fp16(profile: Profile) -> bool:
@@ -95,8 +95,12 @@ def launch_facts(plan: Plan, lowered: Lowered) -> dict:
         counts[key] = counts.get(key, 0) + 1
         if step.device == "gpu" and not half:
             fp32_gpu[step.kernel] = lowered.kernel_ops.get(step.kernel, [step.kernel])
-    return {"accumulate": ACCUMULATE, "counts": counts, "fp32_gpu_kernels": fp32_gpu,
-            "launches": launches}  # fmt: skip
+    return {
+        "accumulate": ACCUMULATE,
+        "counts": counts,
+        "fp32_gpu_kernels": fp32_gpu,
+        "launches": launches,
+    }
 
 
 def explain_lines(manifest: dict) -> list[str]:
@@ -107,8 +111,10 @@ def explain_lines(manifest: dict) -> list[str]:
         facts = build["fp16"]
         counts = ", ".join(f"{n} {key.replace('_', ' ')}" for key, n in facts["counts"].items())
         lines = [f"precision: fp16 (accumulating in {facts['accumulate']}): {counts} launches"]
-        lines += [f"  gpu fp32  {kernel} ({', '.join(ops)})"
-                  for kernel, ops in facts["fp32_gpu_kernels"].items()]  # fmt: skip
+        lines += [
+            f"  gpu fp32  {kernel} ({', '.join(ops)})"
+            for kernel, ops in facts["fp32_gpu_kernels"].items()
+        ]
         return lines
     gpu = manifest["profile"].get("gpu") or {}
     if build.get("precision", "fp32") != "fp32" or gpu.get("fp16") not in (True, "auto"):

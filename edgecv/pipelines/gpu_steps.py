@@ -116,8 +116,7 @@ def copies_and_cpu_kernels(
     )
     host = profile.host_target()
     # the board's CPU, recorded whether or not code runs on it (checked where it does)
-    facts = {"placement": placement_facts(plan, placement, copies),
-             "host": host_of(host).to_json()}  # fmt: skip
+    facts = {"placement": placement_facts(plan, placement, copies), "host": host_of(host).to_json()}
     cpu_names = kernels_on(lowered, placement, "cpu")
     write_cpu = None
     if cpu_names:
@@ -169,7 +168,7 @@ def placement_facts(plan: Plan, placement: Placement, copies) -> dict:
                 **({"to_dtype": c.to_dtype} if c.to_dtype else {}),
             }
             for c in copies
-        ],  # fmt: skip
+        ],
         "copy_bytes": sum(c.nbytes for c in copies),
         "intermediate_bytes": {
             device: sum(
@@ -186,9 +185,15 @@ def placement_facts(plan: Plan, placement: Placement, copies) -> dict:
 ProgramOf = Callable[[set[str]], tuple[str, list[str], dict]]
 
 
-def check_on_device(profile: Profile, source: str, requires: list[str], launches: dict,
-                    check_on: str | None, progress: Progress,
-                    program: ProgramOf) -> dict[str, str]:  # fmt: skip
+def check_on_device(
+    profile: Profile,
+    source: str,
+    requires: list[str],
+    launches: dict,
+    check_on: str | None,
+    progress: Progress,
+    program: ProgramOf,
+) -> dict[str, str]:
     """Compile the OpenCL program on a local device; return the kernels its compiler
     rejects, or crashes on, with the reason. The kernels it crashes on are found by
     compiling ``program(kernels)`` (source, extensions, launches) of halves of them
@@ -203,8 +208,7 @@ def check_on_device(profile: Profile, source: str, requires: list[str], launches
         compile_on_device(query, source, requires)
     except ProgramBuildError as err:
         if err.crashed:
-            progress(f"the OpenCL compiler of `{query}` crashed: finding the kernels it "
-                     f"crashes on")  # fmt: skip
+            progress(f"the OpenCL compiler of `{query}` crashed: finding the kernels it crashes on")
             reason = f"the OpenCL compiler of `{query}` crashed compiling it"
             return dict.fromkeys(_crashing(sorted(launches), program, query), reason)
         failing = err.kernels

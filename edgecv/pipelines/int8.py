@@ -82,8 +82,13 @@ class CalibrationInputs:
     sha256: str  # of the float32 tensors: the same inputs give the same statistics
 
     def to_json(self) -> dict:
-        return {"source": self.source, "kind": self.kind, "inputs": int(len(self.arrays)),
-                "available": self.available, "sha256": self.sha256}  # fmt: skip
+        return {
+            "source": self.source,
+            "kind": self.kind,
+            "inputs": int(len(self.arrays)),
+            "available": self.available,
+            "sha256": self.sha256,
+        }
 
 
 def check_request(options, profile: Profile) -> None:
@@ -143,8 +148,9 @@ def read_calibration(
     shape = tuple(int(d) for d in input_shape)
     kind = _source_kind(path)
     if kind == "images":
-        files = sorted(p for p in path.rglob("*") if p.is_file()
-                       and p.suffix.lower() in IMAGE_SUFFIXES)  # fmt: skip
+        files = sorted(
+            p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+        )
         if not files:
             raise CalibrationError(
                 f"--calibrate {path} holds no images ({', '.join(IMAGE_SUFFIXES)}); {WHAT_TO_PASS}"
@@ -236,8 +242,11 @@ def reusable_statistics(previous: dict | None, key: str, inputs: CalibrationInpu
     if not isinstance(previous, dict) or previous.get("format") != FORMAT:
         return None
     data = previous.get("data") or {}
-    if (previous.get("version") != STATS_VERSION or previous.get("model") != key
-            or data.get("sha256") != inputs.sha256):  # fmt: skip
+    if (
+        previous.get("version") != STATS_VERSION
+        or previous.get("model") != key
+        or data.get("sha256") != inputs.sha256
+    ):
         return None
     return previous.get("tensors")
 
@@ -314,8 +323,10 @@ def quantize_model(
         },
         "operators": records,
     }
-    progress(f"quantized {', '.join(f'{n} {op}' for op, n in sorted(counts.items()))} to int8 "
-             f"({method} calibration on {len(inputs.arrays)} inputs)")  # fmt: skip
+    progress(
+        f"quantized {', '.join(f'{n} {op}' for op, n in sorted(counts.items()))} to int8 "
+        f"({method} calibration on {len(inputs.arrays)} inputs)"
+    )
     return quantized, facts, {CALIBRATION_FILE: json.dumps(document, separators=(",", ":"))}
 
 

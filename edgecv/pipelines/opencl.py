@@ -54,16 +54,18 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     failed: dict[str, str] = {}
     while True:
         source, requires, launches = program(gpu_names - set(no_kernel) - set(failed))  # 4
-        newly = g.check_on_device(profile, source, requires, launches, options.check_on,
-                                  progress, program)  # 5  # fmt: skip
+        newly = g.check_on_device(
+            profile, source, requires, launches, options.check_on, progress, program
+        )  # 5
         if not newly:
             break
         failed.update(newly)
     work.cleanup()
     placement = g.place_launches(lowered, profile, options, no_kernel, failed)  # 6
     g.warn_fallbacks(placement)
-    plan, facts, write_cpu = g.copies_and_cpu_kernels(lowered, placement, profile, options,
-                                                      progress)  # 7, 8  # fmt: skip
+    plan, facts, write_cpu = g.copies_and_cpu_kernels(
+        lowered, placement, profile, options, progress
+    )  # 7, 8
     facts["requires"] = requires
     facts["layouts"] = layouts
     constants = lowered.constants

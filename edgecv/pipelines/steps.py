@@ -143,8 +143,10 @@ def compile_kernels(
     rules: dict[str, int] = {}
     for c in compiled.values():
         rules[str(c.choice.rule)] = rules.get(str(c.choice.rule), 0) + 1
-    progress(f"{device}: {len(compiled)} kernels, " + ", ".join(
-        f"{n} by {rule}" for rule, n in sorted(rules.items(), key=lambda kv: -kv[1])))  # fmt: skip
+    progress(
+        f"{device}: {len(compiled)} kernels, "
+        + ", ".join(f"{n} by {rule}" for rule, n in sorted(rules.items(), key=lambda kv: -kv[1]))
+    )
     return compiled, work
 
 

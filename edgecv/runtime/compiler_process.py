@@ -99,9 +99,13 @@ class _Worker:
         env[PARENT_ENV] = str(os.getpid())  # the worker ends when this process is gone
         self.log = tempfile.TemporaryFile(prefix="edgecv-cl-compiler-")
         self.process = subprocess.Popen(
-            worker_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self.log, env=env, start_new_session=True,
-        )  # fmt: skip
+            worker_command(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=env,
+            start_new_session=True,
+        )
 
     def compile(self, request: tuple, time_limit_s: float):
         _send(self.process.stdin, request)
@@ -141,9 +145,12 @@ _worker: _Worker | None = None
 
 
 def compile_in_worker(
-    platform: str, device: str, source: str, options: list[str],
+    platform: str,
+    device: str,
+    source: str,
+    options: list[str],
     time_limit_s: float | None = None,
-) -> bytes | None:  # fmt: skip
+) -> bytes | None:
     """Compile ``source`` for the device named by its ``platform`` and ``device`` names.
 
     Returns the program binary, or ``None`` when the worker has none to give (a runtime
@@ -211,8 +218,13 @@ def _serve(stdin, stdout) -> None:
             return
         key = (platform_name, device_name)
         if key not in contexts:
-            found = [d for p in cl.get_platforms() if p.name.strip() == platform_name.strip()
-                     for d in p.get_devices() if d.name.strip() == device_name.strip()]  # fmt: skip
+            found = [
+                d
+                for p in cl.get_platforms()
+                if p.name.strip() == platform_name.strip()
+                for d in p.get_devices()
+                if d.name.strip() == device_name.strip()
+            ]
             if not found:  # the caller compiles it (as before there was a worker)
                 _send(stdout, ("binary", None))
                 continue

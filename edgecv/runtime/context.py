@@ -209,10 +209,11 @@ class ExecutionContext:
         self.steps = [step for step in plan.steps if not step.elided]
         # one per step that runs (an elided one's inputs were written in place)
         self.launches = [
-            self._bind_copy(step) if step.kind == "copy"
+            self._bind_copy(step)
+            if step.kind == "copy"
             else backends[step.device].bind(step.kernel, [tensors[a] for a in step.args])
             for step in self.steps
-        ]  # fmt: skip
+        ]
 
     def _bind_copy(self, step) -> Callable[[], None]:
         source, destination = (self.plan.buffers[a] for a in step.args)

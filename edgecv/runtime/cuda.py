@@ -56,9 +56,20 @@ _SIGNATURES = {
     "cuMemAlloc_v2": [_P(ctypes.c_uint64), ctypes.c_size_t],
     "cuMemcpyHtoD_v2": [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t],
     "cuMemcpyDtoH_v2": [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t],
-    "cuLaunchKernel": [ctypes.c_void_p, _U, _U, _U, _U, _U, _U, _U, ctypes.c_void_p,
-                       _P(ctypes.c_void_p), _P(ctypes.c_void_p)],
-}  # fmt: skip
+    "cuLaunchKernel": [
+        ctypes.c_void_p,
+        _U,
+        _U,
+        _U,
+        _U,
+        _U,
+        _U,
+        _U,
+        ctypes.c_void_p,
+        _P(ctypes.c_void_p),
+        _P(ctypes.c_void_p),
+    ],
+}
 
 
 class CudaUnavailable(EdgecvError):

@@ -23,25 +23,54 @@ from ..errors import PackageError
 
 # LLVM feature -> the flag /proc/cpuinfo shows for it on x86-64.
 X86_FEATURES = {
-    "sse3": "pni", "ssse3": "ssse3", "sse4.1": "sse4_1", "sse4.2": "sse4_2",
-    "popcnt": "popcnt", "movbe": "movbe", "lzcnt": "abm", "bmi": "bmi1", "bmi2": "bmi2",
-    "avx": "avx", "avx2": "avx2", "fma": "fma", "f16c": "f16c", "avxvnni": "avx_vnni",
-    "avx512f": "avx512f", "avx512cd": "avx512cd", "avx512bw": "avx512bw",
-    "avx512dq": "avx512dq", "avx512vl": "avx512vl", "avx512vnni": "avx512_vnni",
-    "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16", "avx512ifma": "avx512ifma",
-    "avx512vbmi": "avx512vbmi", "avx512vbmi2": "avx512_vbmi2",
-    "avx512bitalg": "avx512_bitalg", "avx512vpopcntdq": "avx512_vpopcntdq",
-    "gfni": "gfni", "vaes": "vaes", "vpclmulqdq": "vpclmulqdq",
-    "amx-tile": "amx_tile", "amx-int8": "amx_int8", "amx-bf16": "amx_bf16",
-}  # fmt: skip
+    "sse3": "pni",
+    "ssse3": "ssse3",
+    "sse4.1": "sse4_1",
+    "sse4.2": "sse4_2",
+    "popcnt": "popcnt",
+    "movbe": "movbe",
+    "lzcnt": "abm",
+    "bmi": "bmi1",
+    "bmi2": "bmi2",
+    "avx": "avx",
+    "avx2": "avx2",
+    "fma": "fma",
+    "f16c": "f16c",
+    "avxvnni": "avx_vnni",
+    "avx512f": "avx512f",
+    "avx512cd": "avx512cd",
+    "avx512bw": "avx512bw",
+    "avx512dq": "avx512dq",
+    "avx512vl": "avx512vl",
+    "avx512vnni": "avx512_vnni",
+    "avx512bf16": "avx512_bf16",
+    "avx512fp16": "avx512_fp16",
+    "avx512ifma": "avx512ifma",
+    "avx512vbmi": "avx512vbmi",
+    "avx512vbmi2": "avx512_vbmi2",
+    "avx512bitalg": "avx512_bitalg",
+    "avx512vpopcntdq": "avx512_vpopcntdq",
+    "gfni": "gfni",
+    "vaes": "vaes",
+    "vpclmulqdq": "vpclmulqdq",
+    "amx-tile": "amx_tile",
+    "amx-int8": "amx_int8",
+    "amx-bf16": "amx_bf16",
+}
 
 # LLVM feature -> (AT_HWCAP or AT_HWCAP2, bit) of the Linux arm64 ABI (asm/hwcap.h).
 AT_HWCAP, AT_HWCAP2 = 16, 26
 AARCH64_FEATURES = {
-    "fp-armv8": (AT_HWCAP, 0), "neon": (AT_HWCAP, 1), "fullfp16": (AT_HWCAP, 10),
-    "rdm": (AT_HWCAP, 12), "dotprod": (AT_HWCAP, 20), "sve": (AT_HWCAP, 22),
-    "sve2": (AT_HWCAP2, 1), "i8mm": (AT_HWCAP2, 13), "bf16": (AT_HWCAP2, 14),
-}  # fmt: skip
+    "fp-armv8": (AT_HWCAP, 0),
+    "neon": (AT_HWCAP, 1),
+    "fullfp16": (AT_HWCAP, 10),
+    "rdm": (AT_HWCAP, 12),
+    "dotprod": (AT_HWCAP, 20),
+    "sve": (AT_HWCAP, 22),
+    "sve2": (AT_HWCAP2, 1),
+    "i8mm": (AT_HWCAP2, 13),
+    "bf16": (AT_HWCAP2, 14),
+}
 
 CHECKED_FEATURES = {"x86_64": X86_FEATURES, "aarch64": AARCH64_FEATURES}
 _ARCH_NAMES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}

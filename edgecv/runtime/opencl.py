@@ -387,9 +387,15 @@ def _build_program(cl, context, device, source: str, options: list[str]) -> tupl
     """
     platform = device.platform
     key = kernel_cache.cache_key(
-        "opencl", source, " ".join(options), platform.name, platform.version,
-        device.name, device.version, device.driver_version,
-    )  # fmt: skip
+        "opencl",
+        source,
+        " ".join(options),
+        platform.name,
+        platform.version,
+        device.name,
+        device.version,
+        device.driver_version,
+    )
     binary = kernel_cache.read(key, "clbin")
     if binary is not None:
         try:

@@ -242,8 +242,9 @@ def pack(folder: Path) -> tuple[int, int]:
 
     workloads = (folder / WORKLOADS).read_text().splitlines()
     index = {i for i, line in enumerate(workloads) if kept(line)}
-    records = [r for r in (folder / RECORDS).read_text().splitlines()
-               if int(json.loads(r)[0]) in index]  # fmt: skip
+    records = [
+        r for r in (folder / RECORDS).read_text().splitlines() if int(json.loads(r)[0]) in index
+    ]
     # records point at workloads by line number: renumber them for the kept lines
     renumber = {old: new for new, old in enumerate(sorted(index))}
     records = [

@@ -71,9 +71,10 @@ def cpu_class(target: tvm.target.Target) -> DeviceClass:
     """The class of an LLVM target as resolved on this machine (``mcpu`` and the vector
     features the machine really has: a VM may mask AVX-512)."""
     features = sorted(
-        str(f) for f in tvm.target.codegen.llvm_get_cpu_features(target)
+        str(f)
+        for f in tvm.target.codegen.llvm_get_cpu_features(target)
         if re.match(r"(avx|fma|sse|neon|sve|amx|f16c|vnni)", str(f))
-    )  # fmt: skip
+    )
     masked = [str(a) for a in target.attrs.get("mattr", [])]
     features = sorted(set(features) - {a.lstrip("-") for a in masked if a.startswith("-")})
     mcpu = str(target.attrs.get("mcpu", "generic"))
@@ -96,8 +97,14 @@ def opencl_class(target: tvm.target.Target, subgroup: int | None, device) -> Dev
         "driver": device.driver_version.strip(),
     }
     driver = ".".join(device.driver_version.strip().split(".")[:2])
-    parts = ["opencl", key["device"] or "generic", f"sg{subgroup or 0}", plat.name, device.name,
-             driver]  # fmt: skip
+    parts = [
+        "opencl",
+        key["device"] or "generic",
+        f"sg{subgroup or 0}",
+        plat.name,
+        device.name,
+        driver,
+    ]
     return DeviceClass(key, "-".join(_slug(p) for p in parts if _slug(p)))
 
 
@@ -121,8 +128,12 @@ def find_device(profile: Profile, on: str | None):
     except cl.Error:
         every = []
     query = (on if on is not None else profile.default_opencl_device).lower()
-    found = [(p, d) for p, d in every if query in f"{p.name} / {d.name} / {p.vendor}".lower()
-             and (on is not None or not is_simulator(p.name))]  # fmt: skip
+    found = [
+        (p, d)
+        for p, d in every
+        if query in f"{p.name} / {d.name} / {p.vendor}".lower()
+        and (on is not None or not is_simulator(p.name))
+    ]
     if not found:
         names = "; ".join(f"{p.name.strip()} / {d.name.strip()}" for p, d in every) or "none"
         raise EdgecvError(

@@ -68,8 +68,13 @@ class ForkedBuilder(PyBuilder):
         Children at once (default: the CPU count).
     """
 
-    def __init__(self, compiler: Compiler, work_dir: str | Path, time_limit_s: float = 30.0,
-                 workers: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        compiler: Compiler,
+        work_dir: str | Path,
+        time_limit_s: float = 30.0,
+        workers: int | None = None,
+    ):
         super().__init__()
         self.compiler = compiler
         self.work_dir = Path(work_dir)
@@ -90,8 +95,9 @@ class ForkedBuilder(PyBuilder):
             own.mkdir()
             return compiler.compile_one(name, func, own)
 
-        compiled = compile_contained(funcs, _AsGiven(), compile_one, folder, self.time_limit_s,
-                                     self.workers)  # fmt: skip
+        compiled = compile_contained(
+            funcs, _AsGiven(), compile_one, folder, self.time_limit_s, self.workers
+        )
         built = [(folder / n, compiled[n].facts) for n in names if compiled[n].choice.rule]
         errors = self.compiler.finish(built) if built else {}
         results = []

@@ -81,8 +81,14 @@ def tune(args: argparse.Namespace) -> int:
     db_dir = Path(args.db) if args.db else cls.user_folder()
     check_database_folder(db_dir)
     say(f"device class {cls.name}; records go to {db_dir}")
-    mod, name = import_model(args.model, args.params, input_shapes(args.input_shape),
-                             not args.random_weights, args.seed, say)  # fmt: skip
+    mod, name = import_model(
+        args.model,
+        args.params,
+        input_shapes(args.input_shape),
+        not args.random_weights,
+        args.seed,
+        say,
+    )
     mod, winograd = in_deploy_layouts(
         mod, profile, args.layout, [db_dir, cls.shipped_folder()], say, args.on
     )
@@ -101,11 +107,12 @@ def tune(args: argparse.Namespace) -> int:
         measure_defaults(fresh, order, builder, runner, db, say)
         chosen = sorted(tasks, key=lambda t: -t.weight)[: args.tasks or len(tasks)]
         total = sum(t.weight for t in tasks) or 1.0
-        say(f"tuning {len(chosen)} of {len(tasks)} workloads ("
+        say(
+            f"tuning {len(chosen)} of {len(tasks)} workloads ("
             f"{100 * sum(t.weight for t in chosen) / total:.0f}% of the default latency, "
             f"{total * 1e3:.2f} ms), "
             + (f"{args.time_budget:g} min" if args.time_budget else f"{args.trials} trials each")
-        )  # fmt: skip
+        )
         # a time budget alone: as many trials as fit in it
         trials = args.trials if not args.time_budget else 100_000
         budget = Budget(trials, args.time_budget * 60 if args.time_budget else None)
@@ -114,8 +121,16 @@ def tune(args: argparse.Namespace) -> int:
             ended = sweep_variants(chosen, order, builder, runner, db, budget, say)
             left = budget.seconds and budget.seconds - (time.perf_counter() - swept)
             if ended == "trials" and not args.rules_only and (left is None or left > 0):
-                ended = search(chosen, order.target, builder, runner, db, work,
-                               replace(budget, seconds=left), os.cpu_count() or 1)  # fmt: skip
+                ended = search(
+                    chosen,
+                    order.target,
+                    builder,
+                    runner,
+                    db,
+                    work,
+                    replace(budget, seconds=left),
+                    os.cpu_count() or 1,
+                )
             if ended != "interrupted":
                 head_to_head(tasks, order, builder, runner, db, say)
         except KeyboardInterrupt:  # Ctrl-C in the race after the search: records still count
@@ -197,22 +212,29 @@ def _best_s(task: Task, db) -> float | None:
 
 def _report(tasks: list[Task], db, spent: float) -> None:
     default = sum(t.weight for t in tasks)
-    tuned = sum((min(_best_s(t, db) or t.default_s or 0, t.default_s or 1e9)
-                 * t.launches) for t in tasks)  # fmt: skip
-    progress.say(f"tuned in {spent / 60:.1f} min: kernels sum {default * 1e3:.2f} ms default "
-                 f"-> {tuned * 1e3:.2f} ms best ({default / max(tuned, 1e-12):.2f}x)")  # fmt: skip
+    tuned = sum(
+        (min(_best_s(t, db) or t.default_s or 0, t.default_s or 1e9) * t.launches) for t in tasks
+    )
+    progress.say(
+        f"tuned in {spent / 60:.1f} min: kernels sum {default * 1e3:.2f} ms default "
+        f"-> {tuned * 1e3:.2f} ms best ({default / max(tuned, 1e-12):.2f}x)"
+    )
     for t in sorted(tasks, key=lambda t: -t.weight)[:10]:
         best = _best_s(t, db)
         if t.default_s and best:
-            progress.say(f"  {t.name[:44]:<44} x{t.launches}: {t.default_s * 1e3:8.3f} ms "
-                         f"-> {best * 1e3:8.3f} ms ({t.default_rule})")  # fmt: skip
+            progress.say(
+                f"  {t.name[:44]:<44} x{t.launches}: {t.default_s * 1e3:8.3f} ms "
+                f"-> {best * 1e3:8.3f} ms ({t.default_rule})"
+            )
 
 
 def _warn_if_profile_elsewhere(profile: Profile, cls: DeviceClass, db_dir: Path) -> None:
     named = profile.raw.get("tuning_class")
     if isinstance(named, str) and named not in ("this-machine", cls.name):
-        progress.say(f"note: profile {profile.name} reads the class {named}, not {cls.name} "
-                     f"tuned here: deploy with --db {db_dir} to use these records")  # fmt: skip
+        progress.say(
+            f"note: profile {profile.name} reads the class {named}, not {cls.name} "
+            f"tuned here: deploy with --db {db_dir} to use these records"
+        )
 
 
 def add_parser(sub, common) -> None:
@@ -225,27 +247,50 @@ def add_parser(sub, common) -> None:
     t.add_argument("--random-weights", action="store_true", help="seeded random weights")
     t.add_argument("--seed", type=int, default=0, help="seed of random weights")
     t.add_argument("--on", help="OpenCL device to time on: part of its name (intel, pocl)")
-    t.add_argument("--ops", metavar="FILE", action="append",
-                   help="a Python file registering operators with edgecv.register_op, as "
-                   "for deploy (repeatable)")  # fmt: skip
+    t.add_argument(
+        "--ops",
+        metavar="FILE",
+        action="append",
+        help="a Python file registering operators with edgecv.register_op, as "
+        "for deploy (repeatable)",
+    )
     amount = t.add_mutually_exclusive_group()
     amount.add_argument("--trials", type=int, default=64, help="trials per workload (64)")
-    amount.add_argument("--time-budget", type=float, metavar="MINUTES",
-                        help="stop the search after this many minutes")  # fmt: skip
-    t.add_argument("--db", metavar="DIR", help="database folder (default: your cache folder "
-                   "of this device class, which deploy reads)")  # fmt: skip
+    amount.add_argument(
+        "--time-budget",
+        type=float,
+        metavar="MINUTES",
+        help="stop the search after this many minutes",
+    )
+    t.add_argument(
+        "--db",
+        metavar="DIR",
+        help="database folder (default: your cache folder "
+        "of this device class, which deploy reads)",
+    )
     t.add_argument("--tasks", type=int, metavar="K", help="tune only the K heaviest workloads")
-    t.add_argument("--rules-only", action="store_true",
-                   help="time the tile variants of edgecv's rules only, no MetaSchedule "
-                   "search (minutes, not hours, on OpenCL)")  # fmt: skip
-    t.add_argument("--layout", choices=("auto", "NCHW", "packed"), default="auto",
-                   help="convolution layouts, as for deploy (default auto): tune the "
-                   "kernels a deploy with the same --layout builds")  # fmt: skip
-    t.add_argument("--resume", action="store_true",
-                   help="continue: trials and defaults already in --db count")  # fmt: skip
-    t.add_argument("--ship", action="store_true",
-                   help="merge the best records into the shipped database "
-                        "(edgecv/data/device_profiles/tuning/<class>/)")  # fmt: skip
+    t.add_argument(
+        "--rules-only",
+        action="store_true",
+        help="time the tile variants of edgecv's rules only, no MetaSchedule "
+        "search (minutes, not hours, on OpenCL)",
+    )
+    t.add_argument(
+        "--layout",
+        choices=("auto", "NCHW", "packed"),
+        default="auto",
+        help="convolution layouts, as for deploy (default auto): tune the "
+        "kernels a deploy with the same --layout builds",
+    )
+    t.add_argument(
+        "--resume", action="store_true", help="continue: trials and defaults already in --db count"
+    )
+    t.add_argument(
+        "--ship",
+        action="store_true",
+        help="merge the best records into the shipped database "
+        "(edgecv/data/device_profiles/tuning/<class>/)",
+    )
     t.add_argument("--rpc", metavar="HOST:PORT", help="time on the RPC tracker's servers")
     t.add_argument("--key", help="device key of the RPC servers (with --rpc)")
     t.set_defaults(func=tune)

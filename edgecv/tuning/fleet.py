@@ -72,10 +72,13 @@ def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9190) -> No
     register_functions()
     # The server state runs its listening loop in a thread of this process; each session
     # is served in a child forked from it, which holds the functions registered above.
-    state = PopenRPCServerState(host, port, port + 100, tracker_addr=_address(tracker),
-                                key=key, silent=True)  # fmt: skip
-    print(f"[edgecv] rpc-server: serving key {key} on {host}:{state.port}, tracker {tracker}",
-          flush=True)  # fmt: skip
+    state = PopenRPCServerState(
+        host, port, port + 100, tracker_addr=_address(tracker), key=key, silent=True
+    )
+    print(
+        f"[edgecv] rpc-server: serving key {key} on {host}:{state.port}, tracker {tracker}",
+        flush=True,
+    )
     state.thread.join()
 
 
@@ -95,8 +98,15 @@ class FleetRunner(PyRunner):
         The OpenCL device on the servers (part of its name; empty: the first).
     """
 
-    def __init__(self, tracker: str, key: str, kind: str, device_query: str = "",
-                 target=None, config: TimingConfig | None = None):  # fmt: skip
+    def __init__(
+        self,
+        tracker: str,
+        key: str,
+        kind: str,
+        device_query: str = "",
+        target=None,
+        config: TimingConfig | None = None,
+    ):
         super().__init__()
         self.tracker, self.key, self.kind = _address(tracker), key, kind
         self.device_query = device_query
@@ -105,12 +115,21 @@ class FleetRunner(PyRunner):
 
     def run(self, runner_inputs: list[RunnerInput]):
         if self.kind == "llvm":
-            jobs = [("edgecv.tuning.time_llvm",
-                     (Path(i.artifact_path).read_bytes(), args_json(i.args_info),
-                      self.config.to_json())) for i in runner_inputs]  # fmt: skip
+            jobs = [
+                (
+                    "edgecv.tuning.time_llvm",
+                    (
+                        Path(i.artifact_path).read_bytes(),
+                        args_json(i.args_info),
+                        self.config.to_json(),
+                    ),
+                )
+                for i in runner_inputs
+            ]
             answers = self.dispatch(jobs)
-            return [done(json.loads(a)) if not isinstance(a, Exception) else failed(a)
-                    for a in answers]  # fmt: skip
+            return [
+                done(json.loads(a)) if not isinstance(a, Exception) else failed(a) for a in answers
+            ]
         from .runners.opencl import OpenCLCompiler, run_batches
 
         return run_batches(runner_inputs, OpenCLCompiler(self.target), self._opencl_batch)
@@ -119,9 +138,15 @@ class FleetRunner(PyRunner):
         items = json.loads(candidates)
         shares = max(1, min(len(items), self.free_servers()))
         pieces = [items[i::shares] for i in range(shares)]
-        answers = self.dispatch([("edgecv.tuning.time_opencl",
-                                  (self.device_query, source, json.dumps(p),
-                                   self.config.to_json())) for p in pieces])  # fmt: skip
+        answers = self.dispatch(
+            [
+                (
+                    "edgecv.tuning.time_opencl",
+                    (self.device_query, source, json.dumps(p), self.config.to_json()),
+                )
+                for p in pieces
+            ]
+        )
         times: list = [None] * len(items)
         rejected: list[str] = []
         for index, (piece, answer) in enumerate(zip(pieces, answers, strict=True)):
@@ -161,8 +186,9 @@ class FleetRunner(PyRunner):
         def worker() -> None:
             try:  # a tracker connection of its own: the client is not thread-safe
                 tracker = rpc.connect_tracker(*self.tracker)
-                session = tracker.request(self.key, priority=1, session_timeout=0,
-                                          max_retry=int(SESSION_WAIT_S))  # fmt: skip
+                session = tracker.request(
+                    self.key, priority=1, session_timeout=0, max_retry=int(SESSION_WAIT_S)
+                )
             except Exception:  # no server after all: the others take the work
                 return
             while True:  # until every job is answered: a failing server puts its job back
@@ -177,8 +203,11 @@ class FleetRunner(PyRunner):
                     answers[index] = session.get_function(name)(*args)
                 except Exception as err:  # this server is gone: the job goes back
                     todo.put((index, (name, args)))
-                    print(f"[edgecv] an RPC server of {self.key} failed ({str(err)[:120]}); "
-                          "its work goes to the others", file=sys.stderr)  # fmt: skip
+                    print(
+                        f"[edgecv] an RPC server of {self.key} failed ({str(err)[:120]}); "
+                        "its work goes to the others",
+                        file=sys.stderr,
+                    )
                     return
                 with lock:
                     left[0] -= 1

@@ -48,8 +48,10 @@ def check_database_folder(folder: Path) -> None:
     from ..errors import EdgecvError
 
     if folder.exists() and not folder.is_dir():
-        raise EdgecvError(f"--db {folder} is a file, not a folder: name a folder for the "
-                          "tuning records (it is created when missing)")  # fmt: skip
+        raise EdgecvError(
+            f"--db {folder} is a file, not a folder: name a folder for the "
+            "tuning records (it is created when missing)"
+        )
     ours = {WORKLOADS, RECORDS, WORKLOADS + GZ, RECORDS + GZ, META, COSTS_FILE}
     if folder.is_dir():
         # a costs file is written beside itself then renamed (``layout_costs.<pid>.tmp``)
@@ -126,9 +128,11 @@ def ship(work: Path, destination: Path, device: DeviceClass, summary: dict) -> i
                 # and pruning is per workload object (two folders holding one workload
                 # shipped it twice)
                 same = merged.commit_workload(record.workload.mod)
-                merged.commit_tuning_record(ms.database.TuningRecord(
-                    record.trace, same, record.run_secs, record.target,
-                    record.args_info))  # fmt: skip
+                merged.commit_tuning_record(
+                    ms.database.TuningRecord(
+                        record.trace, same, record.run_secs, record.target, record.args_info
+                    )
+                )
                 added.add(key)
         held |= added
     destination.parent.mkdir(parents=True, exist_ok=True)

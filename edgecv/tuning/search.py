@@ -60,8 +60,9 @@ class Budget:
     per_iteration: int = 32
 
 
-def measure_defaults(tasks: list[Task], order: ScheduleOrder, builder, runner, db,
-                     say: Callable[[str], None]) -> None:  # fmt: skip
+def measure_defaults(
+    tasks: list[Task], order: ScheduleOrder, builder, runner, db, say: Callable[[str], None]
+) -> None:
     """Build and time every task's default schedule (the next rule when one fails to
     build or run, as deploy does); store each as a record; set ``default_s``."""
     pending = {t.key: (t, default_schedules(t, order)) for t in tasks}
@@ -76,8 +77,9 @@ def measure_defaults(tasks: list[Task], order: ScheduleOrder, builder, runner, d
                 batch.append((task, *found))
         if not batch:
             break
-        times = _build_and_time([(task, sch) for task, _, sch in batch], order.target,
-                                builder, runner, rounds=1)  # fmt: skip
+        times = _build_and_time(
+            [(task, sch) for task, _, sch in batch], order.target, builder, runner, rounds=1
+        )
         for (task, rule, sch), seconds in zip(batch, times, strict=True):
             if seconds == float("inf"):
                 continue  # its next rule in the next round
@@ -86,8 +88,15 @@ def measure_defaults(tasks: list[Task], order: ScheduleOrder, builder, runner, d
             del pending[task.key]
 
 
-def sweep_variants(tasks: list[Task], order: ScheduleOrder, builder, runner, db,
-                   budget: Budget, say: Callable[[str], None]) -> str:  # fmt: skip
+def sweep_variants(
+    tasks: list[Task],
+    order: ScheduleOrder,
+    builder,
+    runner,
+    db,
+    budget: Budget,
+    say: Callable[[str], None],
+) -> str:
     """Time every schedule the tasks' default rules offer besides their defaults (their
     tile sizes: :func:`.tasks.rule_variants`), up to ``budget.trials`` per task, in
     batches of ``budget.per_iteration``; store each as a record. Returns ``trials``
@@ -118,8 +127,10 @@ def sweep_variants(tasks: list[Task], order: ScheduleOrder, builder, runner, db,
                 best[task.key] = min(best.get(task.key, seconds), seconds)
             bar.update(len(batch))
     faster = [t for t in tasks if t.default_s and best.get(t.key, float("inf")) < t.default_s]
-    say(f"tile variants: {len(faster)} of {len(tasks)} workloads have one faster than their "
-        "default in this run (timed again beside it after the search)")  # fmt: skip
+    say(
+        f"tile variants: {len(faster)} of {len(tasks)} workloads have one faster than their "
+        "default in this run (timed again beside it after the search)"
+    )
     return "trials"
 
 
@@ -130,18 +141,25 @@ def _same_code(a, b) -> bool:
     return tvm_ffi.structural_equal(*strip)
 
 
-def _build_and_time(items: list, target, builder, runner, rounds: int,
-                    alternate: bool = False) -> list[float]:  # fmt: skip
+def _build_and_time(
+    items: list, target, builder, runner, rounds: int, alternate: bool = False
+) -> list[float]:
     """Build ``(task, schedule)`` pairs as one batch and time the batch ``rounds`` times:
     the fastest mean seconds of each (infinite where it failed). ``alternate``: every
     other round in reverse order, so that no item is always timed before its rival."""
-    built = builder.build([BuilderInput(tvm.IRModule({"main": sch.mod["main"]}), target)
-                           for _, sch in items])  # fmt: skip
+    built = builder.build(
+        [BuilderInput(tvm.IRModule({"main": sch.mod["main"]}), target) for _, sch in items]
+    )
     kind = str(target.kind.name)
     runnable = [i for i, b in enumerate(built) if b.error_msg is None]
-    inputs = {i: RunnerInput(built[i].artifact_path, kind,
-                             ms.arg_info.ArgInfo.from_prim_func(items[i][0].mod["main"]))
-              for i in runnable}  # fmt: skip
+    inputs = {
+        i: RunnerInput(
+            built[i].artifact_path,
+            kind,
+            ms.arg_info.ArgInfo.from_prim_func(items[i][0].mod["main"]),
+        )
+        for i in runnable
+    }
     fastest = [float("inf")] * len(items)
     for round_ in range(rounds):
         ordered = runnable[::-1] if alternate and round_ % 2 else runnable
@@ -163,8 +181,9 @@ HEAD_TO_HEAD_ROUNDS = 4  # even: each of a pair timed first as often
 HEAD_TO_HEAD_MARGIN = 0.03
 
 
-def head_to_head(tasks: list[Task], order: ScheduleOrder, builder, runner, db,
-                 say: Callable[[str], None]) -> None:  # fmt: skip
+def head_to_head(
+    tasks: list[Task], order: ScheduleOrder, builder, runner, db, say: Callable[[str], None]
+) -> None:
     """Where the database's best record of a task is not its default's schedule (it
     was timed faster once, maybe in a faster moment), time the two again side by side
     (one batch, :data:`HEAD_TO_HEAD_ROUNDS` rounds in alternating order, fastest of
@@ -178,8 +197,9 @@ def head_to_head(tasks: list[Task], order: ScheduleOrder, builder, runner, db,
     for task in tasks:
         if task.default_s is None:
             continue
-        default = next((sch for rule, sch in default_schedules(task, order)
-                        if rule == task.default_rule), None)  # fmt: skip
+        default = next(
+            (sch for rule, sch in default_schedules(task, order) if rule == task.default_rule), None
+        )
         with order.target:
             record = db.query_schedule(task.mod, order.target, workload_name="main")
         if default is None or record is None:
@@ -191,10 +211,12 @@ def head_to_head(tasks: list[Task], order: ScheduleOrder, builder, runner, db,
     if not contested:
         return
     say(f"timing {len(contested)} best records against their defaults again, side by side")
-    items = [pair for task, default, record in contested
-             for pair in ((task, default), (task, record))]  # fmt: skip
-    fastest = _build_and_time(items, order.target, builder, runner, HEAD_TO_HEAD_ROUNDS,
-                              alternate=True)  # fmt: skip
+    items = [
+        pair for task, default, record in contested for pair in ((task, default), (task, record))
+    ]
+    fastest = _build_and_time(
+        items, order.target, builder, runner, HEAD_TO_HEAD_ROUNDS, alternate=True
+    )
     for n, (task, _, _) in enumerate(contested):
         default_s, record_s = fastest[2 * n], fastest[2 * n + 1]
         if default_s < float("inf"):
@@ -206,8 +228,7 @@ def head_to_head(tasks: list[Task], order: ScheduleOrder, builder, runner, db,
 def postprocs(target: tvm.target.Target) -> list:
     """MetaSchedule's post-processors for ``target``, less ``RewriteLayout`` (above)."""
     kind = "llvm" if str(target.kind.name) == "llvm" else "cuda"
-    return [p for p in ms.postproc.Postproc.create(kind)
-            if type(p).__name__ != "RewriteLayout"]  # fmt: skip
+    return [p for p in ms.postproc.Postproc.create(kind) if type(p).__name__ != "RewriteLayout"]
 
 
 def import_tensor_intrinsics() -> None:
@@ -306,8 +327,16 @@ def trials_done(task: Task, db) -> int:
 GPU_SEARCH_SKIPS = ("gpu.Winograd",)
 
 
-def search(tasks: list[Task], target: tvm.target.Target, builder, runner, db,
-           work_dir: str, budget: Budget, cores: int = 2) -> str:  # fmt: skip
+def search(
+    tasks: list[Task],
+    target: tvm.target.Target,
+    builder,
+    runner,
+    db,
+    work_dir: str,
+    budget: Budget,
+    cores: int = 2,
+) -> str:
     """Tune ``tasks`` (see the module docstring). Returns why it ended: ``trials`` (all
     done), ``time`` (the time budget) or ``interrupted`` (Ctrl-C).
 
@@ -316,8 +345,10 @@ def search(tasks: list[Task], target: tvm.target.Target, builder, runner, db,
     if str(target.kind.name) != "llvm":
         kept = [t for t in tasks if t.default_rule not in GPU_SEARCH_SKIPS]
         if len(kept) < len(tasks):
-            bars.say(f"MetaSchedule leaves out {len(tasks) - len(kept)} Winograd workloads "
-                     "on GPUs (their tile variants are timed)")  # fmt: skip
+            bars.say(
+                f"MetaSchedule leaves out {len(tasks) - len(kept)} Winograd workloads "
+                "on GPUs (their tile variants are timed)"
+            )
         tasks = kept
     remaining = {t.key: max(0, budget.trials - trials_done(t, db)) for t in tasks}
     todo = [t for t in tasks if remaining[t.key] > 0]
@@ -343,7 +374,7 @@ def search(tasks: list[Task], target: tvm.target.Target, builder, runner, db,
                 measure_callbacks=[
                     *ms.measure_callback.MeasureCallback.create("default"),
                     progress,
-                ],  # fmt: skip
+                ],
                 task_scheduler="gradient",
             )
     except StopSearch:
@@ -418,8 +449,9 @@ class _Progress(ms.measure_callback.PyMeasureCallback):
         # says the time left; with trials alone tqdm's ETA is the time left
         self.bar = bars.bar(None if seconds else total, "tuning", "trial")
 
-    def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
-              runner_results) -> None:  # fmt: skip
+    def apply(
+        self, task_scheduler, task_id, measure_candidates, builder_results, runner_results
+    ) -> None:
         task = self.tasks[task_id]
         for result in runner_results:
             if result.run_secs and not result.error_msg:
@@ -434,8 +466,9 @@ class _Progress(ms.measure_callback.PyMeasureCallback):
         if self.seconds is not None:
             spent = time.perf_counter() - self.started
             left = f", {max(0.0, self.seconds - spent) / 60:.0f} min left"
-        self.bar.set_postfix_str(f"{task.name[:28]}: best {shown}{default}, "
-                                 f"{self.trials[task_id]} trials{left}")  # fmt: skip
+        self.bar.set_postfix_str(
+            f"{task.name[:28]}: best {shown}{default}, {self.trials[task_id]} trials{left}"
+        )
         if not bars.bars_enabled():
             bars.say(f"{task.name}: {self.trials[task_id]} trials, best {shown}{default}")
         if self.stop_asked:

@@ -64,8 +64,14 @@ def workload_hash(mod: tvm.IRModule) -> int:
     return int(tvm_ffi.structural_hash(mod))
 
 
-def import_model(model: str, params: str | None, input_shape, pretrained: bool, seed: int,
-                 progress: Callable[[str], None]) -> tuple[tvm.IRModule, str]:  # fmt: skip
+def import_model(
+    model: str,
+    params: str | None,
+    input_shape,
+    pretrained: bool,
+    seed: int,
+    progress: Callable[[str], None],
+) -> tuple[tvm.IRModule, str]:
     """The Relax module of ``model`` as deploy imports it, and the model's name."""
     from ..frontend.importer import from_mxnet
     from ..frontend.mxnet_graph import load_params, load_symbol
@@ -139,7 +145,7 @@ def default_schedules(task: Task, order: ScheduleOrder):
 
 def rule_variants(task: Task, order: ScheduleOrder) -> list[s_tir.Schedule]:
     """The other schedules the task's default rule offers a tuner: asked with dlight's
-    ``tunable``, a rule with knobs (tile sizes: :class:`edgecv.schedules.gpu.PackedConv2d`)
+    ``tunable``, a rule with knobs (tile sizes: :class:`edgecv.schedules.gpu.PackedConv2D`)
     returns its default schedule first, then one per distinct knob setting. ``[]`` for
     a rule without knobs, or one that breaks when asked."""
     rule = next((r for r in [*order.rules, order.safe] if rule_name(r) == task.default_rule), None)

@@ -82,8 +82,21 @@ def device_runtime(tmp_path_factory) -> Path:
     prepared aarch64 wheels); no TVM anywhere on the board's path."""
     wheel = build_wheel(tmp_path_factory.mktemp("wheel"))
     target = tmp_path_factory.mktemp("device-runtime")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                    str(target), str(wheel)], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
     assert not (aarch64.site_packages() / "tvm").exists()
     return target
 
@@ -111,8 +124,15 @@ def test_aisage_detector_with_cpu_nms_runs_on_the_board(device_runtime, tmp_path
     """(a) A YOLO-like detector for `aisage`, `box_nms` on the CPU: OpenCL on the
     emulated PoCL, the NMS in the cross-linked aarch64 library, MXNet's answer."""
     symbol, params, shape = tiny_yolo(tmp_path / "export" / "tiny_yolo", size=64)
-    path = deploy(str(symbol), tmp_path / "board" / "pkg", "aisage", params=str(params),
-                  input_shape=shape, cpu_ops=["box_nms"], check_on=None)  # fmt: skip
+    path = deploy(
+        str(symbol),
+        tmp_path / "board" / "pkg",
+        "aisage",
+        params=str(params),
+        input_shape=shape,
+        cpu_ops=["box_nms"],
+        check_on=None,
+    )
     build = json.loads((path / "manifest.json").read_text())["build"]
     assert build["placement"]["launches"]["cpu"] >= 1
     assert [n["ops"] for n in build["placement"]["cpu_nodes"]] == [["box_nms"]]
@@ -131,8 +151,14 @@ def test_jetson_cpu_library_runs_on_the_board(device_runtime, tmp_path):
     The CUDA part cannot run here."""
     symbol, params = export_small_model(tmp_path / "export" / "small")
     everything = ["concatenate", "max_pool2d", "mean", "conv2d", "matmul"]
-    path = deploy(str(symbol), tmp_path / "board" / "pkg", "jetson_orin_nano",
-                  params=str(params), input_shape=SHAPE, cpu_ops=everything)  # fmt: skip
+    path = deploy(
+        str(symbol),
+        tmp_path / "board" / "pkg",
+        "jetson_orin_nano",
+        params=str(params),
+        input_shape=SHAPE,
+        cpu_ops=everything,
+    )
     build = json.loads((path / "manifest.json").read_text())["build"]
     assert build["placement"]["launches"]["gpu"] == 0
     assert {"dotprod", "fullfp16"} <= set(build["host"]["features"])
@@ -146,8 +172,15 @@ def test_device_runtime_cli_on_the_board(device_runtime, tmp_path):
     """(c) `edgecv run PKG --input x.npy` with the wheel's device runtime on the board:
     no compiler side, no OpenCV; an `aisage` package with CPU launches."""
     symbol, params = export_small_model(tmp_path / "export" / "small")
-    path = deploy(str(symbol), tmp_path / "board" / "pkg", "aisage", params=str(params),
-                  input_shape=SHAPE, cpu_ops=["max_pool2d", "mean"], check_on=None)  # fmt: skip
+    path = deploy(
+        str(symbol),
+        tmp_path / "board" / "pkg",
+        "aisage",
+        params=str(params),
+        input_shape=SHAPE,
+        cpu_ops=["max_pool2d", "mean"],
+        check_on=None,
+    )
     x = np.random.RandomState(3).normal(size=SHAPE).astype(np.float32)
     np.save(tmp_path / "board" / "x.npy", x)
     code = (
@@ -162,11 +195,22 @@ def test_device_runtime_cli_on_the_board(device_runtime, tmp_path):
     )
     out = tmp_path / "board" / "out.npz"
     done = aarch64.run_python(
-        ["-c", code, "run", str(path), "--input", str(tmp_path / "board" / "x.npy"),
-         "--output", str(out), "--repeat", "1"],
-        binds=[tmp_path / "board", device_runtime], env={"PYTHONPATH": str(device_runtime)},
+        [
+            "-c",
+            code,
+            "run",
+            str(path),
+            "--input",
+            str(tmp_path / "board" / "x.npy"),
+            "--output",
+            str(out),
+            "--repeat",
+            "1",
+        ],
+        binds=[tmp_path / "board", device_runtime],
+        env={"PYTHONPATH": str(device_runtime)},
         timeout=1500,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "compiler library mapped: False" in done.stdout
     with np.load(out) as npz:
@@ -178,9 +222,14 @@ def test_ssd_mobilenet_for_aisage_on_the_board(device_runtime, exported, tmp_pat
     """SSD-512 MobileNet for `aisage`, every launch on the emulated PoCL: MXNet's
     detections (tens of minutes under qemu; benchmarks/board_runtime.py --ssd times it)."""
     model = exported("ssd_512_mobilenet1.0_voc")
-    path = deploy(str(model.symbol_path), tmp_path / "board" / "pkg", "aisage",
-                  params=str(model.params_path), input_shape=model.input_shape,
-                  check_on=None)  # fmt: skip
+    path = deploy(
+        str(model.symbol_path),
+        tmp_path / "board" / "pkg",
+        "aisage",
+        params=str(model.params_path),
+        input_shape=model.input_shape,
+        check_on=None,
+    )
     x = np.random.RandomState(0).normal(size=model.input_shape).astype(np.float32)
     outputs, _ = run_on_board(device_runtime, path, x, "load")
     reference = mxnet_forward(model.symbol_path, model.params_path, x)

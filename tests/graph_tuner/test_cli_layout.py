@@ -14,8 +14,9 @@ def test_deploy_layout_auto_explains_and_matches_mxnet(tmp_path, monkeypatch):
     symbol, params = export_small_model(tmp_path / "small")
     shape = ",".join(map(str, SHAPE))
     package = tmp_path / "pkg"
-    done = run_cli("deploy", symbol, "--input-shape", shape, "-o", package, "--layout", "auto",
-                   "--explain")  # fmt: skip
+    done = run_cli(
+        "deploy", symbol, "--input-shape", shape, "-o", package, "--layout", "auto", "--explain"
+    )
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "layouts (auto): dp over 5 convolutions, predicted" in out, out

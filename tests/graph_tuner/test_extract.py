@@ -87,8 +87,10 @@ def test_rewritten_activations_stay_packed_and_compute_the_same():
     from edgecv.runtime.executor import Executor
 
     rng = np.random.default_rng(0)
-    inputs = [rng.standard_normal((1, 16, 8, 8)).astype("float32") * 8,
-              rng.standard_normal((16, 16, 1, 1)).astype("float32")]  # fmt: skip
+    inputs = [
+        rng.standard_normal((1, 16, 8, 8)).astype("float32") * 8,
+        rng.standard_normal((16, 16, 1, 1)).astype("float32"),
+    ]
     outs = []
     for m in (mod, rewritten):
         lowered = lower(m)

@@ -166,8 +166,9 @@ def test_auto_for_another_cpu_architecture_builds_nchw_and_says_why(small_mod, t
     timed here, so no costs are made up and the convolutions stay NCHW."""
     arm = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72"}
     path = tmp_path / "arm.json"
-    path.write_text(json.dumps({"name": "arm", "runtime": "cpu", "target": arm, "host": arm,
-                                "gpu_ops": []}))  # fmt: skip
+    path.write_text(
+        json.dumps({"name": "arm", "runtime": "cpu", "target": arm, "host": arm, "gpu_ops": []})
+    )
     options = BuildOptions(layout="auto", layout_costs=tmp_path / "costs")
     mod, facts = choose_layouts(small_mod, load_profile(str(path)), options)
     assert mod.same_as(small_mod)
@@ -190,9 +191,13 @@ def test_a_convolutions_candidates_come_from_one_source():
         database, target = Database(), None
 
     wanted = {"ka1": "a1", "ka2": "a2", "kb1": "b1", "kb2": "b2", "kc1": "c1"}
-    convs = [("a", "NCHW", "direct", "ka1"), ("a", "NCHW8c", "direct", "ka2"),
-             ("b", "NCHW", "direct", "kb1"), ("b", "NCHW8c", "direct", "kb2"),
-             ("c", "NCHW", "direct", "kc1")]  # fmt: skip
+    convs = [
+        ("a", "NCHW", "direct", "ka1"),
+        ("a", "NCHW8c", "direct", "ka2"),
+        ("b", "NCHW", "direct", "kb1"),
+        ("b", "NCHW8c", "direct", "kb2"),
+        ("c", "NCHW", "direct", "kc1"),
+    ]
     assert _from_database(wanted, convs, Meter()) == {"ka1": 1.0, "ka2": 2.0, "kc1": 1.0}
     shared = [*convs, ("d", "NCHW", "direct", "ka1"), ("d", "NCHW8c", "direct", "kb2")]
     assert _from_database(wanted, shared, Meter()) == {"kc1": 1.0}  # a then d: both leave

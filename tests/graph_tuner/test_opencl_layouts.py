@@ -32,11 +32,18 @@ def test_packed_model_on_opencl_matches_mxnet(profile, on, shape, tmp_path):
     else:
         device_or_skip("intel(r) opencl")
     symbol, params = export_small_model(tmp_path / "small")
-    path = deploy(str(symbol), tmp_path / "pkg", profile, params=str(params), input_shape=shape,
-                  host="native", options=BuildOptions(layout="packed"))  # fmt: skip
+    path = deploy(
+        str(symbol),
+        tmp_path / "pkg",
+        profile,
+        params=str(params),
+        input_shape=shape,
+        host="native",
+        options=BuildOptions(layout="packed"),
+    )
     build = json.loads((path / "manifest.json").read_text())["build"]
     packed = [k for k in build["schedules"]["gpu"]["kernels"].values() if "NCHWc" in str(k["ops"])]
-    assert packed and all(k["rule"] == "gpu.PackedConv2d" for k in packed), packed
+    assert packed and all(k["rule"] == "gpu.PackedConv2D" for k in packed), packed
     assert build["placement"]["launches"]["cpu"] == 0
     x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
     got = edgecv.load(path, on=on).run(x)[0]
@@ -44,8 +51,9 @@ def test_packed_model_on_opencl_matches_mxnet(profile, on, shape, tmp_path):
 
 
 @pytest.mark.parametrize("memory_share", [None, 0.0], ids=["one-group", "a-kernel-per-group"])
-def test_auto_on_opencl_measures_on_the_device_and_matches_mxnet(tmp_path, monkeypatch,
-                                                                 memory_share):  # fmt: skip
+def test_auto_on_opencl_measures_on_the_device_and_matches_mxnet(
+    tmp_path, monkeypatch, memory_share
+):
     """`auto` on Intel's runtime times every candidate kernel on the device (no fallback
     to NCHW: the meter's buffers live as long as its kernels, also when it times them a
     group at a time) and the plan it applies gives MXNet's numbers."""
@@ -56,8 +64,15 @@ def test_auto_on_opencl_measures_on_the_device_and_matches_mxnet(tmp_path, monke
         monkeypatch.setattr(measure, "MEMORY_SHARE", memory_share)
     symbol, params = export_small_model(tmp_path / "small")
     options = BuildOptions(layout="auto", layout_costs=tmp_path / "costs")
-    path = deploy(str(symbol), tmp_path / "pkg", "deeplens", params=str(params),
-                  input_shape=SHAPE, host="native", options=options)  # fmt: skip
+    path = deploy(
+        str(symbol),
+        tmp_path / "pkg",
+        "deeplens",
+        params=str(params),
+        input_shape=SHAPE,
+        host="native",
+        options=options,
+    )
     layouts = json.loads((path / "manifest.json").read_text())["build"]["layouts"]
     assert "reason" not in layouts, layouts["reason"]
     assert layouts["costs"].get("measured", 0) > 0, layouts["costs"]

@@ -68,8 +68,9 @@ def _conv_kernel(mod) -> tirx.PrimFunc:
 
 
 def _run(func: tirx.PrimFunc, target, inputs) -> np.ndarray:
-    library = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
-                             target=target)  # fmt: skip
+    library = tvm.tirx.build(
+        tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target
+    )
     device = tvm.cpu()
     args = [tvm.runtime.tensor(a, device) for a in inputs]
     out_param = func.params[-1]

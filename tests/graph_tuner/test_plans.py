@@ -193,8 +193,9 @@ def test_a_deconvolution_and_a_boolean_mask_between_packed_convolutions(tmp_path
     shape = (1, 8, 6, 6)
     a = S.Convolution(S.var("data"), kernel=(3, 3), pad=(1, 1), num_filter=16, name="a")
     c = S.Convolution(S.LeakyReLU(a, act_type="elu"), kernel=(1, 1), num_filter=16, name="c")
-    up = S.Deconvolution(S.relu(c), kernel=(4, 4), stride=(2, 2), pad=(1, 1), num_filter=8,
-                         no_bias=True, name="up")  # fmt: skip
+    up = S.Deconvolution(
+        S.relu(c), kernel=(4, 4), stride=(2, 2), pad=(1, 1), num_filter=8, no_bias=True, name="up"
+    )
     net = S.Convolution(S.LeakyReLU(up, act_type="elu"), kernel=(1, 1), num_filter=8, name="b")
     plans = _every_plan_against_mxnet(net, shape, tmp_path / "decoder")
     assert len(plans) == 8  # a, c and b, each plain or packed
@@ -251,5 +252,11 @@ def test_output_channels_padded_to_the_block_pack_and_compute_the_same(tmp_path)
     plans = _every_plan_against_mxnet(net, shape, tmp_path / "heads", padded=True)
     assert len(plans) == 4  # a and b, each plain or packed; c's 3 channels stay plain
     assert [padded_channels(n, 16) for n in (1000, 84, 126, 255, 21, 3, 32)] == [
-        1008, 96, 128, 256, None, None, None,
-    ]  # fmt: skip
+        1008,
+        96,
+        128,
+        256,
+        None,
+        None,
+        None,
+    ]

@@ -14,7 +14,7 @@ from test_winograd import unpack, winograd_case
 from edgecv.codegen.opencl import build_opencl
 from edgecv.profiles import load_profile
 from edgecv.runtime.opencl import OpenCLBackend
-from edgecv.schedules.gpu import PackedConv2d, Winograd
+from edgecv.schedules.gpu import PackedConv2D, Winograd
 from edgecv.testing import assert_close
 
 PROFILE = load_profile("deeplens")
@@ -26,8 +26,9 @@ def packed_conv(channels, outputs, size, kernel, stride, groups):
     computed by the unscheduled kernel on the CPU."""
     func = _conv_kernel(_conv_module(channels, outputs, size, kernel, stride, groups, 16, True))
     rng = np.random.default_rng(0)
-    inputs = [rng.standard_normal([int(d) for d in p.shape]).astype("float32")
-              for p in func.params[:-1]]  # fmt: skip
+    inputs = [
+        rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in func.params[:-1]
+    ]
     return func, inputs, _run(func, tvm.target.Target("llvm"), inputs)
 
 
@@ -47,8 +48,12 @@ def variants(rule, func):
 
 def run_all(schedules, inputs, shape) -> list[np.ndarray]:
     """Each schedule's output on Intel's runtime, all built as one OpenCL program."""
-    mod = tvm.IRModule({f"v{i}": sch.mod["main"].with_attr("global_symbol", f"v{i}")
-                        for i, sch in enumerate(schedules)})  # fmt: skip
+    mod = tvm.IRModule(
+        {
+            f"v{i}": sch.mod["main"].with_attr("global_symbol", f"v{i}")
+            for i, sch in enumerate(schedules)
+        }
+    )
     kernels = build_opencl(mod, TARGET, PROFILE.intel_subgroup_size)
     assert not kernels.unsupported, kernels.unsupported
     backend = OpenCLBackend("intel", kernels.source, kernels.launches, kernels.requires)
@@ -73,7 +78,7 @@ def run_all(schedules, inputs, shape) -> list[np.ndarray]:
 def test_every_packed_conv_tile_computes_the_kernel(case):
     device_or_skip("intel(r) opencl")
     func, inputs, expected = packed_conv(*case)
-    found, default = variants(PackedConv2d(), func)
+    found, default = variants(PackedConv2D(), func)
     assert isinstance(found, list) and len(found) >= 3, "the rule offers no tiles"
     assert tvm_ffi.structural_equal(found[0].mod, default.mod), "the default is not first"
     keys = {tvm_ffi.structural_hash(sch.mod) for sch in found}

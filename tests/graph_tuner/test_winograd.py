@@ -137,9 +137,13 @@ def test_only_stride_1_3x3_convolutions_with_constant_weights_are_eligible():
     assert not winograd.eligible(conv(x, weight_var, padding=1))  # weights not known
     assert winograd.eligible(conv(x, weight_var, padding=1), weight=w3)  # ... until bound
     # a signature names the convolution in any layout
-    packed = conv(relax.Var("p", relax.TensorType((1, 2, 8, 8, 8), "float32")),
-                  relax.const(np.zeros((2, 2, 3, 3, 8, 8), np.float32)), padding=1,
-                  data_layout="NCHW8c", kernel_layout="OIHW8i8o")  # fmt: skip
+    packed = conv(
+        relax.Var("p", relax.TensorType((1, 2, 8, 8, 8), "float32")),
+        relax.const(np.zeros((2, 2, 3, 3, 8, 8), np.float32)),
+        padding=1,
+        data_layout="NCHW8c",
+        kernel_layout="OIHW8i8o",
+    )
     assert winograd.signature(packed) == winograd.signature(conv(x, w3, padding=1))
 
 

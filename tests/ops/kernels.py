@@ -29,8 +29,9 @@ def run_cpu(func, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [t.numpy() for t in tensors]
 
 
-def run_opencl(func, arrays: list[np.ndarray], device: str = "intel",
-               profile: str = "aisage") -> list[np.ndarray]:  # fmt: skip
+def run_opencl(
+    func, arrays: list[np.ndarray], device: str = "intel", profile: str = "aisage"
+) -> list[np.ndarray]:
     from edgecv.runtime.opencl import OpenCLBackend
 
     key = (func.script(), device, profile)

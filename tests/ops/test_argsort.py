@@ -28,8 +28,7 @@ pytestmark = pytest.mark.skipif(
 
 
 @functools.cache
-def _backend(total, segments, dtype, descending, block, device="intel", subgroup=None,
-             chunk=8):  # fmt: skip
+def _backend(total, segments, dtype, descending, block, device="intel", subgroup=None, chunk=8):
     from edgecv.runtime.opencl import OpenCLBackend
 
     func = segmented_argsort_gpu(total, segments, dtype, descending, block, subgroup, chunk)
@@ -42,14 +41,16 @@ def _backend(total, segments, dtype, descending, block, device="intel", subgroup
     return OpenCLBackend(device, kernels.source, kernels.launches, kernels.requires)
 
 
-def sort_on_opencl(keys, offsets, descending=False, block=64, device="intel", subgroup=None,
-                   chunk=8):  # fmt: skip
+def sort_on_opencl(
+    keys, offsets, descending=False, block=64, device="intel", subgroup=None, chunk=8
+):
     backend = _backend(
         len(keys), len(offsets) - 1, str(keys.dtype), descending, block, device, subgroup, chunk
     )
     arrays = [keys, offsets.astype(np.int32), np.zeros(len(keys), np.int32)]
-    for shape, dtype in zip(workspace_shapes(len(keys)), [keys.dtype, "int32", "int32"] * 2,
-                            strict=True):  # fmt: skip
+    for shape, dtype in zip(
+        workspace_shapes(len(keys)), [keys.dtype, "int32", "int32"] * 2, strict=True
+    ):
         arrays.append(np.zeros(shape, dtype))
     tensors = []
     for array in arrays:
@@ -71,13 +72,15 @@ def offsets_of(lengths):
         [
             [1],  # one element
             [0, 1, 0, 2, 0],  # empty segments
-            [63], [64], [65],  # around a block
+            [63],
+            [64],
+            [65],  # around a block
             [300, 1, 1000, 7, 0, 33],  # segments spanning block interfaces
             [70000],  # > 2^16 elements, 11 merge passes
         ],
         [(False, "float32"), (True, "int32"), (True, "float32"), (False, "int32")],
     ),
-)  # fmt: skip
+)
 def test_edge_cases_match_the_stable_reference(lengths, descending, dtype):
     rng = np.random.RandomState(len(lengths) + sum(lengths))
     total = sum(lengths)
@@ -137,10 +140,12 @@ def test_intel_subgroup_variant_random_segments(lengths, descending, seed):
 @needs_pocl()
 @pytest.mark.parametrize(
     ("lengths", "descending"),
-    [([300, 1, 1000, 7, 0, 33], True),  # PoCL compiles a sort in ~25 s: the rest is heavy
-     pytest.param([0, 1, 0, 2, 0], False, marks=pytest.mark.heavy),
-     pytest.param([70000], True, marks=pytest.mark.heavy)],
-)  # fmt: skip
+    [
+        ([300, 1, 1000, 7, 0, 33], True),  # PoCL compiles a sort in ~25 s: the rest is heavy
+        pytest.param([0, 1, 0, 2, 0], False, marks=pytest.mark.heavy),
+        pytest.param([70000], True, marks=pytest.mark.heavy),
+    ],
+)
 def test_on_pocl(lengths, descending):
     rng = np.random.RandomState(sum(lengths))
     keys = rng.randint(-5, 5, sum(lengths)).astype(np.float32)
@@ -174,8 +179,9 @@ def test_bad_arguments_are_named():
 
 
 def topk_reference(keys, k, descending):
-    return np.stack([segmented_argsort_reference(row, np.array([0, len(row)]), descending)[:k]
-                     for row in keys]).astype(np.int32)  # fmt: skip
+    return np.stack(
+        [segmented_argsort_reference(row, np.array([0, len(row)]), descending)[:k] for row in keys]
+    ).astype(np.int32)
 
 
 @pytest.mark.parametrize(
@@ -192,7 +198,7 @@ def topk_reference(keys, k, descending):
         ],
         [True, False],
     ),
-)  # fmt: skip
+)
 def test_row_topk_matches_the_stable_reference(rows, n, k, block, subgroup, chunk, descending):
     """Merge passes that keep only the first k of each merged run: the first k of each
     row's stable sort, ties by index."""

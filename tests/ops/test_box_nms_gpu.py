@@ -24,8 +24,9 @@ pytestmark = pytest.mark.skipif(
 _BACKENDS: dict = {}
 
 
-def run_opencl(data: np.ndarray, threads: int = 64, device: str = "intel", subgroup=None,
-               **attrs) -> np.ndarray:  # fmt: skip
+def run_opencl(
+    data: np.ndarray, threads: int = 64, device: str = "intel", subgroup=None, **attrs
+) -> np.ndarray:
     from edgecv.runtime.opencl import OpenCLBackend
 
     key = (data.shape, threads, device, subgroup, tuple(sorted(attrs.items())))
@@ -44,8 +45,9 @@ def run_opencl(data: np.ndarray, threads: int = 64, device: str = "intel", subgr
     return backend.download(dst)
 
 
-def check(data: np.ndarray, threads: int = 64, subgroup=None, device="intel",
-          **attrs) -> np.ndarray:  # fmt: skip
+def check(
+    data: np.ndarray, threads: int = 64, subgroup=None, device="intel", **attrs
+) -> np.ndarray:
     ref = box_nms_reference(data, **attrs)
     ours = run_opencl(data, threads, device, subgroup, **attrs)
     np.testing.assert_array_equal(ours[..., :2], ref[..., :2])  # ids and scores: exact
@@ -53,19 +55,26 @@ def check(data: np.ndarray, threads: int = 64, subgroup=None, device="intel",
     return ours
 
 
-SSD = dict(overlap_thresh=0.45, valid_thresh=0.01, topk=400, id_index=0, score_index=1,
-           coord_start=2, force_suppress=False)  # fmt: skip
+SSD = dict(
+    overlap_thresh=0.45,
+    valid_thresh=0.01,
+    topk=400,
+    id_index=0,
+    score_index=1,
+    coord_start=2,
+    force_suppress=False,
+)
 
 
 CASES = [
-        (1, 1, {}),
-        (1, 7, {"overlap_thresh": 0.0}),  # everything overlapping is suppressed
-        (2, 100, {"overlap_thresh": 1.0}),  # nothing suppressed
-        (2, 300, SSD),
-        (1, 257, {"id_index": 0, "force_suppress": True, "topk": 30}),
-        (1, 90, {"in_format": "corner", "out_format": "center", "id_index": 0}),
-        (3, 64, {"valid_thresh": 2.0}),  # no valid box at all
-]  # fmt: skip
+    (1, 1, {}),
+    (1, 7, {"overlap_thresh": 0.0}),  # everything overlapping is suppressed
+    (2, 100, {"overlap_thresh": 1.0}),  # nothing suppressed
+    (2, 300, SSD),
+    (1, 257, {"id_index": 0, "force_suppress": True, "topk": 30}),
+    (1, 90, {"in_format": "corner", "out_format": "center", "id_index": 0}),
+    (3, 64, {"valid_thresh": 2.0}),  # no valid box at all
+]
 
 
 @pytest.mark.parametrize(
@@ -99,10 +108,12 @@ def test_more_boxes_than_2_16(subgroup):
 @needs_pocl()
 @pytest.mark.parametrize(
     ("batch", "n", "attrs"),
-    [(1, 70000, SSD),  # the top-k sort; PoCL compiles box_nms in ~30 s: the rest is heavy
-     pytest.param(1, 7, {"overlap_thresh": 0.0}, marks=pytest.mark.heavy),
-     pytest.param(2, 300, SSD, marks=pytest.mark.heavy)],
-)  # fmt: skip
+    [
+        (1, 70000, SSD),  # the top-k sort; PoCL compiles box_nms in ~30 s: the rest is heavy
+        pytest.param(1, 7, {"overlap_thresh": 0.0}, marks=pytest.mark.heavy),
+        pytest.param(2, 300, SSD, marks=pytest.mark.heavy),
+    ],
+)
 def test_on_pocl(batch, n, attrs):
     data = boxes(np.random.RandomState(n + 1), batch, n)
     check(data, 256, device="pocl", **attrs)
@@ -117,11 +128,12 @@ def test_on_pocl(batch, n, attrs):
     force=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_intel_subgroup_variant_random(n, batch, thresh, topk, force, seed):  # fmt: skip
+def test_intel_subgroup_variant_random(n, batch, thresh, topk, force, seed):
     """The subgroup suppression (tiles of 16, survivors list) keeps exactly the greedy set."""
     data = boxes(np.random.RandomState(seed), batch, n, score_levels=[0.3, 0.6])
-    check(data, 256, subgroup=16, id_index=0, overlap_thresh=thresh, topk=topk,
-          force_suppress=force)  # fmt: skip
+    check(
+        data, 256, subgroup=16, id_index=0, overlap_thresh=thresh, topk=topk, force_suppress=force
+    )
 
 
 @settings(max_examples=examples(6), deadline=None)

@@ -44,8 +44,9 @@ def cpu(cls, loc, anchors, **attrs):
 
 
 def opencl(cls, loc, anchors, threads=64, subgroup=None, device="intel", **attrs):
-    func = multibox_detection_gpu(cls.shape, loc.shape, anchors.shape, "float32", "opencl",
-                                  threads, subgroup, **attrs)  # fmt: skip
+    func = multibox_detection_gpu(
+        cls.shape, loc.shape, anchors.shape, "float32", "opencl", threads, subgroup, **attrs
+    )
     out = np.zeros((cls.shape[0], cls.shape[2], 6), np.float32)
     profile = "deeplens" if subgroup else "aisage"  # deeplens: Intel subgroups of 16
     return run_opencl(func, [cls, loc, anchors, out], device, profile)[3]
@@ -153,8 +154,9 @@ def test_bad_shapes_are_named():
     with pytest.raises(ValueError, match="anchors must be"):
         multibox_detection(cls, te.placeholder((1, 40), "float32"), te.placeholder((1, 9, 4)))
     with pytest.raises(ValueError, match="classes >= 2"):
-        multibox_detection(te.placeholder((1, 1, 10)), te.placeholder((1, 40)),
-                           te.placeholder((1, 10, 4)))  # fmt: skip
+        multibox_detection(
+            te.placeholder((1, 1, 10)), te.placeholder((1, 40)), te.placeholder((1, 10, 4))
+        )
 
 
 PRIORS = [
@@ -186,16 +188,19 @@ def _ssd_head(tmp_path, classes=4):
     anchors_per_pixel = 3  # 2 sizes + 2 ratios - 1
     x = mx.sym.var("data")
     feat = mx.sym.relu(mx.sym.Convolution(x, num_filter=8, kernel=(3, 3), pad=(1, 1), name="f"))
-    cls = mx.sym.Convolution(feat, num_filter=anchors_per_pixel * classes, kernel=(3, 3),
-                             pad=(1, 1), name="cls")  # fmt: skip
+    cls = mx.sym.Convolution(
+        feat, num_filter=anchors_per_pixel * classes, kernel=(3, 3), pad=(1, 1), name="cls"
+    )
     cls = mx.sym.reshape(mx.sym.transpose(cls, axes=(0, 2, 3, 1)), shape=(0, -1, classes))
     cls_prob = mx.sym.transpose(mx.sym.softmax(cls, axis=2), axes=(0, 2, 1))
-    loc = mx.sym.Convolution(feat, num_filter=anchors_per_pixel * 4, kernel=(3, 3), pad=(1, 1),
-                             name="loc")  # fmt: skip
+    loc = mx.sym.Convolution(
+        feat, num_filter=anchors_per_pixel * 4, kernel=(3, 3), pad=(1, 1), name="loc"
+    )
     loc = mx.sym.flatten(mx.sym.transpose(loc, axes=(0, 2, 3, 1)))
     anchors = mx.sym.contrib.MultiBoxPrior(feat, sizes=(0.3, 0.6), ratios=(1, 2), clip=True)
-    out = mx.sym.contrib.MultiBoxDetection(cls_prob, loc, anchors, nms_threshold=0.45,
-                                           nms_topk=50, name="det")  # fmt: skip
+    out = mx.sym.contrib.MultiBoxDetection(
+        cls_prob, loc, anchors, nms_threshold=0.45, nms_topk=50, name="det"
+    )
     rng = np.random.RandomState(11)
     params = {}
     for name, shape in [("f", (8, 3, 3, 3)), ("cls", (12, 8, 3, 3)), ("loc", (12, 8, 3, 3))]:
@@ -218,8 +223,9 @@ def test_imported_ssd_head_matches_mxnet(tmp_path, profile):
     if profile != "cpu" and not HAVE_INTEL:
         pytest.skip("no Intel OpenCL runtime here")
     symbol, params = _ssd_head(tmp_path)
-    pkg = deploy(str(symbol), tmp_path / "pkg", profile, params=str(params),
-                 input_shape=(2, 3, 12, 12))  # fmt: skip
+    pkg = deploy(
+        str(symbol), tmp_path / "pkg", profile, params=str(params), input_shape=(2, 3, 12, 12)
+    )
     if profile != "cpu":  # the GPU version ran: its NMS is one work-group per batch
         launches = json.loads((pkg / "kernels" / "opencl_launches.json").read_text())
         (det,) = [v for k, v in launches.items() if "multibox_detection" in k]

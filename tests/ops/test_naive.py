@@ -29,8 +29,9 @@ def test_naive_scan(rows, n, exclusive):
     np.testing.assert_array_equal(out, scan_reference(x, exclusive))
 
 
-@pytest.mark.parametrize(("lengths", "descending"), [([1], False), ([0, 5, 17, 0, 64], True),
-                                                     ([300, 1, 33], False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("lengths", "descending"), [([1], False), ([0, 5, 17, 0, 64], True), ([300, 1, 33], False)]
+)
 def test_naive_argsort(lengths, descending):
     total = sum(lengths)
     keys = np.random.RandomState(total).randint(0, 5, total).astype(np.float32)  # many ties

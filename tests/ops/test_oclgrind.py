@@ -132,9 +132,12 @@ def test_segmented_argsort_kernels_are_clean(lengths, block):
 
 @pytest.mark.parametrize(
     ("shape", "attrs"),
-    [((1, 5, 6), {}), ((2, 19, 6), {"id_index": 0, "topk": 10, "out_format": "center"}),
-     ((2, 40, 6), {"id_index": 0, "topk": 6})],  # topk <= n / 2: the top-k sort
-)  # fmt: skip
+    [
+        ((1, 5, 6), {}),
+        ((2, 19, 6), {"id_index": 0, "topk": 10, "out_format": "center"}),
+        ((2, 40, 6), {"id_index": 0, "topk": 6}),
+    ],  # topk <= n / 2: the top-k sort
+)
 def test_box_nms_kernels_are_clean(shape, attrs):
     from edgecv.ops.box_nms import box_nms_gpu, box_nms_reference
 
@@ -188,17 +191,21 @@ def test_roi_align_kernel_is_clean(attrs):
 
 @pytest.mark.parametrize(
     ("shape", "attrs"),
-    [((1, 3, 9), {}), ((2, 4, 21), {"nms_topk": 5, "force_suppress": True}),
-     ((2, 3, 12), {"nms_threshold": 0.0})],
-)  # fmt: skip
+    [
+        ((1, 3, 9), {}),
+        ((2, 4, 21), {"nms_topk": 5, "force_suppress": True}),
+        ((2, 3, 12), {"nms_threshold": 0.0}),
+    ],
+)
 def test_multibox_detection_kernels_are_clean(shape, attrs):
     from edgecv.ops.multibox import multibox_detection_gpu, multibox_detection_reference
     from edgecv.testing import detector_inputs
 
     batch, classes, n = shape
     cls, loc, anchors = detector_inputs(np.random.RandomState(n), batch, classes, n)
-    func = multibox_detection_gpu(cls.shape, loc.shape, anchors.shape, "float32", "opencl", 8,
-                                  **attrs)  # fmt: skip
+    func = multibox_detection_gpu(
+        cls.shape, loc.shape, anchors.shape, "float32", "opencl", 8, **attrs
+    )
     kernels = build_opencl(
         tvm.IRModule({"multibox_detection": func}), load_profile("aisage").tvm_target()
     )

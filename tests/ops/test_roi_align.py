@@ -169,8 +169,9 @@ def _roi_net(tmp_path, rois):
     """conv -> ROIAlign over fixed ROIs (a parameter), saved as an MXNet model."""
     x = mx.sym.var("data")
     feat = mx.sym.Convolution(x, num_filter=4, kernel=(3, 3), pad=(1, 1), name="conv")
-    out = mx.sym.contrib.ROIAlign(feat, mx.sym.var("rois"), pooled_size=(2, 3),
-                                  spatial_scale=0.5, sample_ratio=2, name="roi")  # fmt: skip
+    out = mx.sym.contrib.ROIAlign(
+        feat, mx.sym.var("rois"), pooled_size=(2, 3), spatial_scale=0.5, sample_ratio=2, name="roi"
+    )
     rng = np.random.RandomState(8)
     params = {
         "arg:conv_weight": rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3,
@@ -194,8 +195,9 @@ def test_imported_graph_matches_mxnet(tmp_path, profile):
         pytest.skip("no Intel OpenCL runtime here")
     rois = rois_for(np.random.RandomState(9), 6, 2, 10, 12, 0.5)
     symbol, params = _roi_net(tmp_path, rois)
-    pkg = deploy(str(symbol), tmp_path / "pkg", profile, params=str(params),
-                 input_shape=(2, 3, 10, 12))  # fmt: skip
+    pkg = deploy(
+        str(symbol), tmp_path / "pkg", profile, params=str(params), input_shape=(2, 3, 10, 12)
+    )
     if profile != "cpu":  # the GPU version (one work-item per output element) ran
         import json
 

@@ -33,8 +33,9 @@ def _opencl_backend_for(rows, n, dtype, exclusive, threads, subgroup=None, devic
     return OpenCLBackend(device, kernels.source, kernels.launches, kernels.requires)
 
 
-def run_opencl(x: np.ndarray, exclusive: bool, threads: int = 64, subgroup=None,
-               device: str = "intel") -> np.ndarray:  # fmt: skip
+def run_opencl(
+    x: np.ndarray, exclusive: bool, threads: int = 64, subgroup=None, device: str = "intel"
+) -> np.ndarray:
     backend = _opencl_backend_for(*x.shape, str(x.dtype), exclusive, threads, subgroup, device)
     src = backend.view(backend.alloc(x.nbytes), x.shape, str(x.dtype))
     dst = backend.view(backend.alloc(x.nbytes), x.shape, str(x.dtype))
@@ -69,9 +70,12 @@ EDGES = [(1, 1), (1, 2), (2, 63), (1, 64), (1, 65), (3, 1000), (1, 4097), (2, 70
 @pytest.mark.parametrize("dtype", ["int32", "float32"])
 @pytest.mark.parametrize(
     "device",
-    ["cpu", pytest.param("opencl", marks=needs_intel),
-     pytest.param("opencl-intel-subgroups", marks=needs_intel)],
-)  # fmt: skip
+    [
+        "cpu",
+        pytest.param("opencl", marks=needs_intel),
+        pytest.param("opencl-intel-subgroups", marks=needs_intel),
+    ],
+)
 def test_scan_edge_lengths(shape, exclusive, dtype, device):
     rng = np.random.RandomState(sum(shape))
     x = (rng.randint(-9, 10, shape) if dtype == "int32" else rng.normal(size=shape)).astype(dtype)

@@ -96,8 +96,10 @@ def test_native_cpu_drops_vector_features_the_machine_does_not_report(tmp_path):
     missing = _missing_vector_features("znver4", str(masked))
     assert "avx512f" in missing and "avx2" not in missing and "fma" not in missing
     full = tmp_path / "full"
-    full.write_text("flags\t: avx avx2 fma f16c avx512f avx512dq avx512cd avx512bw avx512vl "
-                    "avx512_bf16 avx512_bitalg avx512ifma avx512vbmi avx512_vbmi2 "
-                    "avx512_vnni avx512_vpopcntdq gfni vaes vpclmulqdq\n")  # fmt: skip
+    full.write_text(
+        "flags\t: avx avx2 fma f16c avx512f avx512dq avx512cd avx512bw avx512vl "
+        "avx512_bf16 avx512_bitalg avx512ifma avx512vbmi avx512_vbmi2 "
+        "avx512_vnni avx512_vpopcntdq gfni vaes vpclmulqdq\n"
+    )
     assert _missing_vector_features("znver4", str(full)) == []
     assert _missing_vector_features("znver4", str(tmp_path / "absent")) == []

@@ -18,9 +18,9 @@ from edgecv.lowering import lower
 from edgecv.profiles import load_profile
 from edgecv.runtime.opencl import OpenCLBackend
 from edgecv.schedules.gpu import (
-    Conv2d,
+    Conv2D,
     DenseColumns,
-    DepthwiseConv2d,
+    DepthwiseConv2D,
     Injective,
     Pool,
     RowReduction,
@@ -116,36 +116,62 @@ DETECTION_ROWS = (
 
 # (case, graph, input shape, kernel name, the rule that must schedule it)
 CASES = [
-    ("conv1x1", conv(24, 1), (1, 16, 14, 14), "fused_conv2d_add_relu", Conv2d),
-    ("conv1x1_prime", conv(8, 1, epilogue=False), (1, 12, 7, 13), "conv2d", Conv2d),
-    ("conv3x3", conv(16, 3), (1, 8, 20, 20), "fused_conv2d_add_relu", Conv2d),
-    ("conv3x3_s2_odd", conv(16, 3, stride=2), (1, 8, 19, 19), "fused_conv2d_add_relu", Conv2d),
-    ("conv5x5_asym", conv(8, 5, pad=(1, 2, 2, 1)), (1, 5, 9, 11), "fused_conv2d_add_relu", Conv2d),
-    ("conv7x7_s2", conv(16, 7, stride=2), (1, 3, 40, 37), "fused_conv2d_add_relu", Conv2d),
-    ("conv3x3_prime", conv(4, 3, epilogue=False), (1, 3, 17, 53), "conv2d", Conv2d),
-    ("conv3x3_18_outputs", conv(18, 3), (1, 8, 11, 13), "fused_conv2d_add_relu", Conv2d),
-    ("conv1x1_255_outputs", conv(255, 1), (1, 16, 13, 13), "fused_conv2d_add_relu", Conv2d),
-    ("depthwise3x3", conv(8, 3, groups=8), (1, 8, 26, 26), "fused_conv2d_add_relu",
-     DepthwiseConv2d),
-    ("depthwise3x3_s2", conv(8, 3, stride=2, groups=8), (1, 8, 13, 13),
-     "fused_conv2d_add_relu", DepthwiseConv2d),
-    ("grouped1x1", conv(16, 1, groups=4), (1, 8, 7, 7), "fused_conv2d_add_relu",
-     DepthwiseConv2d),
+    ("conv1x1", conv(24, 1), (1, 16, 14, 14), "fused_conv2d_add_relu", Conv2D),
+    ("conv1x1_prime", conv(8, 1, epilogue=False), (1, 12, 7, 13), "conv2d", Conv2D),
+    ("conv3x3", conv(16, 3), (1, 8, 20, 20), "fused_conv2d_add_relu", Conv2D),
+    ("conv3x3_s2_odd", conv(16, 3, stride=2), (1, 8, 19, 19), "fused_conv2d_add_relu", Conv2D),
+    ("conv5x5_asym", conv(8, 5, pad=(1, 2, 2, 1)), (1, 5, 9, 11), "fused_conv2d_add_relu", Conv2D),
+    ("conv7x7_s2", conv(16, 7, stride=2), (1, 3, 40, 37), "fused_conv2d_add_relu", Conv2D),
+    ("conv3x3_prime", conv(4, 3, epilogue=False), (1, 3, 17, 53), "conv2d", Conv2D),
+    ("conv3x3_18_outputs", conv(18, 3), (1, 8, 11, 13), "fused_conv2d_add_relu", Conv2D),
+    ("conv1x1_255_outputs", conv(255, 1), (1, 16, 13, 13), "fused_conv2d_add_relu", Conv2D),
+    (
+        "depthwise3x3",
+        conv(8, 3, groups=8),
+        (1, 8, 26, 26),
+        "fused_conv2d_add_relu",
+        DepthwiseConv2D,
+    ),
+    (
+        "depthwise3x3_s2",
+        conv(8, 3, stride=2, groups=8),
+        (1, 8, 13, 13),
+        "fused_conv2d_add_relu",
+        DepthwiseConv2D,
+    ),
+    ("grouped1x1", conv(16, 1, groups=4), (1, 8, 7, 7), "fused_conv2d_add_relu", DepthwiseConv2D),
     ("edge_pad", edge_pad_max_pool, (1, 8, 13, 13), "replicate_pad", Injective),
     ("max_pool_2x2_s1", edge_pad_max_pool, (1, 8, 13, 13), "max_pool2d", Pool),
-    ("avg_pool3x3_s2",
-     lambda bb, x: bb.emit(relax.op.nn.avg_pool2d(x, (3, 3), strides=2, padding=1)),
-     (1, 8, 15, 15), "avg_pool2d", Pool),
-    ("global_avg_pool",
-     lambda bb, x: bb.emit(relax.op.nn.adaptive_avg_pool2d(x, (1, 1))),
-     (1, 16, 7, 7), "adaptive_avg_pool2d", Pool),
+    (
+        "avg_pool3x3_s2",
+        lambda bb, x: bb.emit(relax.op.nn.avg_pool2d(x, (3, 3), strides=2, padding=1)),
+        (1, 8, 15, 15),
+        "avg_pool2d",
+        Pool,
+    ),
+    (
+        "global_avg_pool",
+        lambda bb, x: bb.emit(relax.op.nn.adaptive_avg_pool2d(x, (1, 1))),
+        (1, 16, 7, 7),
+        "adaptive_avg_pool2d",
+        Pool,
+    ),
     ("upsample_nearest", upsample, (1, 8, 13, 13), "fused_repeat_repeat1", Injective),
     ("dense", dense, (1, 8, 5, 5), "fused_matmul_add", DenseColumns),
-    ("max_pool3x3_s2_odd", op("nn.max_pool2d", (3, 3), strides=2, padding=1), (1, 8, 17, 19),
-     "max_pool2d", Pool),
-    ("max_pool3x3_s2_packed",
-     op("nn.max_pool2d", (3, 3), strides=2, padding=1, layout="NCHW8c"), (1, 2, 17, 19, 8),
-     "max_pool2d", Pool),
+    (
+        "max_pool3x3_s2_odd",
+        op("nn.max_pool2d", (3, 3), strides=2, padding=1),
+        (1, 8, 17, 19),
+        "max_pool2d",
+        Pool,
+    ),
+    (
+        "max_pool3x3_s2_packed",
+        op("nn.max_pool2d", (3, 3), strides=2, padding=1, layout="NCHW8c"),
+        (1, 2, 17, 19, 8),
+        "max_pool2d",
+        Pool,
+    ),
     ("leaky_relu_prime", op("nn.leakyrelu", 0.1), (1, 5, 13, 13), "leaky_relu", Injective),
     ("bias_sigmoid_odd", bias_sigmoid, (1, 255, 13, 13), "fused_add_tir_sigmoid", Injective),
     ("concat", concat_scaled, (1, 6, 7, 9), "fused_multiply_concatenate", Injective),
@@ -154,7 +180,7 @@ CASES = [
     ("softmax_last_axis", op("nn.softmax", axis=-1), (1, 300, 21), "softmax", RowReduction),
     ("softmax_axis1", op("nn.softmax", axis=1), (1, 21, 19, 17), "softmax", RowReduction),
     ("sum_rows", op("sum", axis=[2, 3]), (1, 300, 3, 5), "sum", RowReduction),
-]  # fmt: skip
+]
 IDS = [case[0] for case in CASES]
 _KERNELS: dict[str, tvm.tirx.PrimFunc] = {}
 
@@ -206,8 +232,8 @@ def test_rule_matches_the_unscheduled_kernel(case, device):
 def test_rules_return_none_on_other_kinds():
     by_name = {case[0]: case_kernel(case) for case in CASES}
     others = {
-        Conv2d: ["depthwise3x3", "max_pool_2x2_s1", "dense", "upsample_nearest"],
-        DepthwiseConv2d: ["conv3x3", "max_pool_2x2_s1", "dense"],
+        Conv2D: ["depthwise3x3", "max_pool_2x2_s1", "dense", "upsample_nearest"],
+        DepthwiseConv2D: ["conv3x3", "max_pool_2x2_s1", "dense"],
         Pool: ["conv3x3", "depthwise3x3", "dense", "upsample_nearest"],
         DenseColumns: ["conv1x1", "global_avg_pool", "upsample_nearest"],
         Injective: ["conv1x1", "max_pool_2x2_s1", "dense", "softmax_last_axis"],
@@ -217,7 +243,7 @@ def test_rules_return_none_on_other_kinds():
         for name in names:
             assert rule().apply(by_name[name], TARGET, False) is None, (rule.__name__, name)
     cpu = load_profile("cpu").tvm_target()
-    assert Conv2d().apply(by_name["conv3x3"], cpu, False) is None  # GPU targets only
+    assert Conv2D().apply(by_name["conv3x3"], cpu, False) is None  # GPU targets only
 
 
 @pytest.mark.parametrize("name", ["leaky_relu_prime", "bias_sigmoid_odd", "concat"])
@@ -258,9 +284,17 @@ def test_conv_tile_positions_for_stride_one_and_width_for_strided(shape, flat, c
 
 
 @pytest.mark.parametrize(
-    "name", ["conv3x3_s2_odd", "conv3x3_prime", "max_pool3x3_s2_odd", "max_pool3x3_s2_packed",
-             "detection_rows", "softmax_axis1", "bias_sigmoid_odd"],
-)  # fmt: skip
+    "name",
+    [
+        "conv3x3_s2_odd",
+        "conv3x3_prime",
+        "max_pool3x3_s2_odd",
+        "max_pool3x3_s2_packed",
+        "detection_rows",
+        "softmax_axis1",
+        "bias_sigmoid_odd",
+    ],
+)
 def test_rule_kernels_run_clean_under_oclgrind(name):
     """No out-of-bounds access or race (predicated tails, 1-D views, unrolled rows)."""
     from ops.test_oclgrind import assert_clean, opencl_devices, run_on_oclgrind
@@ -306,8 +340,7 @@ def test_safe_rule_on_every_kernel_of_a_model(exported):
     )
     funcs = dict(lower(imported.mod).kernels.functions.items())
     rule = safe_rule()
-    module = tvm.IRModule({gv: rule.apply(f, TARGET, False).mod["main"]
-                           for gv, f in funcs.items()})  # fmt: skip
+    module = tvm.IRModule({gv: rule.apply(f, TARGET, False).mod["main"] for gv, f in funcs.items()})
     built = build_opencl(module, TARGET)
     assert not built.unsupported, built.unsupported
     backend = OpenCLBackend("intel", built.source, built.launches, built.requires)
@@ -338,6 +371,6 @@ def test_rules_cuda_source_compiles_with_nvcc():
     assert not kernels.unsupported, kernels.unsupported
     assert {c.rule for c in kernels.choices.values()} <= {
         f"gpu.{rule.__name__}"
-        for rule in (Conv2d, DepthwiseConv2d, Pool, DenseColumns, Injective, RowReduction)
+        for rule in (Conv2D, DepthwiseConv2D, Pool, DenseColumns, Injective, RowReduction)
     }
     assert kernels.cubin[:4] == b"\x7fELF"

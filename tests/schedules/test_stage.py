@@ -94,8 +94,11 @@ def reference(lowered, x):
         for b in step.args:
             buf = plan.buffers[plan.root(b)]
             if b not in out:
-                value = (lowered.constants[buf.name] if buf.kind == "const"
-                         else np.zeros(buf.shape, buf.dtype))  # fmt: skip
+                value = (
+                    lowered.constants[buf.name]
+                    if buf.kind == "const"
+                    else np.zeros(buf.shape, buf.dtype)
+                )
                 out[b] = tvm.runtime.tensor(value)
             args.append(out[b])
         lib[step.kernel](*args)
@@ -170,8 +173,9 @@ def _conv_record(tmp_path, verdict):
     from tvm.s_tir import meta_schedule as ms
 
     lowered = conv_relu_kernels()
-    conv_name, conv = next((gv.name_hint, f) for gv, f in lowered.kernels.functions.items()
-                           if "conv2d" in gv.name_hint)  # fmt: skip
+    conv_name, conv = next(
+        (gv.name_hint, f) for gv, f in lowered.kernels.functions.items() if "conv2d" in gv.name_hint
+    )
     mod = workload(conv)
     sch = s_tir.Schedule(mod)
     block = sch.get_sblock("conv2d_nchw")
@@ -179,8 +183,13 @@ def _conv_record(tmp_path, verdict):
     sch.parallel(loops[1])  # a valid, recognisable schedule: output channels in parallel
     (tmp_path / "db").mkdir()
     db = ms.database.JSONDatabase(work_dir=str(tmp_path / "db"), module_equality="structural")
-    record = ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [1e-4], TARGET,
-                                      ms.arg_info.ArgInfo.from_prim_func(mod["main"]))  # fmt: skip
+    record = ms.database.TuningRecord(
+        sch.trace,
+        db.commit_workload(mod),
+        [1e-4],
+        TARGET,
+        ms.arg_info.ArgInfo.from_prim_func(mod["main"]),
+    )
     db.commit_tuning_record(record)
     key = str(int(tvm_ffi.structural_hash(mod)))
     write_meta(tmp_path / "db", {"kind": "llvm"}, verdict(key))
@@ -196,8 +205,12 @@ def test_a_tuned_record_comes_first_and_gives_the_same_numbers(tmp_path):
     which beat today's default rule, is found by the kernel's structure and replayed; a
     kernel without one gets the rules."""
     lowered, conv_name, conv = _conv_record(tmp_path, _won(rules_fingerprint(gpu=False)))
-    order = ScheduleOrder(TARGET, cpu.default_rules(TARGET), cpu.safe_rule(),
-                          TuningDatabase([tmp_path / "missing", tmp_path / "db"]))  # fmt: skip
+    order = ScheduleOrder(
+        TARGET,
+        cpu.default_rules(TARGET),
+        cpu.safe_rule(),
+        TuningDatabase([tmp_path / "missing", tmp_path / "db"]),
+    )
     kernels = {gv.name_hint: f for gv, f in lowered.kernels.functions.items()}
     compiled = compile_contained(kernels, order, compile_object(TARGET), tmp_path, 30.0, 2)
     assert compiled[conv_name].choice.rule == "tuned"
@@ -242,8 +255,9 @@ def test_a_corrupt_or_foreign_database_warns_and_builds_with_defaults(tmp_path):
     messages = " ".join(str(w.message) for w in caught)
     assert "cannot be read" in messages and "written by TVM 0.19.0" in messages
     assert not database
-    conv = next(f for gv, f in conv_relu_kernels().kernels.functions.items()
-                if "conv2d" in gv.name_hint)  # fmt: skip
+    conv = next(
+        f for gv, f in conv_relu_kernels().kernels.functions.items() if "conv2d" in gv.name_hint
+    )
     assert database.query(conv, TARGET) is None
 
 
@@ -264,8 +278,8 @@ def test_cpu_profile_at_its_native_target_matches_mxnet(tmp_path, exported):
         "cpu",
         params=str(model.params_path),
         input_shape=model.input_shape,
-        options=BuildOptions(tuning=None),
-    )  # fmt: skip  (the default rules)
+        options=BuildOptions(tuning=None),  # the default rules
+    )
     assert time.perf_counter() - started < 240
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["profile"]["target"]["mcpu"] == "native"

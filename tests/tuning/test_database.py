@@ -39,8 +39,20 @@ def tuned(tmp_path_factory):
     symbol = export_tiny(root / "model")
     db = root / "db"
     # the heaviest workload searched (4 trials); every workload gets its default record
-    status = main(["tune", str(symbol), "--input-shape", "1,8,16,16", "--trials", "4",
-                   "--tasks", "1", "--db", str(db)])  # fmt: skip
+    status = main(
+        [
+            "tune",
+            str(symbol),
+            "--input-shape",
+            "1,8,16,16",
+            "--trials",
+            "4",
+            "--tasks",
+            "1",
+            "--db",
+            str(db),
+        ]
+    )
     assert status == 0
     return symbol, db
 
@@ -168,9 +180,11 @@ def test_an_old_shipped_record_timed_faster_does_not_replace_the_one_just_raced(
 
     for task in tiny_tasks(symbol, db):  # its slowest schedule, claiming a nanosecond
         slowest = max(records_of(work, task.mod), key=mean)
-        old.commit_tuning_record(ms.database.TuningRecord(
-            slowest.trace, old.commit_workload(task.mod), [1e-9], target,
-            slowest.args_info))  # fmt: skip
+        old.commit_tuning_record(
+            ms.database.TuningRecord(
+                slowest.trace, old.commit_workload(task.mod), [1e-9], target, slowest.args_info
+            )
+        )
     ship(db, tmp_path / "shipped", cpu_class(target), {})
     shipped = open_database(tmp_path / "shipped")
     for task in tiny_tasks(symbol, db):
@@ -183,10 +197,16 @@ def test_a_tuned_deploy_gives_the_numbers_of_the_default_build_and_mxnet(tuned, 
 
     symbol, db = tuned
     db = search_won_everywhere(db, tmp_path / "won")
-    with_db = deploy(str(symbol), tmp_path / "tuned", "cpu", input_shape=SHAPE,
-                     options=BuildOptions(tuning=[db]))  # fmt: skip
-    without = deploy(str(symbol), tmp_path / "default", "cpu", input_shape=SHAPE,
-                     options=BuildOptions(tuning=None))  # fmt: skip
+    with_db = deploy(
+        str(symbol), tmp_path / "tuned", "cpu", input_shape=SHAPE, options=BuildOptions(tuning=[db])
+    )
+    without = deploy(
+        str(symbol),
+        tmp_path / "default",
+        "cpu",
+        input_shape=SHAPE,
+        options=BuildOptions(tuning=None),
+    )
     manifest = json.loads((with_db / "manifest.json").read_text())
     assert set(manifest["build"]["schedules"]["cpu"]["rules"]) == {"tuned"}
     x = tiny_input()
@@ -226,8 +246,13 @@ def test_a_stale_record_warns_and_the_default_rule_builds_it(tuned, tmp_path):
     # (TVM checks every trace as it loads a database: the whole database is passed over)
     commit_schedule(stale, conv.mod, serial(matmul_task(), gpu=False), [1e-9], target)
     with pytest.warns(UserWarning, match="stale cannot be read"):
-        path = deploy(str(symbol), tmp_path / "pkg", "cpu", input_shape=SHAPE,
-                      options=BuildOptions(tuning=[tmp_path / "stale"], layout="NCHW"))  # fmt: skip
+        path = deploy(
+            str(symbol),
+            tmp_path / "pkg",
+            "cpu",
+            input_shape=SHAPE,
+            options=BuildOptions(tuning=[tmp_path / "stale"], layout="NCHW"),
+        )
     kernels = json.loads((path / "manifest.json").read_text())["build"]["schedules"]["cpu"]
     entry = kernels["kernels"][conv.name]
     assert entry["rule"] == "cpu.Conv2D"
@@ -243,8 +268,13 @@ def test_a_corrupt_database_warns_and_deploy_builds_the_defaults(tuned, tmp_path
     (corrupt / "database_workload.json").write_text('["truncated\n')
     (corrupt / "database_tuning_record.json").write_text("")
     with pytest.warns(UserWarning, match="cannot be read"):
-        path = deploy(str(symbol), tmp_path / "pkg", "cpu", input_shape=SHAPE,
-                      options=BuildOptions(tuning=[corrupt]))  # fmt: skip
+        path = deploy(
+            str(symbol),
+            tmp_path / "pkg",
+            "cpu",
+            input_shape=SHAPE,
+            options=BuildOptions(tuning=[corrupt]),
+        )
     rules = json.loads((path / "manifest.json").read_text())["build"]["schedules"]["cpu"]["rules"]
     assert "tuned" not in rules
 
@@ -302,8 +332,14 @@ def test_a_record_for_an_opencl_profile_applies_at_deploy_and_matches_mxnet(tune
     # each record shown to beat today's GPU rules (else deploy keeps the rule)
     won = {"default_s": 2e-4, "best_s": 1e-4, "rules": rules_fingerprint(gpu=True)}
     write_meta(tmp_path / "gpu", {"kind": "opencl"}, {str(t.key): won for t in tasks})
-    path = deploy(str(symbol), tmp_path / "pkg", "deeplens", input_shape=SHAPE, host="native",
-                  options=BuildOptions(tuning=[tmp_path / "gpu"]))  # fmt: skip
+    path = deploy(
+        str(symbol),
+        tmp_path / "pkg",
+        "deeplens",
+        input_shape=SHAPE,
+        host="native",
+        options=BuildOptions(tuning=[tmp_path / "gpu"]),
+    )
     rules = json.loads((path / "manifest.json").read_text())["build"]["schedules"]["gpu"]["rules"]
     # every GPU kernel of the plan takes its record (how many there are depends on the
     # layouts the measured costs chose: 3 or 4 on Intel's runtime)
@@ -391,10 +427,24 @@ def test_ctrl_c_twice_ends_the_search_with_the_records_kept(tmp_path):
     db = tmp_path / "db"
     env = dict(os.environ, EDGECV_PROGRESS="0")
     process = subprocess.Popen(
-        [sys.executable, "-m", "edgecv.cli", "tune", str(symbol), "--input-shape", "1,8,16,16",
-         "--trials", "512", "--db", str(db)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "edgecv.cli",
+            "tune",
+            str(symbol),
+            "--input-shape",
+            "1,8,16,16",
+            "--trials",
+            "512",
+            "--db",
+            str(db),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     said = []
     for line in process.stdout:  # until the search runs
         said.append(line)
@@ -443,8 +493,9 @@ def test_ctrl_c_is_answered_while_native_code_runs(tmp_path):
 
     script = tmp_path / "spin.py"
     script.write_text(SPIN)
-    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     assert process.stdout.readline().strip() == "spinning"
     time.sleep(1)
     process.send_signal(signal.SIGINT)

@@ -31,8 +31,13 @@ def free_port() -> int:
 
 def start(args: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "EDGECV_PROGRESS": "0"}
-    return subprocess.Popen([sys.executable, *args], stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, *args],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -58,22 +63,66 @@ def test_two_servers_share_the_work_and_a_killed_one_loses_no_record(tmp_path):
 
     symbol = export_tiny(tmp_path / "model")
     port = free_port()
-    tracker = start(["-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
-                     "--port-end", str(port + 1)], tmp_path / "tracker.log")  # fmt: skip
+    tracker = start(
+        [
+            "-m",
+            "tvm.exec.rpc_tracker",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--port-end",
+            str(port + 1),
+        ],
+        tmp_path / "tracker.log",
+    )
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     processes = [tracker]
     try:
         wait_for(lambda: _tracker_up(port), 60, "the tracker")
         for i, log in enumerate(logs):
-            processes.append(start(["-m", "edgecv.cli", "rpc-server", "--tracker",
-                                    f"127.0.0.1:{port}", "--key", KEY, "--host", "127.0.0.1",
-                                    "--port", str(free_port() + i)], log))  # fmt: skip
+            processes.append(
+                start(
+                    [
+                        "-m",
+                        "edgecv.cli",
+                        "rpc-server",
+                        "--tracker",
+                        f"127.0.0.1:{port}",
+                        "--key",
+                        KEY,
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(free_port() + i),
+                    ],
+                    log,
+                )
+            )
         summary = lambda: rpc.connect_tracker("127.0.0.1", port).summary()  # noqa: E731
         wait_for(lambda: summary()["queue_info"].get(KEY, {}).get("free") == 2, 120, "servers")
         db = tmp_path / "db"
-        tune = start(["-m", "edgecv.cli", "tune", str(symbol), "--input-shape", "1,8,16,16",
-                      "--trials", "8", "--tasks", "1", "--db", str(db), "--rpc",
-                      f"127.0.0.1:{port}", "--key", KEY], tmp_path / "tune.log")  # fmt: skip
+        tune = start(
+            [
+                "-m",
+                "edgecv.cli",
+                "tune",
+                str(symbol),
+                "--input-shape",
+                "1,8,16,16",
+                "--trials",
+                "8",
+                "--tasks",
+                "1",
+                "--db",
+                str(db),
+                "--rpc",
+                f"127.0.0.1:{port}",
+                "--key",
+                KEY,
+            ],
+            tmp_path / "tune.log",
+        )
         processes.append(tune)
         wait_for(lambda: timed(logs[0]) >= 1 or tune.poll() is not None, 600, "work on a")
         stop(processes[1])  # server a, mid-run

@@ -20,8 +20,9 @@ from edgecv.tuning.tasks import default_schedules
 
 
 def build_and_time(builder, runner, target, task, schedules) -> list[float]:
-    built = builder.build([BuilderInput(tvm.IRModule({"main": s.mod["main"]}), target)
-                           for s in schedules])  # fmt: skip
+    built = builder.build(
+        [BuilderInput(tvm.IRModule({"main": s.mod["main"]}), target) for s in schedules]
+    )
     assert all(b.error_msg is None for b in built), [b.error_msg for b in built]
     args = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
     kind = str(target.kind.name)
@@ -38,8 +39,9 @@ def test_llvm_runner_orders_a_serial_and_a_scheduled_matmul(tmp_path):
     task = matmul_task()
     _, fast = next(default_schedules(task, cpu_order(target)))
     builder = ForkedBuilder(LLVMCompiler(target), tmp_path, workers=2)
-    (slow_s, fast_s), _ = build_and_time(builder, LocalLLVMRunner(), target, task,
-                                         [serial(task, gpu=False), fast])  # fmt: skip
+    (slow_s, fast_s), _ = build_and_time(
+        builder, LocalLLVMRunner(), target, task, [serial(task, gpu=False), fast]
+    )
     assert fast_s * 1.5 < slow_s, (fast_s, slow_s)
 
 
@@ -59,8 +61,9 @@ def test_opencl_runner_orders_one_work_item_and_a_scheduled_matmul(tmp_path, dev
     fast = rows_and_columns(task)
     builder = ForkedBuilder(OpenCLCompiler(target), tmp_path, workers=2)
     runner = LocalOpenCLRunner(find_device(profile, device), target)
-    (slow_s, fast_s), built = build_and_time(builder, runner, target, task,
-                                             [serial(task, gpu=True), fast])  # fmt: skip
+    (slow_s, fast_s), built = build_and_time(
+        builder, runner, target, task, [serial(task, gpu=True), fast]
+    )
     assert fast_s * 1.5 < slow_s, (fast_s, slow_s)
     programs = {json.loads(Path(b.artifact_path).read_text())["program"] for b in built}
     assert len(programs) == 1  # one OpenCL program for the batch

@@ -35,12 +35,14 @@ def test_each_tile_is_timed_once_within_the_trials_and_raced_after(intel, tmp_pa
     task, said = packed_conv_task(channels=32, size=8), []
     db = open_database(tmp_path / "db")
     measure_defaults([task], order, builder, runner, db, said.append)
-    assert task.default_rule == "gpu.PackedConv2d"
+    assert task.default_rule == "gpu.PackedConv2D"
     offered = rule_variants(task, order)
     assert len(offered) >= 6
     # 3 trials in batches of 2: three tiles timed (two batches), each stored
-    assert sweep_variants([task], order, builder, runner, db, Budget(3, None, 2),
-                          said.append) == "trials"  # fmt: skip
+    assert (
+        sweep_variants([task], order, builder, runner, db, Budget(3, None, 2), said.append)
+        == "trials"
+    )
     assert len(records_of(db, task.mod)) == 1 + 3
     assert any("3 tile variants" in s for s in said)
     # resumed with more trials: only the tiles not timed yet

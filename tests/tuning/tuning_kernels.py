@@ -23,7 +23,7 @@ def matmul_task(n: int = 128) -> Task:
 
 def packed_conv_task(channels: int = 32, size: int = 14, block: int = 16) -> Task:
     """A 3x3 conv2d + ReLU in ``NCHW{block}c`` (weights a parameter), lowered as deploy
-    lowers it, as a tuning task whose default rule (``gpu.PackedConv2d`` on OpenCL) has
+    lowers it, as a tuning task whose default rule (``gpu.PackedConv2D`` on OpenCL) has
     tiles to offer."""
     from tvm import relax
 
@@ -45,8 +45,9 @@ def packed_conv_task(channels: int = 32, size: int = 14, block: int = 16) -> Tas
         return {"relax.nn.conv2d": desired_layouts(call, f"NCHW{block}c")}
 
     kernels = lower(relax.transform.ConvertLayout({}, packed)(bb.get())).kernels
-    name, func = next((gv.name_hint, f) for gv, f in kernels.functions.items()
-                      if "conv" in gv.name_hint)  # fmt: skip
+    name, func = next(
+        (gv.name_hint, f) for gv, f in kernels.functions.items() if "conv" in gv.name_hint
+    )
     return Task(name, workload(func), 1, [name])
 
 
@@ -82,8 +83,11 @@ def export_tiny(folder: Path) -> Path:
     from mxnet import gluon
 
     net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Conv2D(16, 3, padding=1, activation="relu"), gluon.nn.MaxPool2D(2),
-            gluon.nn.Dense(10))  # fmt: skip
+    net.add(
+        gluon.nn.Conv2D(16, 3, padding=1, activation="relu"),
+        gluon.nn.MaxPool2D(2),
+        gluon.nn.Dense(10),
+    )
     net.initialize(mx.init.Xavier(rnd_type="gaussian"))
     net.hybridize()
     net(mx.nd.ones((1, 8, 16, 16)))

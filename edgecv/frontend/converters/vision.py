@@ -71,10 +71,13 @@ def contrib_roi_align(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
         aligned=attrs.bool("aligned", False),
     )
     data, rois = inputs
-    out = ctx.bb.emit_te(roi_align_op.roi_align, data, rois, primfunc_name_hint="roi_align",
-                         **kwargs)  # fmt: skip
-    shapes = {"data_shape": [int(d) for d in data.ty.shape],
-              "rois_shape": [int(d) for d in rois.ty.shape]}  # fmt: skip
+    out = ctx.bb.emit_te(
+        roi_align_op.roi_align, data, rois, primfunc_name_hint="roi_align", **kwargs
+    )
+    shapes = {
+        "data_shape": [int(d) for d in data.ty.shape],
+        "rois_shape": [int(d) for d in rois.ty.shape],
+    }
     _tag(ctx, out, op="roi_align", dtype=str(data.ty.dtype), **shapes, **kwargs)
     return out
 
@@ -90,8 +93,9 @@ def contrib_multibox_prior(ctx: Context, inputs: list, attrs: Attrs) -> relax.Ex
         steps=attrs.floats("steps", (-1.0, -1.0)),
         offsets=attrs.floats("offsets", (0.5, 0.5)),
     )
-    return ctx.bb.emit_te(multibox.multibox_prior, inputs[0], primfunc_name_hint="multibox_prior",
-                          **kwargs)  # fmt: skip
+    return ctx.bb.emit_te(
+        multibox.multibox_prior, inputs[0], primfunc_name_hint="multibox_prior", **kwargs
+    )
 
 
 @converts("_contrib_MultiBoxDetection")
@@ -107,9 +111,9 @@ def contrib_multibox_detection(ctx: Context, inputs: list, attrs: Attrs) -> rela
         variances=attrs.floats("variances", (0.1, 0.1, 0.2, 0.2)),
         nms_topk=attrs.int("nms_topk", -1),
     )
-    out = ctx.bb.emit_te(multibox.multibox_detection, *inputs,
-                         primfunc_name_hint="multibox_detection", **kwargs)  # fmt: skip
+    out = ctx.bb.emit_te(
+        multibox.multibox_detection, *inputs, primfunc_name_hint="multibox_detection", **kwargs
+    )
     shapes = [[int(d) for d in x.ty.shape] for x in inputs]
-    _tag(ctx, out, op="multibox_detection", shapes=shapes, dtype=str(inputs[0].ty.dtype),
-         **kwargs)  # fmt: skip
+    _tag(ctx, out, op="multibox_detection", shapes=shapes, dtype=str(inputs[0].ty.dtype), **kwargs)
     return out

@@ -140,16 +140,21 @@ def _pmaddubsw(lanes: int, madd_bytes: str, madd_words: str):
         with T.sblock("root"):
             T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
             T.writes(C[0:lanes])
-            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"),
-                                          lanes), dtype=u8)  # fmt: skip
+            a = T.reinterpret(
+                T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), lanes), dtype=u8
+            )
             pairs = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(madd_bytes), a, B.vload([0, 0], dtype=bytes_),
+                T.llvm_lookup_intrinsic_id(madd_bytes),
+                a,
+                B.vload([0, 0], dtype=bytes_),
                 dtype=words,
-            )  # fmt: skip
+            )
             C[T.ramp(T.int32(0), 1, lanes)] += T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(madd_words), pairs, T.broadcast(T.int16(1), 2 * lanes),
+                T.llvm_lookup_intrinsic_id(madd_words),
+                pairs,
+                T.broadcast(T.int16(1), 2 * lanes),
                 dtype=i32,
-            )  # fmt: skip
+            )
 
     return implementation
 
@@ -166,13 +171,17 @@ def _vnni():
             T.writes(C[0:16])
             # LLVM 22 (TVM 0.27's) takes the bytes as <64 x i8>; TVM's own VNNI intrinsic
             # still passes <16 x i32> and fails LLVM's verifier
-            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"),
-                                          16), dtype="uint8x64")  # fmt: skip
+            a = T.reinterpret(
+                T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16),
+                dtype="uint8x64",
+            )
             C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-                C.vload([0], dtype="int32x16"), a, B.vload([0, 0], dtype="int8x64"),
+                C.vload([0], dtype="int32x16"),
+                a,
+                B.vload([0, 0], dtype="int8x64"),
                 dtype="int32x16",
-            )  # fmt: skip
+            )
 
     return implementation
 
@@ -234,8 +243,11 @@ def schedule_conv2d_int8(
         weight = read_index(sch, conv, (1, 4, 5, 6))
     data_index = next(i for i in range(len(stmt.reads)) if i != weight)
     data = stmt.reads[data_index]
-    dtypes = (str(data.source.dtype), str(stmt.reads[weight].source.dtype),
-              str(stmt.writes[0].source.dtype))  # fmt: skip
+    dtypes = (
+        str(data.source.dtype),
+        str(stmt.reads[weight].source.dtype),
+        str(stmt.writes[0].source.dtype),
+    )
     if dtypes != ("uint8", "int8", "int32"):
         raise NotApplicable(f"operands {dtypes}, not uint8 x int8 -> int32")
     refuse_grouped(sch, conv, data)
@@ -252,8 +264,9 @@ def schedule_conv2d_int8(
     placed = inline_plain_producers(sch, conv)
     pad = [p for p in sch.get_producers(conv) if has_conditional(sch.get(p))]
     to_quads = lambda b, c, y, x: (b, c // 4, y, x, c % 4)  # noqa: E731
-    data_index = next(i for i, r in enumerate(sch.get(conv).reads)
-                      if str(r.source.dtype) == "uint8")  # fmt: skip
+    data_index = next(
+        i for i, r in enumerate(sch.get(conv).reads) if str(r.source.dtype) == "uint8"
+    )
     if pad:  # the padding writes the packed layout directly: one pass over the input
         packed_data = pad[0]
         sch.transform_layout(packed_data, ("write", 0), to_quads)
@@ -262,8 +275,7 @@ def schedule_conv2d_int8(
         sch.transform_layout(packed_data, ("write", 0), to_quads)
     packed_weight = None
     if not prepacked:
-        weight = next(i for i, r in enumerate(sch.get(conv).reads)
-                      if str(r.source.dtype) == "int8")  # fmt: skip
+        weight = next(i for i, r in enumerate(sch.get(conv).reads) if str(r.source.dtype) == "int8")
         packed_weight = sch.cache_read(conv, weight, "global")
         sch.transform_layout(
             packed_weight,

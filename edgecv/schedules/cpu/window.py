@@ -112,15 +112,17 @@ def reuse_axes(sch: s_tir.Schedule, block: SBlockRV, spatial: int) -> list[int]:
     width = stmt.iter_vars[spatial - 1].var
     out = stmt.writes[0].source  # a reduction reads its accumulator too
     streamed = [
-        r for r in stmt.reads
+        r
+        for r in stmt.reads
         if not r.source.same_as(out) and uses([x.min for x in r.region], width)
-    ]  # fmt: skip
+    ]
     if not streamed:
         return []
     return [
-        i for i in range(spatial - 2)
+        i
+        for i in range(spatial - 2)
         if not any(uses([x.min for x in r.region], stmt.iter_vars[i].var) for r in streamed)
-    ]  # fmt: skip
+    ]
 
 
 class Window(OneReductionRule):

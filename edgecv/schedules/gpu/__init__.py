@@ -14,10 +14,10 @@ from tvm.s_tir import dlight
 from tvm.s_tir.dlight import ScheduleRule
 from tvm.target import Target
 
-from .conv2d import Conv2d
-from .conv2d_packed import PackedConv2d
+from .conv2d import Conv2D
+from .conv2d_packed import PackedConv2D
 from .dense import DenseColumns
-from .depthwise import DepthwiseConv2d
+from .depthwise import DepthwiseConv2D
 from .injective import Injective
 from .pool import Pool
 from .rows import RowReduction
@@ -50,9 +50,9 @@ def default_rules(target: Target, subgroup: int | None = None) -> list[ScheduleR
     del target, subgroup  # the rules read the target when they apply
     return [
         Winograd(),
-        PackedConv2d(),
-        Conv2d(),
-        DepthwiseConv2d(),
+        PackedConv2D(),
+        Conv2D(),
+        DepthwiseConv2D(),
         Pool(),
         DenseColumns(),
         Injective(),
@@ -69,9 +69,9 @@ def safe_rule() -> ScheduleRule:
 
 
 __all__ = [
-    "Conv2d",
+    "Conv2D",
     "DenseColumns",
-    "DepthwiseConv2d",
+    "DepthwiseConv2D",
     "Injective",
     "Pool",
     "RowReduction",

@@ -45,8 +45,9 @@ class GPURule(ScheduleRule):
         return sch, found, [b for b in found if "R" in iter_kinds(sch, b)]
 
     @staticmethod
-    def variants(func: tirx.PrimFunc, target: Target, default, knobs: Sequence,
-                 schedule: Callable) -> s_tir.Schedule | list[s_tir.Schedule] | None:  # fmt: skip
+    def variants(
+        func: tirx.PrimFunc, target: Target, default, knobs: Sequence, schedule: Callable
+    ) -> s_tir.Schedule | list[s_tir.Schedule] | None:
         """``schedule(func, target, default)``, the rule's schedule with its default
         knobs (tile sizes); with ``knobs`` (dlight's ``tunable``) a list of it and of
         every distinct schedule the other knob values give: a tuner's candidates.

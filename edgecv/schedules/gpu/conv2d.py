@@ -153,7 +153,7 @@ def schedule_conv(sch: s_tir.Schedule, conv, found: list, tile: ConvTile) -> Non
         sch.unroll(loop)
 
 
-class Conv2d(GPURule):
+class Conv2D(GPURule):
     """``conv2d_nchw`` with groups 1 (1x1 included) and its fused neighbours."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:

@@ -70,14 +70,16 @@ def pixel_tile(width: int, cap: int = PIXELS) -> int:
     return best if 2 * best >= cap or width <= cap else cap
 
 
-def _schedule(sch: s_tir.Schedule, conv, found: list, target: Target, depthwise: bool,
-              tile: Tile) -> None:  # fmt: skip
+def _schedule(
+    sch: s_tir.Schedule, conv, found: list, target: Target, depthwise: bool, tile: Tile
+) -> None:
     _, out = inline_around(sch, conv, found)
     schedule_tile(sch, conv, out, target, depthwise, tile)
 
 
-def schedule_tile(sch: s_tir.Schedule, conv, out, target: Target, depthwise: bool,
-                  tile: Tile = Tile()) -> None:  # fmt: skip
+def schedule_tile(
+    sch: s_tir.Schedule, conv, out, target: Target, depthwise: bool, tile: Tile = Tile()
+) -> None:
     """The work-items and register tile of a packed convolution block ``conv`` (loops
     ``n, co, y, x, lane`` then its reductions), its accumulators written out by ``out``
     (its fused epilogue) or, when None, by a block made here. Also the tile of
@@ -102,7 +104,7 @@ def schedule_tile(sch: s_tir.Schedule, conv, out, target: Target, depthwise: boo
         sch.unroll(loop)
 
 
-class PackedConv2d(GPURule):
+class PackedConv2D(GPURule):
     """``conv2d_NCHWc`` and ``depthwise_conv2d_NCHWc`` with their fused neighbours.
 
     ``tunable``: the schedules of every tile of :data:`TILES` (the default's first)."""

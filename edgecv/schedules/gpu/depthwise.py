@@ -18,7 +18,7 @@ from .base import GPURule
 from .conv2d import conv_shape, conv_tile, find_conv, schedule_conv
 
 
-class DepthwiseConv2d(GPURule):
+class DepthwiseConv2D(GPURule):
     """``group_conv2d_nchw``: depthwise and grouped convs with their fused neighbours."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:

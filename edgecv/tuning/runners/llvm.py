@@ -67,8 +67,9 @@ def time_llvm(library_path: str, arguments: str, config: str) -> list[float]:
         tvm.runtime.tensor(rng.uniform(-1, 1, size=shape).astype(dtype), dev)
         for dtype, shape in json.loads(arguments)
     ]
-    timer = library.time_evaluator(ENTRY, dev, number=1, repeat=cfg.repeat,
-                                   min_repeat_ms=int(cfg.min_repeat_ms))  # fmt: skip
+    timer = library.time_evaluator(
+        ENTRY, dev, number=1, repeat=cfg.repeat, min_repeat_ms=int(cfg.min_repeat_ms)
+    )
     for _ in range(cfg.warmup):
         library[ENTRY](*tensors)
     return [float(min(timer(*tensors).results))]
@@ -87,8 +88,9 @@ class LocalLLVMRunner(PyRunner):
         futures = []
         for item in runner_inputs:
             try:
-                seconds = time_llvm(item.artifact_path, args_json(item.args_info),
-                                    self.config.to_json())  # fmt: skip
+                seconds = time_llvm(
+                    item.artifact_path, args_json(item.args_info), self.config.to_json()
+                )
                 futures.append(done(seconds))
             except Exception as err:  # a candidate that faults is a failed trial
                 futures.append(failed(err))

@@ -101,8 +101,9 @@ def time_opencl(device_query: str, source: str, candidates: str, config: str) ->
         with _private_program_cache():
             backend = OpenCLBackend(device_query, source, launches)
     except ProgramBuildError as err:
-        return json.dumps({"failed_kernels": err.kernels, "crashed": err.crashed,
-                           "error": str(err)[:300]})  # fmt: skip
+        return json.dumps(
+            {"failed_kernels": err.kernels, "crashed": err.crashed, "error": str(err)[:300]}
+        )
     rng = np.random.default_rng(0)
     tensors: dict[str, list] = {}
     times: list = []
@@ -175,8 +176,11 @@ class LocalOpenCLRunner(PyRunner):
         self.config = config or TimingConfig()
 
     def run(self, runner_inputs: list[RunnerInput]):
-        return run_batches(runner_inputs, self.compiler, lambda source, cands: time_opencl(
-            self.query, source, cands, self.config.to_json()))  # fmt: skip
+        return run_batches(
+            runner_inputs,
+            self.compiler,
+            lambda source, cands: time_opencl(self.query, source, cands, self.config.to_json()),
+        )
 
 
 def run_batches(runner_inputs: list[RunnerInput], compiler: OpenCLCompiler, time_batch):
@@ -207,8 +211,9 @@ def run_batches(runner_inputs: list[RunnerInput], compiler: OpenCLCompiler, time
             work += [(members[:half], None), (members[half:], None)]
             continue
         bad = set(answer.get("failed_kernels") or [])
-        rejected = [i for i in members
-                    if not bad or any(k.startswith(folder[i].name + "_") for k in bad)]  # fmt: skip
+        rejected = [
+            i for i in members if not bad or any(k.startswith(folder[i].name + "_") for k in bad)
+        ]
         for i in rejected:
             results[i] = failed(f"OpenCL compiler: {answer.get('error', '')[:200]}")
         rest = [i for i in members if i not in rejected]
