@@ -109,6 +109,35 @@ class Profile:
         return {**PIECE_ALIGNMENT, "gpu": bits // 8}
 
     @property
+    def tuning_class(self) -> str | None:
+        """The device class whose tuning database the profile reads when it names one
+        (``"tuning_class"``: a folder of ``device_profiles/tuning``); None when the
+        class comes from this machine (no field, or ``"this-machine"``)."""
+        named = self.raw.get("tuning_class")
+        if named is None or named == "this-machine":
+            return None
+        if not isinstance(named, str) or not named:
+            raise ValueError(
+                f"profile {self.name}: tuning_class must be a tuning folder's name or "
+                f'"this-machine", found {named!r}'
+            )
+        return named
+
+    @property
+    def gpu_ops(self) -> str | tuple[str, ...]:
+        """The operators the profile's GPU takes: ``"all"`` or their names (``gpu_ops``);
+        the others run on the host CPU."""
+        ops = self.raw.get("gpu_ops", "all")
+        if ops == "all":
+            return ops
+        if not isinstance(ops, list) or not all(isinstance(o, str) for o in ops):
+            raise ValueError(
+                f'profile {self.name}: gpu_ops must be "all" or a list of operator names, '
+                f"found {ops!r}"
+            )
+        return tuple(ops)
+
+    @property
     def available(self) -> bool:
         return self.runtime in AVAILABLE_RUNTIMES
 
@@ -190,6 +219,8 @@ def check_profile(profile: Profile) -> None:
         profile.intel_subgroup_size  # noqa: B018  (validates gpu.subgroup_size)
         profile.piece_alignments  # noqa: B018  (validates gpu.mem_base_addr_align_bits)
         profile.fp16  # noqa: B018  (validates gpu.fp16)
+        profile.tuning_class  # noqa: B018
+        profile.gpu_ops  # noqa: B018
     except Exception as err:  # TVM raises ValueError/TVMError on bad target fields
         raise ProfileError(
             f"device profile `{profile.name}` is malformed: {foreign_message(err)}; fix its "

@@ -40,7 +40,7 @@ def place_launches(
     return place(
         lowered.plan,
         lowered.kernel_ops,
-        profile.raw.get("gpu_ops", "all"),
+        profile.gpu_ops,
         no_gpu_kernel=no_gpu_kernel,
         gpu_build_failed=gpu_build_failed,
         cpu_ops=options.cpu_ops,

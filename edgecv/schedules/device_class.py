@@ -151,8 +151,8 @@ def profile_class(profile: Profile) -> DeviceClass | None:
     compute it from this machine (the CPU, the OpenCL device ``local`` would use).
     None when it cannot be told (no OpenCL device here for ``local``).
     """
-    named = profile.raw.get("tuning_class")
-    if isinstance(named, str) and named != "this-machine":
+    named = profile.tuning_class
+    if named is not None:
         return DeviceClass({"named": named}, named)
     if profile.runtime == "cpu":
         return cpu_class(profile.tvm_target())

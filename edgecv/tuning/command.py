@@ -229,8 +229,8 @@ def _report(tasks: list[Task], db, spent: float) -> None:
 
 
 def _warn_if_profile_elsewhere(profile: Profile, cls: DeviceClass, db_dir: Path) -> None:
-    named = profile.raw.get("tuning_class")
-    if isinstance(named, str) and named not in ("this-machine", cls.name):
+    named = profile.tuning_class
+    if named is not None and named != cls.name:
         progress.say(
             f"note: profile {profile.name} reads the class {named}, not {cls.name} "
             f"tuned here: deploy with --db {db_dir} to use these records"

@@ -44,6 +44,25 @@ def test_a_bad_gpu_field_in_a_profile_is_named(profile, field, value, tmp_path):
         load_profile(path)
 
 
+@pytest.mark.parametrize(
+    "field, value, said",
+    [("gpu_ops", "conv2d", "gpu_ops must be"), ("tuning_class", 7, "tuning_class must be")],
+)
+def test_a_bad_top_level_field_in_a_profile_is_named(field, value, said, tmp_path):
+    raw = json.loads(json.dumps(load_profile("aisage").raw))
+    raw[field] = value
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ProfileError, match=said):
+        load_profile(path)
+
+
+def test_profiles_read_their_tuning_class_and_gpu_operators():
+    assert load_profile("aisage").tuning_class.startswith("opencl-mali-")
+    assert load_profile("cpu").tuning_class is None  # this machine's class
+    assert load_profile("aisage").gpu_ops == "all"
+
+
 def test_profiles_say_where_a_concat_input_may_start_on_their_gpu():
     assert load_profile("deeplens").piece_alignments == {"cpu": 64, "gpu": 128}
     assert load_profile("jetson_nano").piece_alignments["gpu"] == 512  # not said: 4096 bits
