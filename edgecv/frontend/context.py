@@ -9,7 +9,7 @@ import tvm
 from tvm import relax
 
 from ..errors import ConversionError
-from .mxnet_graph import Node
+from .mxnet_graph import MXNetNode
 
 
 @dataclass
@@ -17,7 +17,7 @@ class Context:
     """The block builder and the node being converted, with small typed helpers."""
 
     bb: relax.BlockBuilder
-    node: Node
+    node: MXNetNode
 
     def emit(self, expr: relax.Expr) -> relax.Var:
         return self.bb.emit(expr)

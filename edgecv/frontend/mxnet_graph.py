@@ -21,7 +21,7 @@ from ..errors import GraphError, ParamsError, foreign_message
 
 
 @dataclass(frozen=True)
-class Node:
+class MXNetNode:
     """One node of an MXNet graph; ``op == "null"`` marks inputs and parameters."""
 
     op: str
@@ -34,7 +34,7 @@ class Node:
 class MXNetGraph:
     """A parsed, validated MXNet symbol graph (nodes in topological order)."""
 
-    nodes: list[Node]
+    nodes: list[MXNetNode]
     heads: list[tuple[int, int]]
     source: str = "<graph>"
     arg_names: list[str] = field(default_factory=list)
@@ -82,7 +82,7 @@ def parse_symbol(text: str, source: str = "<graph>") -> MXNetGraph:
                 f"{source}: `{key}` should be a list, found {type(raw[key]).__name__}; "
                 "re-export the graph with `net.export(prefix)`"
             )
-    nodes: list[Node] = []
+    nodes: list[MXNetNode] = []
     for index, item in enumerate(raw["nodes"]):
         nodes.append(_parse_node(item, index, len(raw["nodes"]), source))
     heads = []
@@ -105,7 +105,7 @@ def _is_entry(entry: object) -> bool:
     )
 
 
-def _parse_node(item: object, index: int, count: int, source: str) -> Node:
+def _parse_node(item: object, index: int, count: int, source: str) -> MXNetNode:
     if not isinstance(item, dict) or "op" not in item or "name" not in item:
         raise GraphError(f"{source}: node #{index} lacks `op` or `name`: {item!r:.200}")
     op, name = item["op"], item["name"]
@@ -141,7 +141,7 @@ def _parse_node(item: object, index: int, count: int, source: str) -> Node:
             f"{source}: node `{name}` has attributes {attrs!r:.80}, expected a JSON object "
             "of strings"
         )
-    return Node(
+    return MXNetNode(
         op, name, {k: _attr_value(name, k, v, source) for k, v in attrs.items()}, tuple(inputs)
     )
 

@@ -17,12 +17,12 @@ from tvm import relax, te
 from ..errors import ConversionError, EdgecvError, foreign_message
 from ..op_registry import RegisteredOp, registered_op
 from .context import Context
-from .mxnet_graph import Node
+from .mxnet_graph import MXNetNode
 
 CUSTOM = "Custom"
 
 
-def op_key(node: Node) -> str:
+def op_key(node: MXNetNode) -> str:
     """The name a node's operator is registered under: a ``Custom`` node's ``op_type``,
     else the MXNet op name."""
     if node.op == CUSTOM:
@@ -30,12 +30,12 @@ def op_key(node: Node) -> str:
     return node.op
 
 
-def registered_for(node: Node) -> RegisteredOp | None:
+def registered_for(node: MXNetNode) -> RegisteredOp | None:
     """The registered operator of ``node``, or None."""
     return registered_op(op_key(node))
 
 
-def node_attrs(node: Node) -> dict[str, Any]:
+def node_attrs(node: MXNetNode) -> dict[str, Any]:
     """The node's attributes as Python values: MXNet writes every attribute (and a
     Custom op's keyword arguments) as a string, ``"(3, 3)"``, ``"0.5"``, ``"True"``; those
     that read as a literal become one, the rest stay strings. Training hints (``__lr_mult__``)

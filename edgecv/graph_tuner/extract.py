@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from .graph import LayoutGraph, Node
+from .graph import LayoutGraph, LayoutNode
 
 # Elementwise operators with one tensor input that Relax keeps in their input's packed
 # layout (checked by tests/graph_tuner/test_extract.py). Not here: leakyrelu and clip
@@ -75,17 +75,17 @@ def extract(mod: tvm.IRModule, candidates: Candidates) -> Extracted:
         if isinstance(expr, relax.Var):
             value = values.get(expr)
             if value is None:  # defined outside what we walked: plain, like an input
-                value = values[expr] = graph.add(Node(expr.name, "input", shape=_shape(expr)))
+                value = values[expr] = graph.add(LayoutNode(expr.name, "input", shape=_shape(expr)))
             return value if isinstance(value, list) else [value]
         if isinstance(expr, tvm.ir.expr.Constant):
             key = expr.__chandle__()
             if key not in constants:
-                constants[key] = graph.add(Node("const", "const", shape=_shape(expr)))
+                constants[key] = graph.add(LayoutNode("const", "const", shape=_shape(expr)))
             return [constants[key]]
         return []  # shapes, prim values: no layout
 
     for param in main.params:
-        values[param] = graph.add(Node(param.name, "input", shape=_shape(param)))
+        values[param] = graph.add(LayoutNode(param.name, "input", shape=_shape(param)))
     for block in main.body.blocks:
         for binding in block.bindings:
             var, value = binding.var, binding.value
@@ -96,17 +96,19 @@ def extract(mod: tvm.IRModule, candidates: Candidates) -> Extracted:
                 values[var] = ref(value)
             elif isinstance(value, relax.TupleGetItem):
                 source = ref(value.tuple_value)
-                values[var] = graph.add(Node(var.name, "fixed", tuple(source), _shape(var)))
+                values[var] = graph.add(LayoutNode(var.name, "fixed", tuple(source), _shape(var)))
             elif isinstance(value, relax.Call):
                 values[var] = _call_node(out, var, value, ref, candidates)
             else:
-                values[var] = graph.add(Node(var.name, "fixed", (), _shape(var)))
+                values[var] = graph.add(LayoutNode(var.name, "fixed", (), _shape(var)))
             if not isinstance(var, relax.DataflowVar) or not isinstance(block, relax.DataflowBlock):
                 # ConvertLayout returns every tensor leaving a dataflow block to plain.
                 values[var] = graph.add(
-                    Node(f"{var.name}.out", "fixed", tuple(ref(var)), _shape(var), op="boundary")
+                    LayoutNode(
+                        f"{var.name}.out", "fixed", tuple(ref(var)), _shape(var), op="boundary"
+                    )
                 )
-    graph.add(Node("output", "fixed", tuple(ref(main.body.body)), (), op="output"))
+    graph.add(LayoutNode("output", "fixed", tuple(ref(main.body.body)), (), op="output"))
     return out
 
 
@@ -118,7 +120,7 @@ def _call_node(out: Extracted, var, call: relax.Call, ref, candidates: Candidate
     kind = "fixed"
     if op == CONV2D and _plain_conv(call):
         choices = candidates(call)
-        index = graph.add(Node(var.name, "conv", tensors, shape, choices, _describe(call)))
+        index = graph.add(LayoutNode(var.name, "conv", tensors, shape, choices, _describe(call)))
         out.calls[index] = call
         return index
     if op in UNARY or op in POOLS:
@@ -131,7 +133,7 @@ def _call_node(out: Extracted, var, call: relax.Call, ref, candidates: Candidate
         kind = "concat"
     if kind == "follow" and (len(tensors) != 1 or graph.nodes[tensors[0]].rank != 4):
         kind = "fixed"
-    return graph.add(Node(var.name, kind, tensors, shape, op=op.removeprefix("relax.")))
+    return graph.add(LayoutNode(var.name, kind, tensors, shape, op=op.removeprefix("relax.")))
 
 
 def _describe(call: relax.Call) -> str:

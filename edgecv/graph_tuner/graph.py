@@ -1,6 +1,6 @@
 """The layout graph: what the graph tuner knows of a model, in plain Python.
 
-One :class:`Node` per tensor-producing binding of the Relax ``main`` function (plus the
+One :class:`LayoutNode` per tensor-producing binding of the Relax ``main`` function (plus the
 inputs, the constants and one node for the function's outputs), in binding order,
 which is a topological order. Convolutions choose their layout among their
 ``candidates``; every other node's layout follows from its inputs' layouts by the
@@ -78,7 +78,7 @@ def with_rank(layout: str, rank: int) -> str:
 
 
 @dataclass
-class Node:
+class LayoutNode:
     """One tensor of the model and how its layout is decided (see the module docstring).
 
     ``shape`` is the logical (NCHW) shape of the node's output; ``inputs`` are the
@@ -106,10 +106,10 @@ class Node:
 class LayoutGraph:
     """Nodes in topological order (every input index is smaller than its node's)."""
 
-    nodes: list[Node] = field(default_factory=list)
+    nodes: list[LayoutNode] = field(default_factory=list)
     _names: set[str] = field(default_factory=set, repr=False)
 
-    def add(self, node: Node) -> int:
+    def add(self, node: LayoutNode) -> int:
         """Append ``node``; its name is made unique (``#index`` appended on a clash)."""
         if any(i >= len(self.nodes) for i in node.inputs):
             raise ValueError(f"node {node.name} reads a node that comes after it")

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .graph import INVALID, LayoutGraph, Node, convertible, is_packed, plain
+from .graph import INVALID, LayoutGraph, LayoutNode, convertible, is_packed, plain
 
 # States at one step beyond which the DP gives way to iterated greedy. ResNet-50 needs
 # 9, SSD's heads a few hundred; tens of thousands would take seconds in Python.
@@ -32,7 +32,7 @@ MAX_STATES = 20_000
 class Costs(Protocol):
     """Seconds per call: of a convolution in a layout, of a transform between two."""
 
-    def kernel(self, node: Node, layout: str) -> float: ...
+    def kernel(self, node: LayoutNode, layout: str) -> float: ...
 
     def transform(self, shape: tuple[int, ...], src: str, dst: str) -> float: ...
 

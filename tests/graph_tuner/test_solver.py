@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from edgecv.graph_tuner.graph import LayoutGraph, Node
+from edgecv.graph_tuner.graph import LayoutGraph, LayoutNode
 from edgecv.graph_tuner.solver import evaluate, iterated_greedy, solve
 
 LAYOUTS = ("NCHW", "NCHW8c", "NCHW16c")
@@ -21,7 +21,7 @@ class TableCosts:
         self.kernels: dict[tuple[str, str], float] = {}
         self.transforms: dict[tuple, float] = {}
 
-    def kernel(self, node: Node, layout: str) -> float:
+    def kernel(self, node: LayoutNode, layout: str) -> float:
         key = (node.name, layout)
         if key not in self.kernels:
             self.kernels[key] = self.rng.uniform(1.0, 10.0)
@@ -36,22 +36,22 @@ class TableCosts:
 
 def _conv(g: LayoutGraph, name: str, source: int, channels: int, rng, weights=True) -> int:
     cands = tuple(lay for lay in LAYOUTS if channels % max(1, int(lay[4:-1] or 1)) == 0)
-    inputs = (source, g.add(Node(f"{name}.w", "const", shape=(channels, 1, 1, 1))))
+    inputs = (source, g.add(LayoutNode(f"{name}.w", "const", shape=(channels, 1, 1, 1))))
     shape = (1, channels, 8, 8)
     if rng.random() < 0.3:  # a conv without the plain candidate (a model where all pack)
         cands = cands[1:] or cands
-    return g.add(Node(name, "conv", inputs if weights else (source,), shape, cands, "conv2d"))
+    return g.add(LayoutNode(name, "conv", inputs if weights else (source,), shape, cands, "conv2d"))
 
 
 def _follow(g: LayoutGraph, name: str, source: int) -> int:
-    return g.add(Node(name, "follow", (source,), g.nodes[source].shape, op="relu"))
+    return g.add(LayoutNode(name, "follow", (source,), g.nodes[source].shape, op="relu"))
 
 
 def random_graph(seed: int, kind: str) -> LayoutGraph:
     """A chain, a chain of residual diamonds, or concatenations of branches."""
     rng = random.Random(seed)
     g = LayoutGraph()
-    x = g.add(Node("data", "input", shape=(1, 3, 8, 8)))
+    x = g.add(LayoutNode("data", "input", shape=(1, 3, 8, 8)))
     x = _conv(g, "stem", x, 16, rng)
     for k in range(rng.randint(2, 3)):
         if kind == "chain":
@@ -61,15 +61,15 @@ def random_graph(seed: int, kind: str) -> LayoutGraph:
             branch = _conv(g, f"b{k}a", x, rng.choice([8, 16]), rng)
             branch = _conv(g, f"b{k}b", _follow(g, f"r{k}", branch), channels, rng)
             args = (branch, x) if rng.random() < 0.5 else (x, branch)
-            x = g.add(Node(f"add{k}", "binary", args, g.nodes[x].shape, op="add"))
+            x = g.add(LayoutNode(f"add{k}", "binary", args, g.nodes[x].shape, op="add"))
         else:  # concat of 2-3 branches, some with odd channel counts
             branches = [
                 _conv(g, f"b{k}{j}", x, rng.choice([4, 8, 12, 16]), rng)
                 for j in range(rng.randint(2, 3))
             ]
             channels = sum(g.nodes[b].shape[1] for b in branches)
-            x = g.add(Node(f"cat{k}", "concat", tuple(branches), (1, channels, 8, 8)))
-    g.add(Node("flatten", "fixed", (x,), (1, g.nodes[x].shape[1] * 64), op="reshape"))
+            x = g.add(LayoutNode(f"cat{k}", "concat", tuple(branches), (1, channels, 8, 8)))
+    g.add(LayoutNode("flatten", "fixed", (x,), (1, g.nodes[x].shape[1] * 64), op="reshape"))
     return g
 
 
@@ -123,10 +123,10 @@ class FixedCosts:
 
 def _two_convs() -> LayoutGraph:
     g = LayoutGraph()
-    x = g.add(Node("data", "input", shape=(1, 3, 8, 8)))
-    a = g.add(Node("a", "conv", (x,), (1, 8, 8, 8), ("NCHW", "NCHW8c")))
-    b = g.add(Node("b", "conv", (a,), (1, 8, 8, 8), ("NCHW", "NCHW8c")))
-    g.add(Node("out", "fixed", (b,), (1, 8, 8, 8)))
+    x = g.add(LayoutNode("data", "input", shape=(1, 3, 8, 8)))
+    a = g.add(LayoutNode("a", "conv", (x,), (1, 8, 8, 8), ("NCHW", "NCHW8c")))
+    b = g.add(LayoutNode("b", "conv", (a,), (1, 8, 8, 8), ("NCHW", "NCHW8c")))
+    g.add(LayoutNode("out", "fixed", (b,), (1, 8, 8, 8)))
     return g
 
 
