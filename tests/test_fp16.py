@@ -139,6 +139,39 @@ def test_table_is_what_the_pass_does():
         assert policy in ("fp16", "follow", "fp32") and why, op
 
 
+def test_a_vision_operator_after_a_half_convolution_reads_float32():
+    """Detectors' own operators are ``call_tir``s (box decode, MultiBox, NMS) fed by
+    float16 convolutions: TVM's pass alone fails on them ("Expected TensorType, but got
+    R.Callable"); converted, the call_tir reads a float32 cast of the convolution and
+    its output feeds the next convolution as float16, with no float32-to-float32 cast."""
+    from tvm import te
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
+    w = relax.const(np.ones((4, 4, 3, 3), np.float32))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
+            decoded = bb.emit_te(
+                lambda a: te.compute(a.shape, lambda *i: a(*i) * 2.0, name="decode"), conv
+            )
+            out = bb.emit_output(relax.op.nn.conv2d(decoded, w, padding=1))
+        bb.emit_func_output(out)
+    main = to_half(bb.get())["main"]
+    bindings = main.body.blocks[0].bindings
+    kinds = [
+        (b.value.op.name, str(b.var.ty.dtype), str(b.value.args[0].ty.dtype))
+        if b.value.op.name == "relax.astype"
+        else (b.value.op.name, str(getattr(b.var.ty, "dtype", "")))
+        for b in bindings
+    ]
+    call_tir = next(b for b in bindings if b.value.op.name == "relax.call_tir")
+    (arg,) = call_tir.value.args[1].fields
+    assert str(arg.ty.dtype) == "float32" and str(call_tir.var.ty.dtype) == "float32", kinds
+    assert [k for k in kinds if k[0] == "relax.nn.conv2d"] == [("relax.nn.conv2d", "float16")] * 2
+    assert ("relax.astype", "float32", "float32") not in kinds, kinds
+
+
 def test_fp16_kernels_are_keyed_apart_from_fp32_ones():
     """The graph tuner's cost cache and the tuning databases find a kernel by the
     structural hash of its PrimFunc, which holds its buffers' dtypes: the fp16 version

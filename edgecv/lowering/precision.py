@@ -101,7 +101,72 @@ def to_half(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with its operators in float16 per :data:`HALF_PRECISION`; its inputs and
     outputs keep their dtypes (the pass casts at both ends)."""
     register_policies()
-    return relax.transform.ToMixedPrecision(out_dtype=ACCUMULATE)(mod)
+    guarded = relax.transform.ToMixedPrecision(out_dtype=ACCUMULATE)(_guard_call_tir(mod))
+    return _drop_identity_casts(guarded)
+
+
+def _guard_call_tir(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every float32 tensor a ``call_tir`` reads bound through
+    ``astype(float32)`` first.
+
+    TVM 0.27's pass fails on a ``call_tir`` whose input it made float16 ("Expected
+    TensorType, but got R.Callable": restoring the inputs' dtypes it asks the type of every
+    argument, the PrimFunc's GlobalVar included). Behind the cast the conversion back to
+    float32 happens at the cast, and the ``call_tir``'s own arguments never change. Casts
+    that stay float32 to float32 are dropped after the pass (:func:`_drop_identity_casts`)."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    @relax.expr_functor.mutator
+    class Guard(relax.PyExprMutator):
+        def visit_call_(self, call: relax.Call) -> relax.Expr:
+            call = super().visit_call_(call)
+            if not call.op.same_as(call_tir) or not isinstance(call.args[1], relax.Tuple):
+                return call
+            fields = [
+                self.builder_.emit(relax.op.astype(arg, "float32")) if _float32_var(arg) else arg
+                for arg in call.args[1].fields
+            ]
+            return relax.Call(
+                call.op,
+                [call.args[0], relax.Tuple(fields), *call.args[2:]],
+                call.attrs,
+                call.ty_args,
+            )
+
+    return _map_relax_functions(mod, Guard())
+
+
+def _drop_identity_casts(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` without ``astype`` calls whose input already has the dtype they cast to."""
+    astype = tvm.ir.Op.get("relax.astype")
+
+    @relax.expr_functor.mutator
+    class Drop(relax.PyExprMutator):
+        def visit_call_(self, call: relax.Call) -> relax.Expr:
+            call = super().visit_call_(call)
+            if call.op.same_as(astype) and _dtype(call.args[0]) == str(call.attrs.dtype):
+                return call.args[0]
+            return call
+
+    return _map_relax_functions(mod, Drop())
+
+
+def _float32_var(expr: relax.Expr) -> bool:
+    return isinstance(expr, relax.Var) and _dtype(expr) == "float32"
+
+
+def _dtype(expr: relax.Expr) -> str | None:
+    ty = expr.ty
+    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
+
+
+def _map_relax_functions(mod: tvm.IRModule, mutator) -> tvm.IRModule:
+    """A copy of ``mod`` with ``mutator`` applied to each of its Relax functions."""
+    updated = mod.clone()
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            updated[gv] = mutator.visit_expr(func)
+    return updated
 
 
 def computes_in_half(func: tirx.PrimFunc) -> bool:
