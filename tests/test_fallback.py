@@ -85,6 +85,18 @@ def test_input_read_first_on_the_cpu_lives_there():
     assert [(c.source, c.to_device) for c in copies] == [(2, "gpu")]
 
 
+def test_a_constant_output_of_a_gpu_plan_stays_on_the_gpu():
+    """An output no step computes (a constant: anchors a cut graph returns) lives where
+    the plan runs, so an all-GPU package needs no CPU kernels to hold it."""
+    plan = chain_plan()
+    plan.buffers.append(Buffer(7, (3,), "float32", "const", "anchors"))
+    plan.outputs.append(7)
+    result, copies = insert_copies(plan, Placement(["gpu"] * 4))
+    assert copies == [] and {b.device for b in result.buffers} == {"gpu"}
+    result, _ = insert_copies(plan, Placement(["cpu"] * 4))
+    assert result.buffers[7].device == "cpu"
+
+
 def test_placement_reasons_in_order():
     plan = chain_plan()
     ops = {"a": ["conv2d", "relu"], "b": ["box_nms"], "c": ["argsort"], "d": ["relu"]}

@@ -74,9 +74,12 @@ def insert_copies(
             first_reader.setdefault(root(arg).id, step.device)
         for out in step.args[len(step.args) - step.num_outputs :]:
             buffers[out].device = step.device
+    # an input or constant no step reads (an output that is a constant) stays where the
+    # plan runs: on the CPU of a GPU package it would need CPU kernels to hold it
+    unread = "gpu" if "gpu" in placement.devices else "cpu"
     for buf in buffers:
         if buf.kind in ("input", "const"):
-            buf.device = first_reader.get(buf.id, "cpu")
+            buf.device = first_reader.get(buf.id, unread)
     for buf in buffers:  # views follow their root (ids are in definition order)
         if buf.kind == "view":
             buf.device = root(buf.id).device
