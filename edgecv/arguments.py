@@ -1,11 +1,30 @@
 """Command-line arguments that more than one command takes: ``--input-shape`` of
-``deploy`` (:mod:`edgecv.cli`) and ``tune`` (:mod:`edgecv.tuning.command`)."""
+``deploy`` (:mod:`edgecv.cli`) and ``tune`` (:mod:`edgecv.tuning.command`), and the graph
+tuner's measuring budget (``deploy --layout-budget``; the build's default too)."""
 
 from __future__ import annotations
 
 import argparse
 
 from .errors import EdgecvError
+
+# The graph tuner's measuring budget of a deploy (seconds): a first deploy on a 2-core
+# machine with nothing cached stays within 240 s for the zoo's largest detectors
+# (docs/graph-tuner.md).
+LAYOUT_BUDGET_S = 60.0
+
+
+def layout_budget(text: str) -> float | None:
+    """``--layout-budget``: positive seconds, or ``none`` (no limit)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"expected positive seconds or `none`, got {text!r}")
+    return seconds
 
 
 def parse_shape(text: str):

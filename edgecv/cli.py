@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from . import progress
-from .arguments import SHAPE_HELP, input_shapes, parse_shape
+from .arguments import LAYOUT_BUDGET_S, SHAPE_HELP, input_shapes, layout_budget, parse_shape
 from .errors import EdgecvError, ShapeError, foreign_message, missing_extra
 from .outputs import check_image_path, check_output_folder, save_arrays, save_image
 
@@ -41,6 +41,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         kernel_time_limit_s=args.kernel_time_limit,
         layout=args.layout,
         layout_costs=args.db,
+        layout_budget_s=args.layout_budget,
         precision=args.precision,
         calibrate=args.calibrate,
         calibration_size=args.calibration_size,
@@ -372,6 +373,15 @@ def build_parser() -> argparse.ArgumentParser:
         "packed per convolution from kernel and transform times measured on the device "
         "and cached; NCHW when they cannot be had), NCHW, packed (NCHW[x]c wherever "
         "possible)",
+    )
+    d.add_argument(
+        "--layout-budget",
+        type=layout_budget,
+        default=LAYOUT_BUDGET_S,
+        metavar="SECONDS",
+        help=f"longest the graph tuner may measure costs it has not cached (default "
+        f"{LAYOUT_BUDGET_S:.0f}; the biggest convolutions first, the rest predicted and "
+        "measured by later deploys; `none`: measure everything)",
     )
     d.add_argument(
         "--precision",

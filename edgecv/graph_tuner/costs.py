@@ -87,6 +87,9 @@ class MeasuredCosts:
     # (convolution, layout) -> its time by each algorithm measured ("direct",
     # "winograd2", "winograd4"); ``kernels`` holds the fastest
     algorithms: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    # (convolution, layout, algorithm) -> where its time came from: "database",
+    # "cache", "measured" or "predicted"
+    origins: dict[tuple[str, str, str], str] = field(default_factory=dict)
 
     def kernel(self, node, layout: str) -> float:
         return self.kernels.get((node.name, layout), float("inf"))

@@ -20,7 +20,11 @@ def describe(facts: dict | None) -> list[str]:
     winograd = {name: c["side"] for c in facts.get("winograd", []) for name in c["convolutions"]}
     for conv in facts["convolutions"]:
         shape = "x".join(map(str, conv["shape"]))
-        times = ", ".join(f"{k} {_ms(v)}" for k, v in conv["seconds"].items())
+        origins = conv.get("sources", {})
+        times = ", ".join(
+            f"{k} {_ms(v)}{' predicted' if origins.get(k) == 'predicted' else ''}"
+            for k, v in conv["seconds"].items()
+        )
         lines.append(
             f"  {conv['name']:<8} {conv.get('op', ''):<16} {shape:<16} {conv['layout']:<8} "
             f"({times})"

@@ -51,6 +51,7 @@ from .costs import (
 )
 from .extract import Extracted
 from .graph import plain
+from .predict import ConvWork, conv_work, predict_convs, predict_transforms
 
 Progress = Callable[[str], None]
 
@@ -92,6 +93,7 @@ def measure_costs(
     cache: CostCache,
     progress: Progress = lambda message: None,
     winograd: tuple[int, ...] = (),
+    budget_s: float | None = None,
 ) -> MeasuredCosts:
     """Every candidate convolution kernel and every transform a plan may need: a
     convolution's candidates from the tuning database when it holds them all
@@ -99,7 +101,11 @@ def measure_costs(
 
     ``winograd``: the output tile sides to offer packed stride-1 3x3 convolutions as
     well (targets whose rules schedule Winograd's kernels); a packed convolution's cost
-    is its fastest algorithm's (:attr:`MeasuredCosts.algorithms` keeps each one's)."""
+    is its fastest algorithm's (:attr:`MeasuredCosts.algorithms` keeps each one's).
+
+    ``budget_s``: seconds the measuring may take (None: no limit). Kernels are measured
+    in batches, the most work first (:func:`_batches`); once the budget is spent the
+    rest are predicted from what was measured (:mod:`.predict`) and not cached."""
     costs = MeasuredCosts()
     wanted: dict[str, tirx.PrimFunc | None] = {}
     convs: list[tuple[str, str, str, str]] = []  # name, layout, algorithm, kernel key
@@ -115,33 +121,119 @@ def measure_costs(
         transforms[(shape, src, dst)] = key = transform_key(shape, src, dst)
         wanted.setdefault(key, None)  # built only when it has to be measured
     times: dict[str, float] = {}
+    origin: dict[str, str] = {}
     for key, seconds in _from_database(wanted, convs, meter).items():
-        times[key] = seconds
-        costs.sources["database"] = costs.sources.get("database", 0) + 1
+        times[key], origin[key] = seconds, "database"
     for key in wanted:
         cached = cache.get(key) if key not in times else None
         if cached is not None:
-            times[key] = cached
-            costs.sources["cache"] = costs.sources.get("cache", 0) + 1
-    to_measure: dict[str, tirx.PrimFunc] = {}
+            times[key], origin[key] = cached, "cache"
     shapes = {key: t for t, key in transforms.items()}
-    for key, func in wanted.items():
-        if key not in times:
-            to_measure[key] = func if func is not None else transform_kernel(*shapes[key])
-    if to_measure:
-        progress(f"graph tuner: measuring {len(to_measure)} kernels on {meter.costs_key}")
-        measured = meter.time(to_measure, progress)
+    missing = [key for key in wanted if key not in times]
+    if missing:
+        work = conv_work(extracted)
+        measured = _measure_within(
+            _batches(missing, convs, work, shapes), wanted, shapes, meter, progress, budget_s
+        )
         for key, seconds in measured.items():
-            times[key] = seconds
+            times[key], origin[key] = seconds, "measured"
             if math.isfinite(seconds):
                 cache.put(key, seconds)
-        costs.sources["measured"] = costs.sources.get("measured", 0) + len(measured)
         cache.save()
+        guessed = {**predict_convs(convs, times, work), **predict_transforms(transforms, times)}
+        for key, seconds in guessed.items():
+            times[key], origin[key] = seconds, "predicted"
+        if guessed:
+            progress(
+                f"graph tuner: {len(guessed)} costs predicted from the {len(measured)} "
+                f"measured within the {budget_s:.0f} s budget (a later deploy measures them)"
+            )
+    for key in wanted:
+        costs.sources[origin[key]] = costs.sources.get(origin[key], 0) + 1
     for name, layout, algorithm, key in convs:
         costs.add(name, layout, algorithm, times[key])
+        costs.origins[(name, layout, algorithm)] = origin[key]
     for transform, key in transforms.items():
         costs.transforms[transform] = times[key]
     return costs
+
+
+# The first batch's size (kernels); later batches are sized to what the budget has left
+# at the rate the batches before them ran, within these bounds.
+FIRST_BATCH, SMALLEST_BATCH, LARGEST_BATCH = 16, 8, 64
+
+
+def _batches(
+    missing: list[str],
+    convs: list[tuple[str, str, str, str]],
+    work: dict[str, ConvWork],
+    shapes: dict[str, tuple],
+) -> tuple[list[list[str]], list[str]]:
+    """(convolution groups, transforms) to measure, each most work first: a group is the
+    missing candidates of one convolution (measured in one batch, so the candidates the
+    solver weighs against each other share their rounds); transforms by size."""
+    missing_set = set(missing)
+    by_conv: dict[str, list[str]] = {}
+    for name, _, _, key in convs:
+        if key in missing_set and key not in by_conv.setdefault(name, []):
+            by_conv[name].append(key)
+    taken: set[str] = set()
+    groups = []
+    for name in sorted(by_conv, key=lambda n: -work[n].macs):
+        group = [k for k in by_conv[name] if k not in taken]
+        taken.update(group)
+        if group:
+            groups.append(group)
+    transforms = sorted((k for k in missing if k in shapes), key=lambda k: -math.prod(shapes[k][0]))
+    return groups, transforms
+
+
+def _measure_within(
+    queues: tuple[list[list[str]], list[str]],
+    wanted: dict[str, tirx.PrimFunc | None],
+    shapes: dict[str, tuple],
+    meter: Meter,
+    progress: Progress,
+    budget_s: float | None,
+) -> dict[str, float]:
+    """Time the kernels of ``queues`` batch by batch until they are done or ``budget_s``
+    is spent (the first batch always runs); convolution groups and transforms are taken
+    in proportion, so both are measured from their largest down."""
+    groups, transforms = list(queues[0]), list(queues[1])
+    total = sum(map(len, groups)) + len(transforms)
+    share = len(transforms) / total
+    measured: dict[str, float] = {}
+    started = time.perf_counter()
+    size = total if budget_s is None else FIRST_BATCH
+    while groups or transforms:
+        batch: list[str] = []
+        want_transforms = max(1, round(size * share)) if transforms else 0
+        while groups and len(batch) < size - want_transforms:
+            batch.extend(groups.pop(0))
+        while transforms and (len(batch) < size or not groups) and want_transforms > 0:
+            batch.append(transforms.pop(0))
+            want_transforms -= 1
+        if not batch:
+            batch = groups.pop(0) if groups else [transforms.pop(0)]
+        spent = time.perf_counter() - started
+        limit = "" if budget_s is None else f", {spent:.0f} of {budget_s:.0f} s"
+        progress(
+            f"graph tuner: measuring {len(batch)} kernels ({len(measured)} of {total} "
+            f"done{limit}) on {meter.costs_key}"
+        )
+        funcs = {
+            k: wanted[k] if wanted[k] is not None else transform_kernel(*shapes[k]) for k in batch
+        }
+        measured.update(meter.time(funcs, progress))
+        if budget_s is None:
+            continue
+        spent = time.perf_counter() - started
+        left = budget_s - spent
+        if left <= 0:
+            break
+        per_kernel = spent / len(measured)
+        size = int(min(LARGEST_BATCH, max(SMALLEST_BATCH, left / per_kernel)))
+    return measured
 
 
 def _from_database(

@@ -156,7 +156,8 @@ def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule
 
         # Winograd measured beside direct on every device: the CPU and GPU rules both
         # schedule it (edgecv.schedules.cpu.winograd, edgecv.schedules.gpu.winograd)
-        costs = measure_costs(extracted, packings, meter, cache, progress, SIDES)
+        budget = getattr(options, "layout_budget_s", None)
+        costs = measure_costs(extracted, packings, meter, cache, progress, SIDES, budget)
         plan = solve(graph, costs)
         layouts = plan.layouts
         facts.update(_plan_facts(graph, plan, costs, packings))
@@ -197,6 +198,11 @@ def _plan_facts(graph, plan: LayoutPlan, costs, packings: list[str]) -> dict:
             for c in graph.choices(index)
             if len(costs.algorithms.get((node.name, c), {})) > 1
         }
+        # where each candidate's time came from (its fastest algorithm's)
+        origins = {
+            c: costs.origins.get((node.name, c, _fastest(costs, node.name, c)), "")
+            for c in graph.choices(index)
+        }
         convolutions.append(
             {
                 "name": node.name,
@@ -204,6 +210,7 @@ def _plan_facts(graph, plan: LayoutPlan, costs, packings: list[str]) -> dict:
                 "shape": list(node.shape),
                 "layout": layout,
                 "seconds": times,
+                "sources": origins,
                 **({"algorithms": algorithms} if algorithms else {}),
             }
         )
@@ -227,6 +234,11 @@ def _plan_facts(graph, plan: LayoutPlan, costs, packings: list[str]) -> dict:
         "convolutions": convolutions,
         "transforms": transforms,
     }
+
+
+def _fastest(costs, name: str, layout: str) -> str:
+    times = costs.algorithms.get((name, layout), {})
+    return min(times, key=times.get) if times else DIRECT
 
 
 class _Direct:

@@ -13,6 +13,7 @@ import numpy as np
 import tvm
 
 from .. import progress as progress_bars
+from ..arguments import LAYOUT_BUDGET_S
 from ..codegen.contained import DEFAULT_TIME_LIMIT_S, Compiled, CompileOne, compile_contained
 from ..codegen.op_versions import OpVersions
 from ..errors import EdgecvError
@@ -56,6 +57,10 @@ class BuildOptions:
     layout_costs : path or None
         Where the graph tuner writes the costs it measures (None: the user's folder for
         the device, :func:`edgecv.graph_tuner.devices.user_costs_folder`).
+    layout_budget_s : float or None
+        Seconds the graph tuner may spend measuring costs not cached yet (the largest
+        convolutions and transforms first); the rest are predicted from what it measured
+        and measured by later deploys. None: measure everything (``edgecv tune``).
     precision : str
         ``fp32`` (the default) or ``int8``: convolutions and dense layers quantized after
         calibration (CPU profiles; :mod:`edgecv.pipelines.int8`).
@@ -83,6 +88,7 @@ class BuildOptions:
     workers: int | None = None
     layout: str = "auto"
     layout_costs: str | Path | None = None
+    layout_budget_s: float | None = LAYOUT_BUDGET_S
     precision: str = "fp32"
     calibrate: str | Path | None = None
     calibration_size: int | None = None

@@ -161,7 +161,12 @@ def in_deploy_layouts(
     from ..graph_tuner.stage import winograd_plan
     from ..pipelines import BuildOptions
 
-    options = BuildOptions(layout=layout, tuning=[str(f) for f in folders], check_on=on or "auto")
+    options = BuildOptions(
+        layout=layout,
+        tuning=[str(f) for f in folders],
+        check_on=on or "auto",
+        layout_budget_s=None,  # tuning is the long path: every layout cost measured
+    )
     mod, facts = choose_layouts(mod, profile, options, say)
     if facts.get("reason"):
         say(f"layouts: NCHW ({facts['reason']})")

@@ -56,7 +56,10 @@ def test_auto_measures_once_then_reads_the_cache(small_mod, tmp_path, monkeypatc
     assert len(winograd) <= 1 and all(side in (2, 4) for side in winograd.values())
     converted, second = choose_layouts(small_mod, profile, options)
     assert set(second["costs"]) == {"cache"}, second["costs"]  # measures nothing
-    assert second["convolutions"] == first["convolutions"]
+    assert [{**c, "sources": None} for c in second["convolutions"]] == [
+        {**c, "sources": None} for c in first["convolutions"]
+    ]
+    assert {s for c in second["convolutions"] for s in c["sources"].values()} == {"cache"}
     assert stage.winograd_plan(second) == winograd
     assert len(_conv_layouts(converted)) == 5
     # another thread count's times are not this one's: measured again, kept beside
@@ -201,3 +204,41 @@ def test_a_convolutions_candidates_come_from_one_source():
     assert _from_database(wanted, convs, Meter()) == {"ka1": 1.0, "ka2": 2.0, "kc1": 1.0}
     shared = [*convs, ("d", "NCHW", "direct", "ka1"), ("d", "NCHW8c", "direct", "kb2")]
     assert _from_database(wanted, shared, Meter()) == {"kc1": 1.0}  # a then d: both leave
+
+
+def test_a_spent_budget_predicts_the_rest_and_a_later_deploy_measures_it(
+    small_mod, tmp_path, monkeypatch
+):
+    """With a budget spent by the first batch, the kernels left are predicted from the
+    ones measured (finite times, never cached, shown as predicted); the next deploy
+    measures what the first left, until nothing is predicted."""
+    from edgecv.graph_tuner import measure
+
+    monkeypatch.setattr(measure, "FIRST_BATCH", 6)  # the small model has 13 kernels
+    profile = load_profile("cpu")
+    options = BuildOptions(layout="auto", tuning=None, layout_costs=tmp_path, layout_budget_s=1e-3)
+    _, first = choose_layouts(small_mod, profile, options)
+    sources = first["costs"]
+    assert sources.get("predicted", 0) > 0 and sources["measured"] > 0, sources
+    cached = json.loads((tmp_path / COSTS_FILE).read_text())["devices"]
+    (entries,) = cached.values()
+    assert len(entries) == sources["measured"]  # predicted costs are not cached
+    shown = [s for c in first["convolutions"] for s in c["sources"].values()]
+    assert "predicted" in shown and set(shown) <= {"measured", "predicted"}, shown
+    for conv in first["convolutions"]:
+        assert all(0 < t < 1 for t in conv["seconds"].values()), conv
+    assert first["chosen"] == "plan" and 0 < first["predicted_s"] < 1
+    rounds = [first["costs"]]
+    while "predicted" in rounds[-1] and len(rounds) < 10:
+        rounds.append(choose_layouts(small_mod, profile, options)[1]["costs"])
+    assert "predicted" not in rounds[-1], rounds
+    assert all(r.get("measured", 0) > 0 for r in rounds), rounds
+
+
+def test_no_budget_measures_everything_in_one_batch(small_mod, tmp_path):
+    profile = load_profile("cpu")
+    said = []
+    options = BuildOptions(layout="auto", tuning=None, layout_costs=tmp_path, layout_budget_s=None)
+    _, facts = choose_layouts(small_mod, profile, options, said.append)
+    assert set(facts["costs"]) == {"measured"}, facts["costs"]
+    assert len([m for m in said if "graph tuner: measuring" in m]) == 1, said

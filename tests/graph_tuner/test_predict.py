@@ -1,0 +1,58 @@
+"""Costs the graph tuner predicts for what its budget left unmeasured
+(edgecv/graph_tuner/predict.py), on made-up measurements with a known answer."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from edgecv.graph_tuner.predict import (
+    FALLBACK_BANDWIDTH,
+    ConvWork,
+    predict_convs,
+    predict_transforms,
+)
+
+PLAIN, PACKED = "NCHW", "NCHW8c"
+
+
+def test_a_candidate_follows_its_measured_sibling_by_the_ratio_seen_on_its_kind():
+    # packed runs at half the plain time on 3x3 convolutions, the same on 1x1 ones
+    work = {
+        "a": ConvWork("kxk", 100),
+        "b": ConvWork("kxk", 300),
+        "c": ConvWork("kxk", 50),
+        "d": ConvWork("1x1", 80),
+        "e": ConvWork("1x1", 10),
+    }
+    convs = [(n, layout, "direct", f"{n}-{layout}") for n in work for layout in (PLAIN, PACKED)]
+    times = {"a-NCHW": 1.0, "a-NCHW8c": 0.5, "b-NCHW": 3.0, "b-NCHW8c": 1.5, "c-NCHW": 0.7}
+    times.update({"d-NCHW": 2.0, "d-NCHW8c": 2.0, "e-NCHW": 0.4})
+    predicted = predict_convs(convs, times, work)
+    assert set(predicted) == {"c-NCHW8c", "e-NCHW8c"}
+    assert predicted["c-NCHW8c"] == pytest.approx(0.35)  # 0.7 x 0.5
+    assert predicted["e-NCHW8c"] == pytest.approx(0.4)  # 0.4 x 1.0
+
+
+def test_a_convolution_with_nothing_measured_takes_the_rate_of_its_kind():
+    work = {"a": ConvWork("kxk", 100), "b": ConvWork("kxk", 400), "d": ConvWork("1x1", 100)}
+    convs = [(n, PLAIN, "direct", n) for n in work]
+    times = {"a": 1.0, "d": 4.0}  # 3x3 at 100 MACs/s, 1x1 at 25
+    assert predict_convs(convs, times, work) == {"b": pytest.approx(4.0)}
+    only_1x1 = {"d": 4.0}
+    assert predict_convs(convs, only_1x1, work)["b"] == pytest.approx(16.0)  # any kind's rate
+    assert predict_convs(convs, {}, work)["a"] == math.inf  # nothing to go by
+
+
+def test_a_transform_takes_the_bandwidth_of_its_direction():
+    transforms = {
+        ((1, 8, 10, 10), PLAIN, PACKED): "p1",
+        ((1, 8, 20, 20), PLAIN, PACKED): "p2",
+        ((1, 8, 10, 10), PACKED, PLAIN): "u1",
+        ((1, 8, 20, 20), PACKED, PLAIN): "u2",
+    }
+    times = {"p1": 3200 / 1e9, "u1": 3200 / 2e9}  # 3200 bytes at 1 and 2 GB/s
+    predicted = predict_transforms(transforms, times)
+    assert predicted == {"p2": pytest.approx(12800 / 1e9), "u2": pytest.approx(12800 / 2e9)}
+    assert predict_transforms(transforms, {})["p1"] == pytest.approx(3200 / FALLBACK_BANDWIDTH)
