@@ -105,22 +105,29 @@ def test_chain_reuses_two_slots_and_views_reshape():
 
 
 def test_a_small_tensor_does_not_pin_a_large_slot_another_large_one_needs():
-    """x -> big -> small, small stays live while a second big tensor is made from it:
-    given the freed big slot, the small tensor would keep it and the second big one would
-    need a slot of its own (2 MB); the plan keeps the small tensor apart (1 MB + 4 KB)."""
+    """x -> big1 -> s1 -> small -> big2, small read again with big2: given big1's freed
+    slot, small would keep it and big2 would need a slot of its own (2 MB); the plan
+    keeps small apart and big2 takes big1's slot (1 MB and two small slots)."""
     mb, kb = 1 << 20, 1 << 12
     buffers = [
         Buffer(0, (1,), "float32", "input", "x"),
         Buffer(1, (mb // 4,), "float32", "temp"),  # big1 = a(x)
-        Buffer(2, (kb // 4,), "float32", "temp"),  # small = b(big1)
-        Buffer(3, (mb // 4,), "float32", "temp"),  # big2 = c(small)
-        Buffer(4, (kb // 4,), "float32", "temp"),  # out = d(big2, small)
+        Buffer(2, (kb // 4,), "float32", "temp"),  # s1 = b(big1): big1 dies
+        Buffer(3, (kb // 4,), "float32", "temp"),  # small = c(s1)
+        Buffer(4, (mb // 4,), "float32", "temp"),  # big2 = d(small)
+        Buffer(5, (kb // 4,), "float32", "temp"),  # out = e(big2, small)
     ]
-    steps = [Step("a", [0, 1]), Step("b", [1, 2]), Step("c", [2, 3]), Step("d", [3, 2, 4])]
-    plan = Plan(buffers, steps, inputs=[0], outputs=[4])
+    steps = [
+        Step("a", [0, 1]),
+        Step("b", [1, 2]),
+        Step("c", [2, 3]),
+        Step("d", [3, 4]),
+        Step("e", [4, 3, 5]),
+    ]
+    plan = Plan(buffers, steps, inputs=[0], outputs=[5])
     plan.plan_memory()
-    assert sum(plan.storage_sizes) == mb + 2 * kb, plan.storage_sizes
-    assert plan.buffers[1].storage == plan.buffers[3].storage
+    assert sum(plan.storage_sizes) <= mb + 3 * kb, plan.storage_sizes
+    assert plan.buffers[1].storage == plan.buffers[4].storage
     assert_no_overlap(plan)
 
 
