@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import EdgecvError, PackageError
 from .imaging import Detection, detections, preprocess, top_k
-from .package import read_manifest
+from .package import read_manifest, read_package_text
 from .package_format import Plan
 from .runtime.context import one_line
 from .runtime.cpu import CPUBackend
@@ -153,8 +153,8 @@ def _read_optional(root: Path, relative: str | None, binary: bool):
         return None
     path = root / relative
     try:
-        return path.read_bytes() if binary else path.read_text()
-    except (OSError, ValueError) as err:
+        return path.read_bytes() if binary else read_package_text(path)
+    except (OSError, ValueError, EOFError) as err:  # gzip: BadGzipFile, EOFError
         raise PackageError(f"cannot read {path}: {one_line(err)}; redeploy the model") from None
 
 

@@ -15,6 +15,7 @@ version, the edgecv version and every checksum before anything is executed.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import re
@@ -112,7 +113,12 @@ class PackageWriter:
         return full
 
     def write_text(self, relative: str, text: str) -> None:
-        self.path(relative).write_text(text)
+        """A text file; a name ending in ``.gz`` is written gzipped (no timestamp, so the
+        same text gives the same bytes): see :func:`read_package_text`."""
+        data = text.encode("utf-8")
+        if relative.endswith(".gz"):
+            data = gzip.compress(data, mtime=0)
+        self.path(relative).write_bytes(data)
 
     def write_arrays(self, relative: str, arrays: dict[str, np.ndarray]) -> None:
         with open(self.path(relative), "wb") as f:
@@ -478,3 +484,12 @@ def _is_package_archive(path: Path, folder: str) -> bool:
     except (tarfile.TarError, OSError, EOFError, KeyError, ValueError):
         return False
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT
+
+
+def read_package_text(path: Path) -> str:
+    """A package's text file, gunzipped when its name ends in ``.gz`` (the GPU kernels'
+    source: OpenCL C and CUDA text take a tenth of the bytes; 2.8 MB for SSD-512)."""
+    data = path.read_bytes()
+    if path.name.endswith(".gz"):
+        data = gzip.decompress(data)
+    return data.decode("utf-8")

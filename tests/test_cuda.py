@@ -18,6 +18,7 @@ from edgecv.codegen.cuda import build_cuda
 from edgecv.frontend.importer import from_mxnet
 from edgecv.frontend.mxnet_graph import load_params, load_symbol
 from edgecv.lowering import lower
+from edgecv.package import read_package_text
 from edgecv.profiles import load_profile
 from edgecv.runtime.cuda import CudaDevice, CudaImages, choose_image, cuda_devices
 from edgecv.runtime.nvcc import CudaCompileError, compile_source
@@ -71,7 +72,7 @@ def test_jetson_nano_package_carries_source_for_on_device_compilation(tmp_path, 
     cuda = manifest["build"]["cuda"]
     assert cuda["arch"] == "sm_53" and cuda["compile_on_device"] is True
     assert cuda["binaries"] == [] and "sm_53" in cuda["why_source_only"]
-    assert "__global__" in (nano / manifest["build"]["kernels"]["cuda"]).read_text()
+    assert "__global__" in read_package_text(nano / manifest["build"]["kernels"]["cuda"])
     orin = deploy(
         f"{prefix}-symbol.json", tmp_path / "orin", "jetson_orin_nano", input_shape=(1, 2, 5, 5)
     )

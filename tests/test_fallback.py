@@ -272,3 +272,43 @@ def test_detector_with_nms_on_the_cpu_matches_all_gpu_and_mxnet(tmp_path, export
     assert match_detections(all_gpu, with_cpu, 1.0, scale) > 0
     assert match_detections(all_gpu, ref, depth_loosening(model), scale) > 0
     assert match_detections(with_cpu, ref, depth_loosening(model), scale) > 0
+
+
+def test_kernel_source_ships_gzipped_and_plain_packages_still_load(tmp_path):
+    """The OpenCL C of a GPU package is written gzipped; a package of the earlier format
+    (plain ``opencl.cl``) loads to the same answer, and a corrupt gzip is one line."""
+    import gzip
+
+    from test_opencl import device_or_skip
+
+    from edgecv.deploy import deploy
+    from edgecv.errors import PackageError
+    from edgecv.model import load
+    from edgecv.package import sha256
+
+    device_or_skip("intel(r) opencl")
+    symbol, params = _tiny_model(tmp_path)
+    pkg = deploy(symbol, tmp_path / "pkg", "deeplens", params=params, input_shape=(1, 2, 5, 5))
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    assert manifest["build"]["kernels"]["opencl"] == "kernels/opencl.cl.gz"
+    packed = (pkg / "kernels" / "opencl.cl.gz").read_bytes()
+    text = gzip.decompress(packed)
+    assert b"__kernel" in text and len(packed) < len(text) / 3
+    x = np.random.RandomState(0).normal(size=(1, 2, 5, 5)).astype(np.float32)
+    expected = load(pkg, on="intel").run(x)[0]
+
+    def rewrite(name: str, data: bytes) -> None:
+        (pkg / "kernels" / "opencl.cl.gz").unlink(missing_ok=True)
+        (pkg / "kernels" / name).write_bytes(data)
+        sources = ("kernels/opencl.cl", "kernels/opencl.cl.gz")
+        files = {k: v for k, v in manifest["files"].items() if k not in sources}
+        files[f"kernels/{name}"] = sha256(pkg / "kernels" / name)
+        manifest["files"], manifest["build"]["kernels"]["opencl"] = files, f"kernels/{name}"
+        (pkg / "manifest.json").write_text(json.dumps(manifest))
+
+    rewrite("opencl.cl", text)  # as packages before the gzipped source
+    np.testing.assert_array_equal(load(pkg, on="intel").run(x)[0], expected)
+    (pkg / "kernels" / "opencl.cl").unlink()
+    rewrite("opencl.cl.gz", packed[: len(packed) // 2])
+    with pytest.raises(PackageError, match="cannot read .*opencl.cl.gz.*redeploy"):
+        load(pkg, on="intel")

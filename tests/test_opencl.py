@@ -12,6 +12,7 @@ from edgecv.codegen.opencl import build_opencl
 from edgecv.frontend.importer import from_mxnet
 from edgecv.frontend.mxnet_graph import load_params, load_symbol
 from edgecv.lowering import lower
+from edgecv.package import read_package_text
 from edgecv.profiles import load_profile
 from edgecv.runtime.executor import Executor
 from edgecv.runtime.opencl import OpenCLBackend
@@ -299,7 +300,7 @@ def test_detector_deployed_all_on_opencl_matches_mxnet(tmp_path, exported, name,
     )
     placement = json.loads((pkg / "manifest.json").read_text())["build"]["placement"]
     assert placement["launches"]["cpu"] == 0 and placement["copies"] == []
-    source = (pkg / "kernels" / "opencl.cl").read_text()
+    source = read_package_text(pkg / "kernels" / "opencl.cl.gz")
     assert ("intel_reqd_sub_group_size(16)" in source) == (profile == "deeplens")
     x = random_input(model.input_shape)
     ours = load(pkg, on=device).run(x)

@@ -139,7 +139,10 @@ def package_writer(kind: str, source: str, launches: dict, write_cpu, extra=None
 
     def write(writer) -> dict[str, str]:
         ext = "cl" if kind == "opencl" else "cu"
-        files = {kind: f"kernels/{kind}.{ext}", f"{kind}_launches": f"kernels/{kind}_launches.json"}
+        files = {
+            kind: f"kernels/{kind}.{ext}.gz",  # read by edgecv.package.read_package_text
+            f"{kind}_launches": f"kernels/{kind}_launches.json",
+        }
         writer.write_text(files[kind], source)
         writer.write_text(files[f"{kind}_launches"], launches_to_json(launches))
         if extra is not None:

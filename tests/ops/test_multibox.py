@@ -19,6 +19,7 @@ from edgecv.ops.multibox import (
     multibox_prior,
     multibox_prior_reference,
 )
+from edgecv.package import read_package_text
 from edgecv.runtime.opencl_devices import opencl_devices
 from edgecv.testing import assert_close, detector_inputs
 
@@ -231,7 +232,7 @@ def test_imported_ssd_head_matches_mxnet(tmp_path, profile):
         (det,) = [v for k, v in launches.items() if "multibox_detection" in k]
         assert det[-1]["global_size"][0] == 2 * det[-1]["local_size"][0]
         # deeplens has Intel subgroups: the subgroup variants, one subgroup of 16 a row
-        source = (pkg / "kernels" / "opencl.cl").read_text()
+        source = read_package_text(pkg / "kernels" / "opencl.cl.gz")
         assert ("intel_reqd_sub_group_size(16)" in source) == (profile == "deeplens")
         assert (det[-1]["local_size"][0] == 16) == (profile == "deeplens")
     x = np.random.RandomState(12).uniform(0, 1, (2, 3, 12, 12)).astype(np.float32)
