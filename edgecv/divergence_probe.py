@@ -72,6 +72,7 @@ class StageDifference:
     sets_differ: bool | None = None
     drift_sets_differ: bool | None = None
     detail: str = ""
+    scale: float = 0.0  # the largest magnitude in MXNet's output of the stage
 
 
 @dataclass
@@ -319,7 +320,7 @@ def _compare_stage(name, op, attrs, ours, ref, moved, factor) -> StageDifference
         if sets:
             detail = f"{only_mx} rows only in MXNet's, {only_ours} only in edgecv's"
     return StageDifference(
-        name, op, diff, drift, float(ratio), bool(departs), sets, drift_sets, detail
+        name, op, diff, drift, float(ratio), bool(departs), sets, drift_sets, detail, scale
     )
 
 
