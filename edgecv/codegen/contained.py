@@ -147,6 +147,39 @@ def compile_contained(
     return {name: results[name] for name in kernels}
 
 
+def compile_in_process(
+    kernels: dict[str, tirx.PrimFunc],
+    order: ScheduleOrder,
+    compile_one: CompileOne,
+    work_dir: Path,
+) -> dict[str, Compiled]:
+    """What :func:`compile_contained` does, in this process: each kernel's candidates in
+    the schedule stage's order until one compiles, with the same ``compile_one`` and the
+    same result; no fork, no time limit (tests and benchmarks that build kernels alone:
+    a hang or crash there is the test's to report)."""
+    results = {}
+    for name, func in kernels.items():
+        started, passed_over = time.perf_counter(), []
+        rule, facts = None, {}
+        for index, candidate_rule in enumerate(order.names(func)):
+            candidate = order.candidate(func, index)
+            if candidate is None:  # not this rule's kind of kernel
+                continue
+            if candidate.func is None:
+                passed_over.append((candidate_rule, candidate.error))
+                continue
+            try:
+                facts = compile_one(name, candidate.func, work_dir)
+            except Exception as err:
+                passed_over.append((candidate_rule, _reason(err)))
+                continue
+            rule = candidate_rule
+            break
+        choice = KernelChoice(name, rule, passed_over, time.perf_counter() - started)
+        results[name] = Compiled(choice, facts)
+    return results
+
+
 @dataclass
 class _Child:
     name: str

@@ -20,6 +20,7 @@ and a kernel no rule can lower stays off the GPU.
 from __future__ import annotations
 
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +29,8 @@ from tvm import s_tir, tirx
 
 from ..errors import EdgecvError
 from ..package_format import Launch
-from ..schedules.stage import KernelChoice, ScheduleOrder, one_line
+from ..schedules.stage import KernelChoice, ScheduleOrder
+from .contained import compile_in_process
 
 
 class UnsupportedHostCode(EdgecvError):
@@ -270,40 +272,25 @@ class DeviceKernels:
 
 
 def lower_device(kernels: tvm.IRModule, order: ScheduleOrder) -> DeviceKernels:
-    """Schedule and lower every kernel in this process (tests, benchmarks; the deploy
-    pipelines use :func:`~.contained.compile_contained`, with a time limit per kernel).
-    A kernel takes the first candidate of ``order`` that lowers; one that none does is
-    reported in ``unsupported``."""
+    """The deploy's GPU code stage in this process (tests, benchmarks): every kernel
+    through the same :func:`lower_to_file`, candidate by candidate in the schedule
+    stage's order (:func:`~.contained.compile_in_process`; the deploy pipelines run it
+    contained, with a time limit per candidate). A kernel takes the first candidate that
+    lowers and generates code; one that none does is reported in ``unsupported``."""
     result = DeviceKernels(tvm.IRModule({}))
-    functions: dict = {}
-    for gv, func in kernels.functions.items():
-        name, passed_over = gv.name_hint, []
-        for candidate in order.attempts(func):
-            if candidate.func is None:
-                passed_over.append((candidate.rule, candidate.error))
+    functions = {gv.name_hint: f for gv, f in kernels.functions.items()}
+    with tempfile.TemporaryDirectory(prefix="edgecv-lower-") as work:
+        compiled = compile_in_process(functions, order, lower_to_file(order.target), Path(work))
+        parts = []
+        for name, done in compiled.items():
+            result.choices[name] = done.choice
+            if not done.facts:
+                passed = done.choice.passed_over
+                result.unsupported[name] = passed[-1][1] if passed else "no rule applies"
                 continue
-            try:
-                with order.target:
-                    bound = tirx.transform.BindTarget(order.target)(
-                        tvm.IRModule({name: candidate.func})
-                    )[name]
-                    device, launches = lower_kernel(name, bound)
-            except Exception as err:  # the next candidate
-                passed_over.append((candidate.rule, one_line(err)))
-                continue
-            result.launches[name] = launches
-            functions.update({g.name_hint: f for g, f in device.functions.items()})
-            if _calls_subgroups(candidate.func):
-                result.subgroup_kernels += [
-                    g.name_hint for g, f in device.functions.items() if "sub_group_" in f.script()
-                ]
-            result.choices[name] = KernelChoice(name, candidate.rule, passed_over)
-            break
-        else:
-            result.unsupported[name] = passed_over[-1][1] if passed_over else "no rule applies"
-            result.choices[name] = KernelChoice(name, None, passed_over)
-    result.device_mod = _device_passes(
-        tvm.IRModule({tvm.ir.GlobalVar(n): f for n, f in functions.items()})
-    )
+            result.launches[name] = done.facts["launches"]
+            result.subgroup_kernels += done.facts["subgroup_kernels"]
+            parts.append(done.facts["device"])
+        result.device_mod = device_module(parts)
     result.subgroup_kernels.sort()
     return result

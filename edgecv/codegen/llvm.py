@@ -8,13 +8,14 @@ into one library.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import tvm
 from tvm import tirx
 
 from ..schedules.orders import cpu_order
-from ..schedules.stage import schedule_in_process
+from .contained import compile_in_process
 from .host import Host, host_of, link
 
 
@@ -42,8 +43,25 @@ def link_objects(objects: list[str], output: Path, host: Host | None = None) -> 
 def build_cpu(
     kernels: tvm.IRModule, target: tvm.target.Target, schedule: bool = True
 ) -> tvm.runtime.Module:
-    """Schedule (by edgecv's CPU rules, unless ``schedule`` is False) and compile kernels
-    into one in-memory module, in this process (tests, benchmarks)."""
-    if schedule:
-        kernels = schedule_in_process(kernels, cpu_order(target))
-    return tvm.tirx.build(kernels, target=target)
+    """The deploy's CPU code stage in this process (tests, benchmarks): every kernel
+    scheduled by edgecv's CPU rules and compiled by :func:`compile_object`, candidate by
+    candidate (:func:`~.contained.compile_in_process`; the deploy runs it contained),
+    linked into one library and loaded. ``schedule=False`` compiles the kernels as they
+    are, unscheduled (a benchmark's baseline)."""
+    functions = {gv.name_hint: f for gv, f in kernels.functions.items()}
+    if not schedule or not functions:
+        return tvm.tirx.build(kernels, target=target)
+    with tempfile.TemporaryDirectory(prefix="edgecv-build-cpu-") as work:
+        compiled = compile_in_process(
+            functions, cpu_order(target), compile_object(target), Path(work)
+        )
+        failed = {
+            name: done.choice.passed_over for name, done in compiled.items() if not done.facts
+        }
+        if failed:
+            raise RuntimeError(f"kernels no candidate compiled: {failed}")
+        library = Path(work) / "kernels.so"
+        link_objects(
+            sorted(done.facts["object"] for done in compiled.values()), library, host_of(target)
+        )
+        return tvm.runtime.load_module(str(library))

@@ -160,15 +160,3 @@ def one_line(err: BaseException) -> str:
     lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
     text = lines[-1] if lines else type(err).__name__
     return f"{type(err).__name__}: {text}"[:240]
-
-
-def schedule_in_process(kernels: tvm.IRModule, order: ScheduleOrder) -> tvm.IRModule:
-    """Every PrimFunc of ``kernels`` scheduled by its first candidate that applies, in
-    this process and without compiling (tests, benchmarks; deploy compiles each kernel
-    contained, :mod:`edgecv.codegen.contained`)."""
-    functions = {}
-    for gv, func in kernels.functions.items():
-        if isinstance(func, tirx.PrimFunc) and not func.attrs.get("edgecv.no_schedule", False):
-            func = next((c.func for c in order.attempts(func) if c.func is not None), func)
-        functions[gv] = func
-    return tvm.IRModule(functions)

@@ -1,0 +1,110 @@
+"""First deploy on a fresh machine: time to a package with nothing shipped and an empty
+cache, and that package's latency against a build whose layouts were fully measured.
+
+Per model and profile (``--random-weights``: seeded, no pretrained weights reachable):
+
+1. ``edgecv deploy`` in a subprocess with an empty ``EDGECV_CACHE_DIR`` and
+   ``--no-tuning`` (no shipped database or layout costs is read: a machine kind with
+   nothing shipped), the default ``--layout-budget``; its wall time (the goal: 240 s on
+   2 cores) and where its layout costs came from (measured, predicted);
+2. the same deploy again with ``--layout-budget none`` on the same cache: the costs the
+   first left unmeasured are measured, so its layouts are the fully measured plan;
+3. both packages loaded in this process and timed in alternating turns
+   (:func:`edgecv.bench.harness.alternate`): the first deploy's package may be at most
+   1.05x slower.
+
+    python benchmarks/first_deploy.py --models ssd_512_resnet50_v1_voc --devices deeplens:intel
+    python benchmarks/first_deploy.py --json rows.json       # the seven zoo models x 3
+
+Not a test: the times vary with the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import edgecv
+from edgecv.bench.harness import alternate
+
+ZOO = (
+    "mobilenet1.0",
+    "resnet50_v1",
+    "squeezenet1.0",
+    "ssd_512_mobilenet1.0_voc",
+    "ssd_512_resnet50_v1_voc",
+    "yolo3_mobilenet1.0_coco",
+    "yolo3_darknet53_voc",
+)
+DEVICES = ("cpu", "deeplens:intel", "aisage:portable")
+
+
+def deploy(model: str, profile: str, out: Path, cache: Path, budget: str | None) -> dict:
+    """One ``edgecv deploy`` in a subprocess; its wall time and layout facts."""
+    command = [sys.executable, "-m", "edgecv.cli", "deploy", model, "--device", profile]
+    command += ["--random-weights", "--no-tuning", "-o", str(out), "--force"]
+    if budget is not None:
+        command += ["--layout-budget", budget]
+    env = dict(os.environ, EDGECV_CACHE_DIR=str(cache), EDGECV_PROGRESS="0")
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    layouts = json.loads((out / "manifest.json").read_text())["build"].get("layouts", {})
+    return {
+        "seconds": round(seconds, 1),
+        "costs": layouts.get("costs", {}),
+        "layout_s": layouts.get("seconds"),
+    }
+
+
+def measure(model: str, device: str, repeat: int, work: Path) -> dict:
+    profile, _, on = device.partition(":")
+    cache = work / f"cache-{model}-{profile}"
+    first_pkg, full_pkg = work / f"{model}-{profile}-first", work / f"{model}-{profile}-full"
+    row = {"model": model, "device": device}
+    row["first"] = deploy(model, profile, first_pkg, cache, None)
+    row["full"] = deploy(model, profile, full_pkg, cache, "none")
+    loaded = {
+        "first": edgecv.load(first_pkg, on=on or None),
+        "full": edgecv.load(full_pkg, on=on or None),
+    }
+    shape = loaded["first"].input_shape
+    x = np.random.RandomState(0).normal(size=shape).astype(np.float32)
+    times = alternate({k: (lambda m=m: m.run(x)) for k, m in loaded.items()}, repeat)
+    row["latency_ms"] = {k: round(t.median * 1e3, 3) for k, t in times.items()}
+    row["first_vs_full"] = round(times["first"].median / times["full"].median, 3)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(ZOO))
+    parser.add_argument("--devices", default=",".join(DEVICES))
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--json", type=Path, help="append each row here as a JSON line")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="edgecv-first-deploy-") as tmp:
+        for device in args.devices.split(","):
+            for model in args.models.split(","):
+                try:
+                    row = measure(model, device, args.repeat, Path(tmp))
+                except RuntimeError as err:
+                    row = {"model": model, "device": device, "error": str(err)[-500:]}
+                print(json.dumps(row), flush=True)
+                if args.json:
+                    with args.json.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
