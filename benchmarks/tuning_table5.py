@@ -62,11 +62,20 @@ def row(
 ) -> dict:
     folders = tuning_folders(device, db)
     common = dict(device=device, pretrained=False, host="native", force=True)
+    # checked and layouts measured on the device the rows run on, as `tune --on` tuned
+    # them: layouts measured on another device are another plan, with other kernels
+    check = on or "auto"
     default = deploy(
-        model, work / f"{model}-{device}-default", options=BuildOptions(tuning=None), **common
+        model,
+        work / f"{model}-{device}-default",
+        options=BuildOptions(tuning=None, check_on=check),
+        **common,
     )
     tuned = deploy(
-        model, work / f"{model}-{device}-tuned", options=BuildOptions(tuning=folders), **common
+        model,
+        work / f"{model}-{device}-tuned",
+        options=BuildOptions(tuning=folders, check_on=check),
+        **common,
     )
     a, b = load(default, on=on), load(tuned, on=on)
     x = bench_input(a)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from conftest import mxnet_forward
 from small_model import SHAPE, export_small_model
 
@@ -31,3 +32,33 @@ def test_deploy_layout_auto_explains_and_matches_mxnet(tmp_path, monkeypatch):
 def test_deploy_rejects_an_unknown_layout(tmp_path):
     done = run_cli("deploy", "mobilenet", "--layout", "NHWC", "-o", tmp_path / "p")
     assert done.returncode == 2 and "invalid choice: 'NHWC'" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("budget", ["-5", "0", "soon"])
+def test_deploy_rejects_a_budget_that_is_not_positive_seconds(tmp_path, budget):
+    done = run_cli("deploy", "mobilenet", "--layout-budget", budget, "-o", tmp_path / "p")
+    assert done.returncode == 2, done.stderr
+    assert "--layout-budget" in done.stderr and "positive seconds or `none`" in done.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_spent_budget_is_explained_as_predicted(tmp_path, monkeypatch, capsys):
+    """`--layout-budget` small enough that the first batch spends it: the deploy says
+    how many costs it predicted, and --explain marks them."""
+    from edgecv.graph_tuner import measure
+
+    monkeypatch.setenv("EDGECV_TUNING_DIR", str(tmp_path / "tuning"))
+    monkeypatch.setattr(measure, "FIRST_BATCH", 6)
+    from edgecv.cli import main
+
+    symbol, params = export_small_model(tmp_path / "small")
+    shape = ",".join(map(str, SHAPE))
+    argv = ["deploy", str(symbol), "--input-shape", shape, "-o", str(tmp_path / "pkg"), "--explain"]
+    assert main([*argv, "--layout-budget", "0.001"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted" in out.split("costs:", 1)[1].splitlines()[0], out  # the sources
+    assert any(
+        line.rstrip().endswith("predicted)") or " predicted," in line
+        for line in out.splitlines()
+        if line.startswith("  lv")
+    ), out
