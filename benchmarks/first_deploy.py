@@ -34,16 +34,9 @@ import numpy as np
 
 import edgecv
 from edgecv.bench.harness import alternate
+from edgecv.frontend.zoo import zoo_models
 
-ZOO = (
-    "mobilenet1.0",
-    "resnet50_v1",
-    "squeezenet1.0",
-    "ssd_512_mobilenet1.0_voc",
-    "ssd_512_resnet50_v1_voc",
-    "yolo3_mobilenet1.0_coco",
-    "yolo3_darknet53_voc",
-)
+ZOO = tuple(zoo_models())  # the seven zoo models of edgecv/data/zoo.json
 DEVICES = ("cpu", "deeplens:intel", "aisage:portable")
 
 

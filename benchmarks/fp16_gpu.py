@@ -34,18 +34,10 @@ import numpy as np
 import edgecv
 from edgecv.bench.harness import alternate
 from edgecv.deploy import deploy
+from edgecv.frontend.zoo import zoo_models
 from edgecv.pipelines import BuildOptions
 
-# the seven zoo models (edgecv/data/zoo.json)
-ZOO = (
-    "mobilenet1.0",
-    "resnet50_v1",
-    "squeezenet1.0",
-    "ssd_512_mobilenet1.0_voc",
-    "ssd_512_resnet50_v1_voc",
-    "yolo3_mobilenet1.0_coco",
-    "yolo3_darknet53_voc",
-)
+ZOO = tuple(zoo_models())  # the seven zoo models of edgecv/data/zoo.json
 
 
 def folder_bytes(path: Path) -> int:

@@ -28,17 +28,10 @@ import edgecv
 from edgecv.bench.harness import alternate
 from edgecv.bench.steps import profile_steps
 from edgecv.deploy import deploy
+from edgecv.frontend.zoo import zoo_models
 from edgecv.pipelines import BuildOptions
 
-MODELS = [
-    "mobilenet1.0",
-    "resnet50_v1",
-    "squeezenet1.0",
-    "ssd_512_mobilenet1.0_voc",
-    "ssd_512_resnet50_v1_voc",
-    "yolo3_mobilenet1.0_coco",
-    "yolo3_darknet53_voc",
-]
+MODELS = list(zoo_models())  # the seven zoo models of edgecv/data/zoo.json
 DEVICE_OF = {"cpu": None, "deeplens": "intel", "aisage": "pocl"}
 LAYOUTS = ("NCHW", "packed", "auto")
 CONV_OPS = {"conv2d", "conv2d_NCHWc", "depthwise_conv2d_NCHWc", "winograd_conv2d_NCHWc"}
