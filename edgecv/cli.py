@@ -379,9 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=layout_budget,
         default=LAYOUT_BUDGET_S,
         metavar="SECONDS",
-        help=f"longest the graph tuner may measure costs it has not cached (default "
-        f"{LAYOUT_BUDGET_S:.0f}; the biggest convolutions first, the rest predicted and "
-        "measured by later deploys; `none`: measure everything)",
+        help="longest the graph tuner may measure costs it has not cached, the biggest "
+        "convolutions first, the rest predicted and measured by later deploys (default "
+        "none: measure everything)",
     )
     d.add_argument(
         "--precision",

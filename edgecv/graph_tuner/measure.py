@@ -198,16 +198,22 @@ def _measure_within(
 ) -> dict[str, float]:
     """Time the kernels of ``queues`` batch by batch until they are done or ``budget_s``
     is spent (the first batch always runs); convolution groups and transforms are taken
-    in proportion, so both are measured from their largest down."""
+    in proportion (at most half a batch transforms while convolutions are left), so
+    both are measured from their largest down."""
     groups, transforms = list(queues[0]), list(queues[1])
     total = sum(map(len, groups)) + len(transforms)
     share = len(transforms) / total
     measured: dict[str, float] = {}
     started = time.perf_counter()
-    size = total if budget_s is None else FIRST_BATCH
+    size = FIRST_BATCH
     while groups or transforms:
         batch: list[str] = []
+        if budget_s is None:  # everything in one batch: one compile, one program
+            batch = [key for group in groups for key in group] + transforms
+            groups, transforms = [], []
         want_transforms = max(1, round(size * share)) if transforms else 0
+        if groups:  # convolutions weigh most: at least half of every batch while they last
+            want_transforms = min(want_transforms, max(1, size // 2))
         while groups and len(batch) < size - want_transforms:
             batch.extend(groups.pop(0))
         while transforms and (len(batch) < size or not groups) and want_transforms > 0:

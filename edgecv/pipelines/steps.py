@@ -60,7 +60,7 @@ class BuildOptions:
     layout_budget_s : float or None
         Seconds the graph tuner may spend measuring costs not cached yet (the largest
         convolutions and transforms first); the rest are predicted from what it measured
-        and measured by later deploys. None: measure everything (``edgecv tune``).
+        and measured by later deploys. None (the default): measure everything.
     precision : str
         ``fp32`` (the default) or ``int8``: convolutions and dense layers quantized after
         calibration (CPU profiles; :mod:`edgecv.pipelines.int8`).
