@@ -392,7 +392,7 @@ def test_zoo_detector_convolutions_in_fp16_agree_with_mxnet_on_intel(exported, t
     output against MXNet float32 on a sample photo (edgecv.divergence_probe), each within
     the fp16 bound of the float16 layers up to it. The vision operators after them run in
     float32 (tested exact against MXNet in tests/ops/); the detections themselves are not
-    compared: random weights amplify a one-step input change 250x into the SSD boxes
+    compared: random weights amplify a one-step input change about 200x into the SSD boxes
     (MXNet's own drift), so float16's rounding moves them by tens of pixels."""
     from edgecv.divergence_probe import probe_divergence
     from edgecv.pipelines import BuildOptions
