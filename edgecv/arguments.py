@@ -1,18 +1,12 @@
 """Command-line arguments that more than one command takes: ``--input-shape`` of
 ``deploy`` (:mod:`edgecv.cli`) and ``tune`` (:mod:`edgecv.tuning.command`), and the graph
-tuner's measuring budget (``deploy --layout-budget``; the build's default too)."""
+tuner's measuring budget (``deploy --layout-budget``)."""
 
 from __future__ import annotations
 
 import argparse
 
 from .errors import EdgecvError
-
-# The graph tuner's measuring budget of a deploy (seconds; None: measure everything). Off
-# by default: measured on a first deploy of ssd_512_resnet50_v1_voc for deeplens (Zen 3,
-# 2 cores), a 60 s budget measured 16 of 179 kernels and the plan predicted from them ran
-# 1.49x slower than the fully measured one (docs/graph-tuner.md).
-LAYOUT_BUDGET_S: float | None = None
 
 
 def layout_budget(text: str) -> float | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from . import progress
-from .arguments import LAYOUT_BUDGET_S, SHAPE_HELP, input_shapes, layout_budget, parse_shape
+from .arguments import SHAPE_HELP, input_shapes, layout_budget, parse_shape
 from .errors import EdgecvError, ShapeError, foreign_message, missing_extra
 from .outputs import check_image_path, check_output_folder, save_arrays, save_image
 
@@ -377,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--layout-budget",
         type=layout_budget,
-        default=LAYOUT_BUDGET_S,
+        default=None,
         metavar="SECONDS",
         help="longest the graph tuner may measure costs it has not cached, the biggest "
         "convolutions first, the rest predicted and measured by later deploys (default "

@@ -160,21 +160,12 @@ def compile_in_process(
     results = {}
     for name, func in kernels.items():
         started, passed_over = time.perf_counter(), []
-        rule, facts = None, {}
-        for index, candidate_rule in enumerate(order.names(func)):
-            candidate = order.candidate(func, index)
-            if candidate is None:  # not this rule's kind of kernel
-                continue
-            if candidate.func is None:
-                passed_over.append((candidate_rule, candidate.error))
-                continue
-            try:
-                facts = compile_one(name, candidate.func, work_dir)
-            except Exception as err:
-                passed_over.append((candidate_rule, _reason(err)))
-                continue
-            rule = candidate_rule
-            break
+
+        def tell(kind, index, rule, error=None, passed_over=passed_over):
+            if kind == "failed":
+                passed_over.append((rule, error))
+
+        rule, facts = _walk(func, order, compile_one, name, work_dir, 0, tell) or (None, {})
         choice = KernelChoice(name, rule, passed_over, time.perf_counter() - started)
         results[name] = Compiled(choice, facts)
     return results
@@ -220,31 +211,37 @@ def _child(
     for number in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE):
         signal.signal(number, signal.SIG_DFL)
     try:
-        for index, rule in enumerate(order.names(func)):
-            if index < start:
-                continue
-            # told before the rule runs: a rule that hangs is charged to itself
-            send.send(("try", index, rule))
-            candidate = order.candidate(func, index)
-            if candidate is None:  # not this rule's kind of kernel
-                continue
-            if candidate.func is None:
-                send.send(("failed", index, rule, candidate.error))
-                continue
-            try:
-                facts = compile_one(name, candidate.func, work_dir)
-            except Exception as err:
-                send.send(("failed", index, rule, _reason(err)))
-                continue
-            send.send(("done", rule, facts))
-            break
-        else:
-            send.send(("exhausted",))
+        done = _walk(func, order, compile_one, name, work_dir, start, lambda *m: send.send(m))
+        send.send(("done", *done) if done else ("exhausted",))
     except BaseException:  # never let a child unwind into the parent's code
         traceback.print_exc()
     finally:
         send.close()
         os._exit(0)
+
+
+def _walk(
+    func, order: ScheduleOrder, compile_one: CompileOne, name: str, work_dir: Path, start: int, tell
+) -> tuple[str, dict] | None:
+    """A kernel's candidates from ``start`` in the schedule stage's order until one
+    compiles: (its rule, the facts ``compile_one`` returned), or None. ``tell`` hears
+    ("try", index, rule) before each rule runs (a rule that hangs is charged to itself)
+    and ("failed", index, rule, why) after each that does not compile."""
+    for index, rule in enumerate(order.names(func)):
+        if index < start:
+            continue
+        tell("try", index, rule)
+        candidate = order.candidate(func, index)
+        if candidate is None:  # not this rule's kind of kernel
+            continue
+        if candidate.func is None:
+            tell("failed", index, rule, candidate.error)
+            continue
+        try:
+            return rule, compile_one(name, candidate.func, work_dir)
+        except Exception as err:
+            tell("failed", index, rule, _reason(err))
+    return None
 
 
 def _reason(err: BaseException) -> str:

@@ -146,7 +146,7 @@ def measure_costs(
         if guessed:
             progress(
                 f"graph tuner: {len(guessed)} costs predicted from the {len(measured)} "
-                f"measured within the {budget_s:.0f} s budget (a later deploy measures them)"
+                "measured (a later deploy measures them)"
             )
     for key in wanted:
         costs.sources[origin[key]] = costs.sources.get(origin[key], 0) + 1

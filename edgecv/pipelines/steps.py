@@ -13,7 +13,6 @@ import numpy as np
 import tvm
 
 from .. import progress as progress_bars
-from ..arguments import LAYOUT_BUDGET_S
 from ..codegen.contained import DEFAULT_TIME_LIMIT_S, Compiled, CompileOne, compile_contained
 from ..codegen.op_versions import OpVersions
 from ..errors import EdgecvError
@@ -88,7 +87,7 @@ class BuildOptions:
     workers: int | None = None
     layout: str = "auto"
     layout_costs: str | Path | None = None
-    layout_budget_s: float | None = LAYOUT_BUDGET_S
+    layout_budget_s: float | None = None  # off: docs/graph-tuner.md says why
     precision: str = "fp32"
     calibrate: str | Path | None = None
     calibration_size: int | None = None
