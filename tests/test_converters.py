@@ -223,3 +223,38 @@ def test_graph_json_roundtrip_keeps_multi_output_nodes():
     sym = S.Group(list(S.split(d, num_outputs=3, axis=1)))
     graph = parse_symbol(json.dumps(json.loads(sym.tojson())))
     assert [h[1] for h in graph.heads] == [0, 1, 2]
+
+
+def _box_nms_rows(sym, shape) -> list[int]:
+    """The rows each box_nms kernel of ``sym``'s conversion writes."""
+    params = {
+        n: np.zeros(s, np.float32)
+        for n, s in zip(sym.list_arguments(), sym.infer_shape(data=shape)[0], strict=True)
+        if n != "data"
+    }
+    mod = from_mxnet(parse_symbol(sym.tojson()), params, {"data": shape}).mod
+    found = []
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, tvm.relax.Call) and value.op.name == "relax.call_tir":
+                if value.args[0].name_hint.startswith("box_nms"):
+                    found.append(int(binding.var.ty.shape[-2]))
+    return found
+
+
+def test_box_nms_writes_only_the_rows_its_slice_keeps():
+    """A box_nms read only by a slice of its first rows (GluonCV's detectors) writes only
+    those rows; read by anything else too, all of them; the answers are MXNet's."""
+    nms = S.contrib.box_nms(d, overlap_thresh=0.4, topk=30, id_index=0, coord_start=2)
+    cut = S.slice_axis(nms, axis=1, begin=0, end=7)
+    shape = (2, 50, 6)
+    assert _box_nms_rows(cut, shape) == [7]
+    assert _box_nms_rows(S.Group([cut, nms]), shape) == [50]  # the whole output is read
+    assert _box_nms_rows(S.slice_axis(nms, axis=1, begin=1, end=7), shape) == [50]
+    assert _box_nms_rows(S.slice_axis(nms, axis=2, begin=0, end=5), shape) == [50]
+    for sym in (cut, S.Group([cut, nms]), S.slice_axis(nms, axis=-2, begin=0, end=-43)):
+        ours, ref = run_both(sym, shape, seed=3, positive=True)
+        for o, r in zip(ours, ref, strict=True):
+            np.testing.assert_array_equal(o[..., :2], r[..., :2])
+            assert_close(o, r, "box_nms then slice_axis")

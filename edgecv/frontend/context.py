@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
@@ -18,6 +18,17 @@ class Context:
 
     bb: relax.BlockBuilder
     node: MXNetNode
+    # what reads each output of the node: (reading node, input position), with None for
+    # a graph output; lets a converter fit its kernel to its only reader
+    readers: dict[int, list[tuple[MXNetNode | None, int]]] = field(default_factory=dict)
+
+    def only_reader(self, output: int = 0) -> MXNetNode | None:
+        """The one node reading ``output`` of the node being converted, when no other
+        node reads it and it is not a graph output; else None."""
+        found = self.readers.get(output, [])
+        if len(found) != 1 or found[0][0] is None:
+            return None
+        return found[0][0]
 
     def emit(self, expr: relax.Expr) -> relax.Var:
         return self.bb.emit(expr)

@@ -169,10 +169,12 @@ def from_mxnet(
     input_vars = [relax.Var(n, relax.TensorType(input_shapes[n], dtypes[n])) for n in input_names]
     by_name = dict(zip(input_names, input_vars, strict=True))
     values: list[list[relax.Expr]] = []
+    readers = _readers(graph)
     with _closed_on_error(bb), bb.function("main", input_vars):
         with bb.dataflow():
-            for node in graph.nodes:
-                values.append(_convert_node(bb, graph, node, values, params, by_name))
+            for index, node in enumerate(graph.nodes):
+                ctx = Context(bb, node, readers.get(index, {}))
+                values.append(_convert_node(ctx, graph, values, params, by_name))
             outputs = []
             for node_index, out_index in graph.heads:
                 produced = values[node_index]
@@ -274,7 +276,20 @@ def _as_var(bb: relax.BlockBuilder, expr: relax.Expr) -> relax.Expr:
     return expr
 
 
-def _convert_node(bb, graph, node, values, params, inputs_by_name) -> list[relax.Expr]:
+def _readers(graph: MXNetGraph) -> dict[int, dict[int, list]]:
+    """node index -> output index -> [(reading node, input position)]; a graph output
+    reads as (None, position among the heads)."""
+    found: dict[int, dict[int, list]] = {}
+    for node in graph.nodes:
+        for position, (src, out) in enumerate(node.inputs):
+            found.setdefault(src, {}).setdefault(out, []).append((node, position))
+    for position, (src, out) in enumerate(graph.heads):
+        found.setdefault(src, {}).setdefault(out, []).append((None, position))
+    return found
+
+
+def _convert_node(ctx: Context, graph, values, params, inputs_by_name) -> list[relax.Expr]:
+    bb, node = ctx.bb, ctx.node
     if node.op == "null":
         if node.name in inputs_by_name:
             return [inputs_by_name[node.name]]
@@ -301,7 +316,6 @@ def _convert_node(bb, graph, node, values, params, inputs_by_name) -> list[relax
                 f"`{graph.nodes[src].name}`, which has {len(produced)} output(s)"
             )
         args.append(produced[out])
-    ctx = Context(bb, node)
     try:
         registered = registered_for(node)
         if registered is not None:

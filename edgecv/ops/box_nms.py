@@ -40,6 +40,7 @@ DEFAULTS = {
     "force_suppress": False,
     "in_format": "corner",
     "out_format": "corner",
+    "out_rows": -1,
 }
 
 
@@ -72,6 +73,12 @@ def sort_key(data, b, i, attrs: dict, dtype: str):
         background = tirx.const(attrs["background_id"], dtype)
         valid = tirx.all(valid, data[b, i, attrs["id_index"]] != background)
     return tirx.Select(valid, score, tirx.const(float(np.finfo(dtype).min), dtype))
+
+
+def same_class(a, b):
+    """Whether two class ids are one class: as integers, truncated toward zero, as
+    MXNet compares them (ids 1.2 and 1.7 are one class)."""
+    return tirx.Cast("int32", a) == tirx.Cast("int32", b)
 
 
 def _corner(row, coord_start: int, fmt: str, dtype: str):
@@ -107,12 +114,16 @@ def _nms_ir(data, keys, order, out, flags, attrs: dict, lowest):
 def emit_nms_row(
     data, keys, order, out, flags, b, attrs: dict, lowest, ranked: int | None = None
 ) -> None:
-    """Statements for row ``b``: gather the first ``topk`` valid boxes in ``order``,
-    suppress greedily with a keep flag per box, compact the kept rows to the top (in
-    place: a row only moves up) in ``out_format``, fill the rest with -1. ``order``
-    ranks the first ``ranked`` boxes (all ``N`` by default; ``topk`` when only those
-    were selected)."""
+    """Statements for row ``b``: count the valid boxes among the first ``ranked`` of
+    ``order`` (all ``N`` by default; ``topk`` when only those were selected), cut to
+    ``topk``; then walk them in score order, each box still flagged being kept: written
+    to the next row of ``out`` (in ``out_format``), and clearing the flags of the later
+    boxes it suppresses. The walk stops keeping once ``out``'s rows are full (a box's
+    fate depends only on the boxes before it, so the first rows are MXNet's whatever
+    follows); the rows left are -1. Boxes are read from ``data`` through ``order``:
+    ``out`` may hold fewer rows than ``data`` (the rows a following slice keeps)."""
     _, n, k = (int(s) for s in data.shape)
+    rows = int(out.shape[1])
     ranked = n if ranked is None else ranked
     dtype = data.dtype
     cs, ii = attrs["coord_start"], attrs["id_index"]
@@ -129,55 +140,41 @@ def emit_nms_row(
         with T.If(count[0] > topk):
             with T.Then():
                 count[0] = topk
-    with T.serial(0, n) as j:
-        with T.If(j < count[0]):
-            with T.Then():
-                with T.serial(0, k) as f:
-                    out[b, j, f] = data[b, order[b, j], f]
-                flags[b, j] = 1
-            with T.Else():
-                with T.serial(0, k) as f:
-                    out[b, j, f] = minus_one
-                flags[b, j] = 0
-
-    def corner(row):
-        return _corner(lambda f: out[b, row, f], cs, in_fmt, dtype)
-
-    with T.serial(0, count[0]) as i:
-        with T.If(flags[b, i] == 1):
-            with T.Then():
-                with T.serial(i + 1, count[0]) as j:
-                    same = flags[b, j] == 1
-                    if ii >= 0 and not attrs["force_suppress"]:
-                        same = tirx.all(same, out[b, i, ii] == out[b, j, ii])
-                    with T.If(same):
-                        with T.Then():
-                            with T.If(_iou(corner(i), corner(j), dtype) > thresh):
-                                with T.Then():
-                                    flags[b, j] = 0
-    count[1] = 0  # write position of the next kept row
     with T.serial(0, count[0]) as j:
-        with T.If(flags[b, j] == 1):
+        flags[b, j] = 1
+
+    def field(j, f):
+        return data[b, order[b, j], f]
+
+    def corner(j):
+        return _corner(lambda f: field(j, f), cs, in_fmt, dtype)
+
+    count[1] = 0  # rows written (boxes kept)
+    with T.serial(0, count[0]) as i:
+        with T.If(tirx.all(flags[b, i] == 1, count[1] < rows)):
             with T.Then():
-                box = T.buffer_proxy(T.alloc_buffer((4,), dtype, scope="local"))
-                if in_fmt == out_fmt:
-                    for c in range(4):
-                        box[c] = out[b, j, cs + c]
-                else:
-                    x1, y1, x2, y2 = corner(j)
+                with T.serial(0, k) as f:
+                    out[b, count[1], f] = field(i, f)
+                if in_fmt != out_fmt:
+                    x1, y1, x2, y2 = corner(i)
                     half = tirx.const(0.5, dtype)
                     if out_fmt == "center":
                         values = ((x1 + x2) * half, (y1 + y2) * half, x2 - x1, y2 - y1)
                     else:
                         values = (x1, y1, x2, y2)
                     for c in range(4):
-                        box[c] = values[c]
-                with T.serial(0, k) as f:
-                    out[b, count[1], f] = out[b, j, f]
-                for c in range(4):
-                    out[b, count[1], cs + c] = box[c]
+                        out[b, count[1], cs + c] = values[c]
                 count[1] = count[1] + 1
-    with T.serial(0, count[0]) as j:
+                with T.serial(i + 1, count[0]) as j:
+                    same = flags[b, j] == 1
+                    if ii >= 0 and not attrs["force_suppress"]:
+                        same = tirx.all(same, same_class(field(i, ii), field(j, ii)))
+                    with T.If(same):
+                        with T.Then():
+                            with T.If(_iou(corner(i), corner(j), dtype) > thresh):
+                                with T.Then():
+                                    flags[b, j] = 0
+    with T.serial(0, rows) as j:
         with T.If(j >= count[1]):
             with T.Then():
                 with T.serial(0, k) as f:
@@ -196,17 +193,21 @@ def box_nms(
     force_suppress: bool = False,
     in_format: str = "corner",
     out_format: str = "corner",
+    out_rows: int = -1,
 ) -> te.Tensor:
     """MXNet ``box_nms`` (first output) as a TVM tensor expression for the CPU.
 
-    Parameters follow MXNet's operator; ``data`` is ``(..., N, K)``. Raises ValueError
-    naming the attribute when one does not fit the data.
+    Parameters follow MXNet's operator; ``data`` is ``(..., N, K)``. ``out_rows``, when
+    in ``1..N-1``, gives only the first ``out_rows`` rows of MXNet's output, ``(...,
+    out_rows, K)`` (what a following slice keeps; see :func:`output_rows`). Raises
+    ValueError naming the attribute when one does not fit the data.
     """
     shape = [int(s) for s in data.shape]
     if len(shape) < 2:
         raise ValueError(f"box_nms: data must be (..., N, K), found shape {tuple(shape)}")
     check_box_nms_attrs(shape[-1], coord_start, score_index, id_index, in_format, out_format)
     n, k = shape[-2:]
+    rows = output_rows(n, out_rows)
     batch = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 2 else 1
     flat = topi.reshape(data, (batch, n, k)) if len(shape) != 3 else data
     dtype = data.dtype
@@ -229,6 +230,7 @@ def box_nms(
         order = topi.topk(keys, k=topk, axis=1, ret_type="indices", is_ascend=False, dtype="int32")
     else:
         order = topi.argsort(keys, axis=1, is_ascend=False, dtype="int32")
+    ranked = int(order.shape[1])
     attrs = dict(
         overlap_thresh=overlap_thresh,
         topk=topk,
@@ -240,7 +242,7 @@ def box_nms(
         out_format=out_format,
     )
     out, _flags = te.extern(
-        [(batch, n, k), (batch, n)],
+        [(batch, rows, k), (batch, ranked)],
         [flat, keys, order],
         lambda ins, outs: _nms_ir(ins[0], ins[1], ins[2], outs[0], outs[1], attrs, lowest),
         dtype=[dtype, "int32"],
@@ -251,7 +253,15 @@ def box_nms(
         name="box_nms",
         tag="box_nms",
     )
-    return topi.reshape(out, shape) if len(shape) != 3 else out
+    return topi.reshape(out, (*shape[:-2], rows, k)) if len(shape) != 3 else out
+
+
+def output_rows(n: int, out_rows: int) -> int:
+    """The rows ``box_nms`` writes: ``out_rows`` when it cuts MXNet's ``N``-row output
+    (``1..N-1``), else all ``N``."""
+    if out_rows == 0 or out_rows < -1:
+        raise ValueError(f"box_nms: out_rows={out_rows} must be -1 (all rows) or positive")
+    return out_rows if 0 < out_rows < n else n
 
 
 # -- GPU ------------------------------------------------------------------------------
@@ -281,8 +291,9 @@ def box_nms_gpu(
        overlaps -- or, with ``subgroup``, one subgroup per row settles tiles of boxes
        with subgroup collectives;
     6. write positions of the kept boxes: an exclusive scan of the flags (:mod:`.scan`);
-    7. compaction: each kept box moves to its position (in ``out_format``), every row
-       past the kept ones becomes -1.
+    7. compaction: each kept box moves to its position (in ``out_format``) when that is
+       one of ``out``'s rows (``out_rows``: the first rows only), every row past the
+       kept ones becomes -1.
 
     Initialized outputs, not branches, mark invalid rows; work-items cover boxes, the
     work-groups rows. ``attrs`` are MXNet's (see :func:`box_nms`). ``subgroup``: the
@@ -298,6 +309,7 @@ def box_nms_gpu(
         raise ValueError(f"box_nms: Intel subgroups are an OpenCL feature, not {target_kind}'s")
     check_subgroup(subgroup, min(threads, 256), "box_nms")
     attrs, batch, n, k = gpu_setup(shape, attrs)
+    written = output_rows(n, attrs["out_rows"])
     total = batch * n
     cs, ii = attrs["coord_start"], attrs["id_index"]
     topk, in_fmt, out_fmt = attrs["topk"], attrs["in_format"], attrs["out_format"]
@@ -318,7 +330,9 @@ def box_nms_gpu(
             T.func_name("box_nms")
             T.func_attr({"tirx.is_scheduled": True, "global_symbol": "box_nms"})
             data = T.buffer_proxy(T.match_buffer(T.arg("data", T.handle()), (batch, n, k), dtype))
-            out = T.buffer_proxy(T.match_buffer(T.arg("out", T.handle()), (batch, n, k), dtype))
+            out = T.buffer_proxy(
+                T.match_buffer(T.arg("out", T.handle()), (batch, written, k), dtype)
+            )
 
             def workspace(shape_, dt):
                 return T.buffer_proxy(T.alloc_buffer(shape_, dt, scope="global"))
@@ -429,7 +443,7 @@ def box_nms_gpu(
             def suppresses(b, i, j):
                 overlaps = _iou(corner(b, i), corner(b, j), dtype) > thresh
                 if ii >= 0 and not attrs["force_suppress"]:
-                    return tirx.all(rows[b, i, ii] == rows[b, j, ii], overlaps)
+                    return tirx.all(same_class(rows[b, i, ii], rows[b, j, ii]), overlaps)
                 return overlaps
 
             def kill(b, j):
@@ -458,7 +472,7 @@ def box_nms_gpu(
                     with T.Then():
                         b, j = g // n, g % n
                         kept = position[b, n - 1] + flags[b, n - 1]
-                        with T.If(flags[b, j] == 1):
+                        with T.If(tirx.all(flags[b, j] == 1, position[b, j] < written)):
                             with T.Then():
                                 dst = position[b, j]
                                 for f in range(k):
@@ -479,7 +493,7 @@ def box_nms_gpu(
                                         values = (x1, y1, x2, y2)
                                     for c in range(4):
                                         out[b, dst, cs + c] = values[c]
-                        with T.If(j >= kept):
+                        with T.If(tirx.all(j >= kept, j < written)):
                             with T.Then():
                                 for f in range(k):
                                     out[b, j, f] = minus_one

@@ -12,7 +12,9 @@ Semantics (checked against MXNet 1.9.1's operator, see tests/ops/test_box_nms.py
   (a stable sort). Only the first ``topk`` (all when ``topk < 0``) take part.
 - Greedy suppression in that order: a kept box removes every later box whose IoU with
   it is above ``overlap_thresh``, of the same class unless ``force_suppress`` or
-  ``id_index < 0``. IoU uses widths ``max(0, x2 - x1)`` (no +1); a zero union gives 0.
+  ``id_index < 0``. Classes compare as integers, the ids truncated toward zero (1.2 and
+  1.7 are one class, -0.5 and 0.3 another); the background test compares the float id.
+  IoU uses widths ``max(0, x2 - x1)`` (no +1); a zero union gives 0.
 - The output has the input's shape: kept rows, in sorted order, first; then rows of
   -1. Kept rows are converted from ``in_format`` to ``out_format`` (corner is
   ``x1, y1, x2, y2``; center is ``cx, cy, w, h``).
@@ -107,7 +109,7 @@ def box_nms_reference(
         kept: list[int] = []
         for i in order:
             suppressed = any(
-                (force_suppress or id_index < 0 or rows[k, id_index] == rows[i, id_index])
+                (force_suppress or id_index < 0 or int(rows[k, id_index]) == int(rows[i, id_index]))
                 and iou(boxes[k], boxes[i]) > overlap_thresh
                 for k in kept
             )

@@ -14,7 +14,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from .box_nms import emit_nms_row, gpu_setup, sort_key
+from .box_nms import emit_nms_row, gpu_setup, output_rows, sort_key
 from .scan import emit_row_scan
 
 __all__ = ["naive_scan_gpu", "naive_segmented_argsort_gpu", "naive_box_nms_gpu"]
@@ -127,13 +127,14 @@ def naive_box_nms_gpu(shape, dtype: str = "float32", **attrs):
     """MXNet ``box_nms`` with one work-item per batch row doing all of it serially:
     keys, a merge sort, then the CPU version's gather / suppress / compact loop."""
     attrs, batch, n, k = gpu_setup(shape, attrs)
+    rows = output_rows(n, attrs["out_rows"])
     lowest = tirx.const(float(np.finfo(dtype).min), dtype)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("naive_box_nms")
             T.func_attr({"tirx.is_scheduled": True, "global_symbol": "naive_box_nms"})
             data = T.buffer_proxy(T.match_buffer(T.arg("data", T.handle()), (batch, n, k), dtype))
-            out = T.buffer_proxy(T.match_buffer(T.arg("out", T.handle()), (batch, n, k), dtype))
+            out = T.buffer_proxy(T.match_buffer(T.arg("out", T.handle()), (batch, rows, k), dtype))
             keys = T.buffer_proxy(T.alloc_buffer((batch, n), dtype, scope="global"))
             order = T.buffer_proxy(T.alloc_buffer((batch * n,), "int32", scope="global"))
             spare = T.buffer_proxy(T.alloc_buffer((batch * n,), "int32", scope="global"))

@@ -23,11 +23,14 @@ def run_tvm(data: np.ndarray, **attrs) -> np.ndarray:
     key = (data.shape, tuple(sorted(attrs.items())))
     if key not in _CACHE:
         x = te.placeholder(data.shape, "float32", name="data")
-        func = te.create_prim_func([x, box_nms(x, **attrs)]).with_attr("global_symbol", "nms")
+        y = box_nms(x, **attrs)
+        func = te.create_prim_func([x, y]).with_attr("global_symbol", "nms")
         target = tvm.target.Target({"kind": "llvm"})
-        _CACHE[key] = tvm.tirx.build(tvm.IRModule({"nms": func}), target=target, pipeline=None)
-    out = tvm.runtime.empty(data.shape, "float32")
-    _CACHE[key]["nms"](tvm.runtime.tensor(data), out)
+        built = tvm.tirx.build(tvm.IRModule({"nms": func}), target=target, pipeline=None)
+        _CACHE[key] = built, tuple(int(d) for d in y.shape)
+    built, shape = _CACHE[key]
+    out = tvm.runtime.empty(shape, "float32")
+    built["nms"](tvm.runtime.tensor(data), out)
     return out.numpy()
 
 
@@ -115,6 +118,28 @@ def test_equal_scores_keep_input_order():
     np.testing.assert_array_equal(out[0, :, 2], data[0, :, 2])
 
 
+def fractional_ids() -> np.ndarray:
+    """Overlapping pairs whose float ids differ but truncate to one class (1.2 and 1.7,
+    -0.5 and 0.3, -1.5 and -1.2) or differ as integers (1.0 and 2.0), and a background
+    test on a fractional id (-1.5 is not class -1's background)."""
+    pairs = [(1.2, 1.7), (1.0, 2.0), (-0.5, 0.3), (-1.5, -1.2), (-1.0, 0.6)]
+    data = np.zeros((1, 2 * len(pairs), 6), np.float32)
+    for p, ids in enumerate(pairs):
+        for q, ident in enumerate(ids):
+            data[0, 2 * p + q] = [ident, 0.9 - 0.1 * p - 0.05 * q, 20 * p, 0, 20 * p + 10, 10]
+    return data
+
+
+def test_class_ids_compare_as_truncated_integers():
+    """MXNet casts ids to int before comparing classes (1.2 and 1.7 suppress each other)
+    and drops the background by the float id itself."""
+    data = fractional_ids()
+    out = check_all(data, id_index=0)
+    kept = sorted(out[0, :, 0][out[0, :, 1] > 0])
+    np.testing.assert_allclose(kept, [-1.5, -0.5, 0.6, 1.0, 1.2, 2.0], rtol=1e-6)
+    check_all(data, id_index=0, background_id=0)
+
+
 def test_leading_dims_and_non_power_of_two():
     data = boxes(np.random.RandomState(2), 6, 37).reshape(2, 3, 37, 6)
     check_all(data, topk=11, id_index=0)
@@ -134,6 +159,29 @@ def test_ssd_sized_input_runs_and_matches():
     np.testing.assert_array_equal(ours[..., :2], ref[..., :2])
     assert_close(ours, ref, "TIR box_nms, SSD-sized")
     print(f"box_nms {data.shape}: TVM CPU {elapsed * 1e3:.1f} ms")
+
+
+@settings(max_examples=20, deadline=None)
+@given(attrs=ATTRS, seed=st.integers(0, 2**16), n=st.integers(2, 70), cut=st.integers(1, 69))
+def test_first_rows_only(attrs, seed, n, cut):
+    """``out_rows``: the first rows of MXNet's output (what a following slice keeps),
+    however many boxes are kept before or after the cut."""
+    rng = np.random.RandomState(seed)
+    data = boxes(rng, 2, n, [0.1, 0.3, 0.6] if seed % 2 else None)
+    rows = min(cut, n - 1)
+    ours = run_tvm(data, out_rows=rows, **attrs)
+    ref = run_mxnet(data, **attrs)[:, :rows]
+    np.testing.assert_array_equal(ours[..., :2], ref[..., :2])
+    assert_close(ours, ref, "TIR box_nms, first rows")
+
+
+def test_first_rows_of_leading_dims_and_bad_count():
+    data = boxes(np.random.RandomState(4), 6, 37).reshape(2, 3, 37, 6)
+    ours = run_tvm(data, topk=11, id_index=0, out_rows=5)
+    assert ours.shape == (2, 3, 5, 6)
+    np.testing.assert_array_equal(ours, run_tvm(data, topk=11, id_index=0)[..., :5, :])
+    with pytest.raises(ValueError, match="out_rows=0"):
+        box_nms(te.placeholder((1, 5, 6), "float32"), out_rows=0)
 
 
 @pytest.mark.parametrize(

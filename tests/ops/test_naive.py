@@ -43,9 +43,17 @@ def test_naive_argsort(lengths, descending):
 
 @pytest.mark.parametrize(
     ("batch", "n", "attrs"),
-    [(1, 1, {}), (2, 150, {"id_index": 0, "topk": 40}), (3, 77, {"overlap_thresh": 0.2})],
+    [
+        (1, 1, {}),
+        (2, 150, {"id_index": 0, "topk": 40}),
+        (3, 77, {"overlap_thresh": 0.2}),
+        (2, 60, {"overlap_thresh": 0.6, "out_rows": 9}),
+    ],
 )
 def test_naive_box_nms(batch, n, attrs):
     data = boxes(np.random.RandomState(n), batch, n)
-    out = run_opencl(naive_box_nms_gpu(data.shape, **attrs), [data, np.zeros_like(data)])[1]
-    assert_close(out, box_nms_reference(data, **attrs), "naive box_nms")
+    rows = attrs.get("out_rows", n)
+    out = np.zeros((batch, rows, data.shape[-1]), np.float32)
+    out = run_opencl(naive_box_nms_gpu(data.shape, **attrs), [data, out])[1]
+    ref = box_nms_reference(data, **{a: v for a, v in attrs.items() if a != "out_rows"})
+    assert_close(out, ref[:, :rows], "naive box_nms")

@@ -6,6 +6,7 @@ import json
 
 from tvm import relax
 
+from ...errors import EdgecvError
 from ..attrs import Attrs
 from ..context import Context
 from .registry import converts
@@ -27,10 +28,32 @@ def contrib_box_nms(ctx: Context, inputs: list, attrs: Attrs) -> list:
         in_format=attrs.str("in_format", "corner", choices=("corner", "center")),
         out_format=attrs.str("out_format", "corner", choices=("corner", "center")),
     )
+    shape = ctx.shape(inputs[0])
+    kwargs["out_rows"] = _rows_kept(ctx, shape)
     out = ctx.bb.emit_te(box_nms_op.box_nms, inputs[0], primfunc_name_hint="box_nms", **kwargs)
-    ty = inputs[0].ty
-    _tag(ctx, out, op="box_nms", shape=[int(d) for d in ty.shape], dtype=str(ty.dtype), **kwargs)
+    _tag(ctx, out, op="box_nms", shape=list(shape), dtype=ctx.dtype(inputs[0]), **kwargs)
     return [out]
+
+
+def _rows_kept(ctx: Context, shape: tuple[int, ...]) -> int:
+    """How many of box_nms's output rows its graph keeps: ``K`` when its only reader is
+    ``slice_axis`` of rows ``[0, K)`` (GluonCV's detectors keep their first 100 or
+    ``post_nms`` rows), else -1 (all). The kernel then writes just those rows: YOLOv3's
+    NMS output is 80 classes x 16,128 anchors x 6 values (31 MB) before the cut, 2.4 KB
+    after it."""
+    reader = ctx.only_reader(0)
+    if reader is None or reader.op != "slice_axis" or len(shape) < 2:
+        return -1
+    attrs = Attrs(reader.op, reader.name, reader.attrs)
+    n = shape[-2]
+    try:  # a slice with bad attributes keeps every row here; its own converter says why
+        axis, begin, end = attrs.int("axis"), attrs.int("begin"), attrs.int("end", None)
+    except EdgecvError:
+        return -1
+    # a negative end counts from the end of the rows written: leave those uncut
+    if axis % len(shape) != len(shape) - 2 or begin not in (0, -n) or end is None:
+        return -1
+    return end if 0 < end < n else -1
 
 
 def _tag(ctx: Context, out: relax.Expr, **spec) -> None:
