@@ -32,6 +32,9 @@ def run_opencl(exported, profile: str, device: str, x: np.ndarray) -> list[np.nd
     graph = load_symbol(exported.symbol_path)
     imported = from_mxnet(graph, load_params(exported.params_path), {"data": exported.input_shape})
     lowered = lower(imported.mod)
+    # the plan is the CPU's (no placement): place its tensors where the OpenCL device
+    # can start sub-buffers, as a GPU package's plan does
+    lowered.plan.plan_memory({"cpu": load_profile(profile).piece_alignments["gpu"]})
     kernels = build_opencl(lowered.kernels, load_profile(profile).tvm_target())
     assert not kernels.unsupported
     backend = OpenCLBackend(device, kernels.source, kernels.launches)

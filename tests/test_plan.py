@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from tvm import relax
 
 from edgecv.lowering import lower
-from edgecv.package_format import Buffer, Plan, Step
+from edgecv.package_format import SLOT_MATCH_RANGES, Buffer, Plan, Step
 
 
 def live_ranges(plan: Plan) -> dict[int, tuple[int, int]]:
@@ -128,6 +128,26 @@ def test_a_small_tensor_does_not_pin_a_large_slot_another_large_one_needs():
     plan.plan_memory()
     assert sum(plan.storage_sizes) <= mb + 3 * kb, plan.storage_sizes
     assert plan.buffers[1].storage == plan.buffers[4].storage
+    assert_no_overlap(plan)
+
+
+def test_buffers_at_offsets_reach_the_live_lower_bound_where_slots_cannot():
+    """a (128 KB, dead at once), then b (64 KB) takes a's freed slot and lives on with c
+    (128 KB), which finds no free slot: slots need 256 KB. At offsets in one slot, c goes
+    where a was and b beside it: 192 KB, the most live at one launch."""
+    kb = 1024 // 4
+    buffers = [
+        Buffer(0, (1,), "float32", "input", "x"),
+        Buffer(1, (128 * kb,), "float32", "temp"),  # a = p(x), read by nothing
+        Buffer(2, (64 * kb,), "float32", "temp"),  # b = q(x)
+        Buffer(3, (128 * kb,), "float32", "temp"),  # c = r(b)
+    ]
+    steps = [Step("p", [0, 1]), Step("q", [0, 2]), Step("r", [2, 3])]
+    plan = Plan(buffers, steps, inputs=[0], outputs=[3])
+    assert min(sum(plan._assign_slots(r)[0]) for r in SLOT_MATCH_RANGES) == 256 * 1024
+    plan.plan_memory()
+    assert plan.storage_sizes == [192 * 1024] == [plan.live_bytes_lower_bound()]
+    assert (plan.buffers[3].offset, plan.buffers[2].offset) == (0, 128 * 1024)
     assert_no_overlap(plan)
 
 
