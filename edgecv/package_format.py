@@ -82,6 +82,10 @@ PIECE_ALIGNMENT = {"cpu": 64, "gpu": 512}
 # seven zoo models' deeplens plans: 16 takes 10-22% off SSD-512 MobileNet and SqueezeNet,
 # none is best for ResNet-50 and MobileNet (16: +0.2-1.9%).
 SLOT_MATCH_RANGES = (None, 64, 16, 8)
+# The largest single slot an arena plan may put on a GPU: OpenCL promises one allocation
+# of a quarter of the device's memory and at least 128 MB (CL_DEVICE_MAX_MEM_ALLOC_SIZE);
+# a larger arena leaves the choice to the plans of several slots.
+ARENA_GPU_LIMIT = 128 << 20
 # TVM's runtime libraries for the package's host, beside its CPU kernels (runtime/cpu.py):
 # the runtime, and its extra library when a kernel calls one of TVM's library functions.
 TVM_RUNTIME_FILES = ("kernels/libtvm_runtime.so", "kernels/libtvm_runtime_extra.so")
@@ -182,7 +186,9 @@ class Plan:
         # the smallest of the plans made with each match range (none first: it wins ties)
         # and the arena's (one slot per device, buffers at offsets)
         plans = [(*self._assign_slots(r), {}) for r in SLOT_MATCH_RANGES]
-        plans.append(self._arena(alignments))
+        arena = self._arena(alignments)
+        if all(size <= ARENA_GPU_LIMIT for size, d in zip(*arena[:2]) if d == "gpu"):
+            plans.append(arena)
         sizes, devices, storage, base = min(plans, key=lambda plan: sum(plan[0]))
         for buf in self.buffers:
             if buf.id in storage:

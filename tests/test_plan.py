@@ -297,3 +297,21 @@ def test_a_plan_written_and_read_back_runs_the_same_launches_to_the_same_result(
         np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(after[1], expected, rtol=1e-5)
     np.testing.assert_allclose(after[0], expected.reshape(1, -1), rtol=1e-5)
+
+
+def test_an_arena_past_a_gpu_allocation_limit_is_not_chosen():
+    """Two 80 MB tensors live together on the GPU: one 160 MB arena would pass the
+    128 MB a single OpenCL allocation is promised; the plan takes two slots."""
+    mb = (1 << 20) // 4
+    buffers = [
+        Buffer(0, (1,), "float32", "input", "x", device="gpu"),
+        Buffer(1, (80 * mb,), "float32", "temp", device="gpu"),
+        Buffer(2, (80 * mb,), "float32", "temp", device="gpu"),
+        Buffer(3, (1,), "float32", "temp", device="gpu"),
+    ]
+    steps = [Step("p", [0, 1], device="gpu"), Step("q", [0, 2], device="gpu")]
+    steps.append(Step("r", [1, 2, 3], device="gpu"))
+    plan = Plan(buffers, steps, inputs=[0], outputs=[3])
+    plan.plan_memory()
+    assert sorted(plan.storage_sizes)[-2:] == [80 << 20, 80 << 20]
+    assert_no_overlap(plan)
