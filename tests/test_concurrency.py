@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -222,7 +223,16 @@ def test_short_lived_calling_threads_leave_no_threads_behind(package):
     want = model.run(x)
 
     def threads_now() -> int:
-        return len(os.listdir("/proc/self/task"))
+        # Thread.join returns once Python is done with the thread; its OS task may stay
+        # listed a moment longer while it exits: count once the count holds for 50 ms
+        count, deadline = len(os.listdir("/proc/self/task")), time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = len(os.listdir("/proc/self/task"))
+            if now == count:
+                break
+            count = now
+        return count
 
     def one_call_per_thread(count: int) -> None:
         for _ in range(count):
