@@ -212,19 +212,8 @@ class Plan:
         lowest offset free of the buffers live at the same time (greedy by size). A
         launch's output takes its element-wise input's place as in :meth:`_assign_slots`
         (the two share a place and their lifetimes join)."""
-        first: dict[int, int] = {}
-        last: dict[int, int] = {}
+        first, last = self._lifetimes()
         group: dict[int, int] = {}  # owner -> the owner whose place it shares
-        for index, step in enumerate(self.steps):
-            if step.elided:
-                continue
-            for arg in step.args:
-                root = self.owner(arg)
-                first.setdefault(root, index)
-                last[root] = index
-        end = len(self.steps)
-        for out in self.outputs:
-            last[self.owner(out)] = end
         temps = [b for b in first if self.buffers[b].kind == "temp"]
 
         def place_of(b: int) -> int:
@@ -390,11 +379,11 @@ class Plan:
                     return donor.id
         return None
 
-    def live_bytes_lower_bound(self, device: str | None = None) -> int:
-        """The largest total size of intermediate buffers live at one launch (on
-        ``device`` only, when given); an input a launch writes its output over counts
-        until the launch before."""
-        first, last = {}, {}
+    def _lifetimes(self) -> tuple[dict[int, int], dict[int, int]]:
+        """(first, last): per buffer owning bytes (:meth:`owner`), the first and the
+        last launch that runs and reads or writes it; a graph output lives to the end."""
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
         for index, step in enumerate(self.steps):
             if step.elided:
                 continue
@@ -404,6 +393,13 @@ class Plan:
                 last[root] = index
         for out in self.outputs:
             last[self.owner(out)] = len(self.steps)
+        return first, last
+
+    def live_bytes_lower_bound(self, device: str | None = None) -> int:
+        """The largest total size of intermediate buffers live at one launch (on
+        ``device`` only, when given); an input a launch writes its output over counts
+        until the launch before."""
+        first, last = self._lifetimes()
         for index in range(len(self.steps)):
             donor = self.written_over(index)
             if donor is not None:

@@ -355,21 +355,11 @@ def test_zoo_classifier_in_fp16_agrees_with_mxnet_on_intel(exported, tmp_path, n
     MXNet float32 on two sample photos: the logits within the fp16 bound, and top-1 the
     same wherever MXNet's top two lie further apart than that bound (random weights give
     nearly flat logits; a closer pair may swap under any rounding)."""
-    from edgecv.deploy import deploy
     from edgecv.model import load
-    from edgecv.pipelines import BuildOptions
 
     device = _intel()
     model = exported(name)
-    options = BuildOptions(tuning=None, layout="NCHW", precision="fp16")
-    package = deploy(
-        str(model.symbol_path),
-        tmp_path / name,
-        device="deeplens",
-        params=str(model.params_path),
-        input_shape=model.input_shape,
-        options=options,
-    )
+    package = deploy_fp16(model, tmp_path / name)
     layers, reduction = _depth_and_reduction(model.symbol_path, model.params_path)
     deployed = load(package, on=device)
     for seed in (1, 2):
@@ -399,30 +389,49 @@ def test_zoo_detector_convolutions_in_fp16_agree_with_mxnet_on_intel(exported, t
     float32 (tested exact against MXNet in tests/ops/); the detections themselves are not
     compared: random weights amplify a one-step input change about 200x into the SSD boxes
     (MXNet's own drift), so float16's rounding moves them by tens of pixels."""
+    assert_convolutions_within_fp16_bound(exported(name), _intel(), tmp_path, minimum=40)
+
+
+def assert_convolutions_within_fp16_bound(model, device: str, work, minimum: int) -> None:
+    """Every convolution of ``model`` deployed for deeplens in fp16 against MXNet float32
+    on a sample photo (edgecv.divergence_probe): at least ``minimum`` of them, each within
+    the fp16 bound of the float16 layers up to it."""
     from edgecv.divergence_probe import probe_divergence
     from edgecv.pipelines import BuildOptions
 
-    device = _intel()
-    model = exported(name)
     _, reduction = _depth_and_reduction(model.symbol_path, model.params_path)
-    x = random_input(model.input_shape, seed=1)
     report = probe_divergence(
         model.symbol_path,
         model.params_path,
-        {"data": x},
+        {"data": random_input(model.input_shape, seed=1)},
         "deeplens",
         ops=["Convolution"],
         options=BuildOptions(tuning=None, layout="NCHW", precision="fp16"),
         on=device,
         trials=1,
-        workdir=tmp_path,
+        workdir=work,
     )
-    assert len(report.stages) >= 40, [s.name for s in report.stages]
+    assert len(report.stages) >= minimum, [s.name for s in report.stages]
     for depth, stage in enumerate(report.stages, start=1):  # at most `depth` layers deep
         assert stage.scale > 0, stage
         bound = FP16_PER_LAYER[1] * depth * float(np.sqrt(reduction / 6 + 2))
         error = stage.max_abs_diff / stage.scale
         assert error <= bound, f"{stage.name}: fp16 error {error:.3%} > {bound:.3%}"
+
+
+def deploy_fp16(model, folder) -> Path:
+    """``model`` (an exported zoo model) deployed for deeplens in fp16, NCHW, untuned."""
+    from edgecv.deploy import deploy
+    from edgecv.pipelines import BuildOptions
+
+    return deploy(
+        str(model.symbol_path),
+        folder,
+        device="deeplens",
+        params=str(model.params_path),
+        input_shape=model.input_shape,
+        options=BuildOptions(tuning=None, layout="NCHW", precision="fp16"),
+    )
 
 
 @pytest.mark.parametrize("devices", [("gpu", "cpu"), ("cpu", "gpu")])
@@ -474,45 +483,18 @@ def test_family_member_in_fp16_agrees_with_mxnet_on_intel(exported, tmp_path, fa
     heatmaps, segmentation logits, depth) within the fp16 bound; a detector's every
     convolution within the bound of the float16 layers up to it, as for the zoo detectors
     above (their detections move with rounding on random weights)."""
-    from edgecv.deploy import deploy
-    from edgecv.divergence_probe import probe_divergence
     from edgecv.frontend import zoo
     from edgecv.model import load
-    from edgecv.pipelines import BuildOptions
 
     assert zoo.family_of(name).family == family
     device = _intel()
     model = exported(name)
-    options = BuildOptions(tuning=None, layout="NCHW", precision="fp16")
+    if family in DETECTOR_FAMILIES:
+        assert_convolutions_within_fp16_bound(model, device, tmp_path, minimum=10)
+        return
     layers, reduction = _depth_and_reduction(model.symbol_path, model.params_path)
     x = random_input(model.input_shape, seed=1)
-    if family in DETECTOR_FAMILIES:
-        report = probe_divergence(
-            model.symbol_path,
-            model.params_path,
-            {"data": x},
-            "deeplens",
-            ops=["Convolution"],
-            options=options,
-            on=device,
-            trials=1,
-            workdir=tmp_path,
-        )
-        assert len(report.stages) >= 10, [s.name for s in report.stages]
-        for depth, stage in enumerate(report.stages, start=1):
-            assert stage.scale > 0, stage
-            bound = FP16_PER_LAYER[1] * depth * float(np.sqrt(reduction / 6 + 2))
-            error = stage.max_abs_diff / stage.scale
-            assert error <= bound, f"{stage.name}: fp16 error {error:.3%} > {bound:.3%}"
-        return
-    package = deploy(
-        str(model.symbol_path),
-        tmp_path / name,
-        device="deeplens",
-        params=str(model.params_path),
-        input_shape=model.input_shape,
-        options=options,
-    )
+    package = deploy_fp16(model, tmp_path / name)
     outputs = load(package, on=device).run(x)
     refs = mxnet_forward(model.symbol_path, model.params_path, x)
     assert len(outputs) == len(refs)
