@@ -163,7 +163,7 @@ def probe_divergence(
     from edgecv.testing import with_defined_roi_align
 
     mx = import_mxnet()
-    graph = json.loads(Path(symbol).read_text())
+    graph = _unique_names(json.loads(Path(symbol).read_text()))
     nodes = graph["nodes"]
     op_of = {n["name"]: n["op"] for n in nodes}
     full = mx.sym.load_json(json.dumps(graph))
@@ -203,6 +203,25 @@ def probe_divergence(
         drifted = [m[i] for m in moved]
         result.append(_compare_stage(name, op, attrs, ours[i], base[i], drifted, factor))
     return DivergenceReport(result, factor)
+
+
+def _unique_names(graph: dict) -> dict:
+    """``graph`` with every operator node named once: a block called more than once (an
+    FPN's RPN head on each pyramid level) gives several nodes one name, and MXNet picks
+    an internal output by name; the second is renamed ``<name>_2``, and so on. Variables
+    (inputs, weights) keep their names: the weights are found by them."""
+    taken = {node["name"] for node in graph["nodes"]}
+    seen: set[str] = set()
+    for node in graph["nodes"]:
+        name = node["name"]
+        if node["op"] != "null" and name in seen:
+            count = 2
+            while f"{name}_{count}" in taken:
+                count += 1
+            node["name"] = f"{name}_{count}"
+            taken.add(node["name"])
+        seen.add(node["name"])
+    return graph
 
 
 def _node_of(output: str) -> str:

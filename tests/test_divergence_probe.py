@@ -55,3 +55,39 @@ def test_probe_names_the_stage_whose_weight_was_changed(tmp_path):
     (sibling,) = [s for s in report.stages if s.name == f"{block}conv4_fwd_output"]
     assert not sibling.departs, report.table()
     assert f"first departure: {layer}_fwd_output" in report.table()
+
+
+def test_probe_compares_a_block_called_twice(tmp_path):
+    """A block applied to two inputs (an FPN's RPN head on each pyramid level) gives two
+    nodes one name, which MXNet cannot pick an internal output by: both are compared."""
+    mx = import_mxnet()
+    nn = mx.gluon.nn
+
+    class Shared(mx.gluon.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            with self.name_scope():
+                self.stem = nn.Conv2D(4, 3, padding=1)
+                self.head = nn.Conv2D(2, 1)
+
+        def hybrid_forward(self, F, x):
+            y = self.stem(x)
+            pooled = F.Pooling(y, kernel=(2, 2), stride=(2, 2), pool_type="max")
+            return F.concat(self.head(y).flatten(), self.head(pooled).flatten(), dim=1)
+
+    net = Shared()
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    x = np.random.RandomState(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    net(mx.nd.array(x))
+    net.export(str(tmp_path / "shared"))
+    report = probe_divergence(
+        tmp_path / "shared-symbol.json",
+        tmp_path / "shared-0000.params",
+        {"data": x},
+        ops=["Convolution"],
+        options=BuildOptions(layout="NCHW", tuning=None, check_on=None),
+    )
+    heads = [s for s in report.stages if "conv1" in s.name]
+    assert len(heads) == 2 and heads[0].name != heads[1].name, report.table()
+    assert report.first is None and all(s.scale > 0 and not s.departs for s in heads)
