@@ -75,15 +75,13 @@ def test_probe_compares_a_block_called_twice(tmp_path):
             pooled = F.Pooling(y, kernel=(2, 2), stride=(2, 2), pool_type="max")
             return F.concat(self.head(y).flatten(), self.head(pooled).flatten(), dim=1)
 
-    net = Shared()
-    net.initialize(mx.init.Xavier())
-    net.hybridize()
+    from user_models import _export
+
+    symbol, params = _export(Shared(), (1, 3, 8, 8), tmp_path / "shared", seed=0)
     x = np.random.RandomState(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
-    net(mx.nd.array(x))
-    net.export(str(tmp_path / "shared"))
     report = probe_divergence(
-        tmp_path / "shared-symbol.json",
-        tmp_path / "shared-0000.params",
+        symbol,
+        params,
         {"data": x},
         ops=["Convolution"],
         options=BuildOptions(layout="NCHW", tuning=None, check_on=None),
