@@ -188,6 +188,24 @@ def _batches(
     return groups, transforms
 
 
+def _next_batch(groups: list[list[str]], transforms: list[str], size: int, share: float):
+    """The next ``size`` kernels (taken from the fronts of ``groups`` and ``transforms``):
+    transforms in proportion ``share``, but at most half the batch while convolutions
+    are left (they weigh most); a convolution's group is never split."""
+    batch: list[str] = []
+    want_transforms = max(1, round(size * share)) if transforms else 0
+    if groups:
+        want_transforms = min(want_transforms, max(1, size // 2))
+    while groups and len(batch) < size - want_transforms:
+        batch.extend(groups.pop(0))
+    while transforms and (len(batch) < size or not groups) and want_transforms > 0:
+        batch.append(transforms.pop(0))
+        want_transforms -= 1
+    if not batch:
+        batch = groups.pop(0) if groups else [transforms.pop(0)]
+    return batch
+
+
 def _measure_within(
     queues: tuple[list[list[str]], list[str]],
     wanted: dict[str, tirx.PrimFunc | None],
@@ -207,20 +225,11 @@ def _measure_within(
     started = time.perf_counter()
     size = FIRST_BATCH
     while groups or transforms:
-        batch: list[str] = []
         if budget_s is None:  # everything in one batch: one compile, one program
             batch = [key for group in groups for key in group] + transforms
             groups, transforms = [], []
-        want_transforms = max(1, round(size * share)) if transforms else 0
-        if groups:  # convolutions weigh most: at least half of every batch while they last
-            want_transforms = min(want_transforms, max(1, size // 2))
-        while groups and len(batch) < size - want_transforms:
-            batch.extend(groups.pop(0))
-        while transforms and (len(batch) < size or not groups) and want_transforms > 0:
-            batch.append(transforms.pop(0))
-            want_transforms -= 1
-        if not batch:
-            batch = groups.pop(0) if groups else [transforms.pop(0)]
+        else:
+            batch = _next_batch(groups, transforms, size, share)
         spent = time.perf_counter() - started
         limit = "" if budget_s is None else f", {spent:.0f} of {budget_s:.0f} s"
         progress(
