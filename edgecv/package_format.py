@@ -227,19 +227,11 @@ class Plan:
             out = self.buffers[step.args[-1]]
             if out.kind != "temp" or out.id != self.owner(out.id) or first.get(out.id) != index:
                 continue
-            num_inputs = len(step.args) - 1
-            for position in step.elementwise_inputs:
-                donor = self.buffers[self.root(step.args[position])]
-                others = {
-                    p for p in range(num_inputs) if self.root(step.args[p]) == donor.id
-                } - set(step.elementwise_inputs)
+            for donor in self._elementwise_donors(step, out):
                 if (
-                    donor.kind == "temp"
-                    and donor.id == self.owner(donor.id)
-                    and donor.device == out.device
+                    donor.id == self.owner(donor.id)
                     and last.get(donor.id) == index
                     and _aligned(self.buffers[place_of(donor.id)].nbytes) >= _aligned(out.nbytes)
-                    and not others
                 ):
                     group[out.id] = place_of(donor.id)
                     break
@@ -256,7 +248,7 @@ class Plan:
         for head in sorted(span, key=lambda h: (-self.buffers[h].nbytes, h)):
             buf = self.buffers[head]
             align = alignments.get(buf.device, 64)
-            need = -(-max(buf.nbytes, 1) // align) * align
+            need = _aligned(buf.nbytes, align)
             lo, hi = span[head]
             busy = sorted(
                 (offset, offset + size)
@@ -284,15 +276,8 @@ class Plan:
         :meth:`plan_memory` describes; a free slot goes to a buffer only within
         ``match_range`` of its size (None: any), else a new slot is made, since a small
         tensor in a large slot pins the whole slot while it lives."""
-        last_use: dict[int, int] = {}
+        _, last_use = self._lifetimes()
         end = len(self.steps)
-        for index, step in enumerate(self.steps):
-            if step.elided:
-                continue
-            for arg in step.args:
-                last_use[self.owner(arg)] = index
-        for out in self.outputs:
-            last_use[self.owner(out)] = end
         for buf in self.buffers:
             if buf.kind == "temp":
                 buf.storage = None
@@ -349,22 +334,27 @@ class Plan:
         element-wise positions, and never read after it."""
         if step.num_outputs != 1:
             return None
+        for root in self._elementwise_donors(step, out):
+            if (
+                root.storage is not None
+                and last_use.get(root.id) == index
+                and sizes[root.storage] >= _aligned(out.nbytes)
+            ):
+                return root
+        return None
+
+    def _elementwise_donors(self, step: Step, out: Buffer) -> Iterator[Buffer]:
+        """The inputs of ``step`` whose bytes its output ``out`` may be written over (if
+        they die there): temp buffers on ``out``'s device that the launch reads only at
+        element-wise positions (:attr:`Step.elementwise_inputs`)."""
         num_inputs = len(step.args) - step.num_outputs
         for position in step.elementwise_inputs:
             root = self.buffers[self.root(step.args[position])]
             others = {p for p in range(num_inputs) if self.root(step.args[p]) == root.id} - set(
                 step.elementwise_inputs
             )
-            if (
-                root.kind == "temp"
-                and root.device == out.device
-                and root.storage is not None
-                and last_use.get(root.id) == index
-                and sizes[root.storage] >= _aligned(out.nbytes)
-                and not others
-            ):
-                return root
-        return None
+            if root.kind == "temp" and root.device == out.device and not others:
+                yield root
 
     def written_over(self, index: int) -> int | None:
         """The input (root buffer) launch ``index`` writes its output over, if any."""
