@@ -51,7 +51,7 @@ def _rows_kept(ctx: Context, shape: tuple[int, ...]) -> int:
     except EdgecvError:
         return -1
     # a negative end counts from the end of the rows written: leave those uncut
-    if axis % len(shape) != len(shape) - 2 or begin not in (0, -n) or end is None:
+    if axis not in (-2, len(shape) - 2) or begin not in (0, -n) or end is None:
         return -1
     return end if 0 < end < n else -1
 
