@@ -252,9 +252,11 @@ def test_float32_arithmetic_on_integer_values_is_the_int32_result(small):
 # --- the kernel ---------------------------------------------------------------------
 
 
-def _int8_conv_kernel(channels, outputs, size, kernel, stride, int8_block=None):
+def _int8_conv_kernel(channels, outputs, size, kernel, stride, int8_block=None, block=None):
     """The fused kernel of conv2d(uint8, int8) + requantization, BatchNorm-like affine,
-    ReLU and the next layer's uint8 quantization, as the INT8 step leaves it."""
+    ReLU and the next layer's uint8 quantization, as the INT8 step leaves it; with
+    ``block``, in the graph tuner's packed layout ``NCHW{block}c`` (weights
+    ``OIHW{block}i{block}o``, per-channel constants packed alike)."""
     from tvm import relax
 
     from edgecv.lowering.quantize import quantize_tensor
@@ -262,17 +264,35 @@ def _int8_conv_kernel(channels, outputs, size, kernel, stride, int8_block=None):
     R = relax.op
     rng = np.random.RandomState(0)
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, channels, size, size), "uint8"))
-    w = relax.const(rng.randint(-63, 64, (outputs, channels, kernel, kernel)).astype("int8"))
-    scale = relax.const(rng.uniform(2e-4, 4e-4, (1, outputs, 1, 1)).astype("float32"))
-    shift = relax.const(rng.uniform(-1, 1, (1, outputs, 1, 1)).astype("float32"))
+    weights = rng.randint(-63, 64, (outputs, channels, kernel, kernel)).astype("int8")
+    scale = rng.uniform(2e-4, 4e-4, (1, outputs, 1, 1)).astype("float32")
+    shift = rng.uniform(-1, 1, (1, outputs, 1, 1)).astype("float32")
+    layouts = {}
+    if block:
+        weights = weights.reshape(outputs // block, block, channels // block, block, kernel, kernel)
+        weights = weights.transpose(0, 2, 4, 5, 3, 1)
+        scale, shift = (_pack(v, block) for v in (scale, shift))
+        layout = f"NCHW{block}c"
+        layouts = dict(data_layout=layout, kernel_layout=f"OIHW{block}i{block}o", out_layout=layout)
+        x = relax.Var(
+            "x", relax.TensorType(_pack(np.empty((1, channels, size, size)), block).shape, "uint8")
+        )
+    else:
+        x = relax.Var("x", relax.TensorType((1, channels, size, size), "uint8"))
+    w, scale, shift = (relax.const(np.ascontiguousarray(v)) for v in (weights, scale, shift))
     with bb.function("main", [x]):
         with bb.dataflow():
-            y = R.nn.conv2d(x, w, strides=stride, padding=kernel // 2, out_dtype="int32")
+            y = R.nn.conv2d(x, w, strides=stride, padding=kernel // 2, out_dtype="int32", **layouts)
             y = R.nn.relu(R.add(R.multiply(R.astype(y, "float32"), scale), shift))
             out = bb.emit_output(bb.emit(quantize_tensor(y, TensorQuant(0.02, "uint8"))))
         bb.emit_func_output(out)
     return lower(bb.get(), int8_block=int8_block)
+
+
+def _pack(x: np.ndarray, block: int) -> np.ndarray:
+    """NCHW -> NCHW{block}c."""
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
 
 
 @pytest.mark.parametrize(
@@ -284,6 +304,9 @@ def _int8_conv_kernel(channels, outputs, size, kernel, stride, int8_block=None):
         (64, 64, 7, 1, 1, False),
         (16, 32, 14, 3, 1, True),
         (32, 16, 7, 3, 2, True),
+        (16, 32, 14, 3, 1, "data"),
+        (32, 64, 7, 1, 1, "data"),
+        (32, 16, 15, 3, 2, "data"),
     ],
 )
 def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
@@ -305,7 +328,10 @@ def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
     if dot_product_of(target) is None:
         pytest.skip("this CPU has no int8 dot-product instruction edgecv uses")
     lanes = dot_product_of(target).lanes
-    lowered = _int8_conv_kernel(channels, outputs, size, kernel, stride, lanes if packed else None)
+    block = lanes if packed == "data" else None
+    lowered = _int8_conv_kernel(
+        channels, outputs, size, kernel, stride, lanes if packed else None, block
+    )
     order = ScheduleOrder(target, default_rules(target), safe_rule())
     ((name, func),) = [(gv.name_hint, f) for gv, f in lowered.kernels.functions.items()]
     chosen = next(c for c in order.attempts(func) if c.func is not None)
@@ -313,6 +339,9 @@ def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
     generic = [r for r in default_rules(target) if not isinstance(r, Conv2DInt8)]
     x = np.random.RandomState(1).randint(0, 256, (1, channels, size, size)).astype(np.uint8)
     x[0, 0, 0, :] = 255  # the largest pair sums: 2 x 255 x 63
+    if block:
+        x = _pack(x, block)
+        assert name.startswith("fused_conv2d_int8_NCHWc"), name
     outputs_ = []
     for rules in (default_rules(target), generic):
         scheduled = ScheduleOrder(target, rules, safe_rule())
@@ -430,6 +459,76 @@ def test_int8_package_matches_fp32_within_the_quantization_step(small, tmp_path)
     assert reusable_statistics(saved, model_key(mod), other) is None
     assert reusable_statistics(saved, "0" * 16, options.calibration) is None
     assert reusable_statistics(saved, model_key(mod), options.calibration) is not None
+
+
+def test_int8_convolutions_in_the_packed_layout_give_the_nchw_answers(small, tmp_path):
+    """``--layout packed``: the uint8 x int8 convolutions run in ``NCHW{lanes}c`` on
+    the dot product (``conv2d_int8_NCHWc``, data never repacked) beside the packed
+    float32 ones. Integer sums are exact in any order and the epilogues are the same
+    float32 operations, so every output equals the NCHW package's bit for bit."""
+    symbol, npy, inputs, _ = small
+    dot = dot_product_of(load_profile("cpu").tvm_target())
+    if dot is None:
+        pytest.skip("this CPU has no int8 dot-product instruction edgecv uses")
+    packages = {
+        layout: edgecv.load(
+            deploy(
+                symbol,
+                tmp_path / layout,
+                input_shape=SHAPE,
+                options=BuildOptions(
+                    layout=layout,
+                    tuning=None,
+                    precision="int8",
+                    calibrate=npy,
+                    calibration_method="minmax",
+                ),
+            )
+        )
+        for layout in ("NCHW", "packed")
+    }
+    packed = packages["packed"].manifest["build"]
+    assert packed["layouts"]["chosen"] == f"NCHW{dot.lanes}c"
+    kernels = packed["schedules"]["cpu"]["kernels"].values()
+    # the 1x1 and the residual 3x3 on the dot product, the first and the depthwise
+    # convolutions (float32 arithmetic) in the packed float32 rule
+    rules = [k["rule"] for k in kernels if "conv2d_int8_NCHWc" in k["ops"]]
+    assert rules == ["cpu.Conv2DInt8"] * 2, packed["schedules"]["cpu"]
+    assert packed["schedules"]["cpu"]["rules"].get("cpu.PackedConv2D") == 2
+    for x in inputs[:4]:
+        np.testing.assert_array_equal(
+            packages["packed"].run(x[None])[0], packages["NCHW"].run(x[None])[0]
+        )
+
+
+@pytest.mark.parametrize(
+    "data, weight, groups, expected",
+    [
+        ((1, 16, 8, 8), (32, 16, 3, 3), 1, ("NCHW", "NCHW8c")),
+        ((1, 12, 8, 8), (32, 12, 1, 1), 1, ("NCHW",)),  # input channels not in 8s
+        ((1, 16, 8, 8), (20, 16, 1, 1), 1, ("NCHW",)),  # output channels not in 8s
+        ((1, 16, 8, 8), (16, 1, 3, 3), 16, ("NCHW",)),  # depthwise: no int8 dot product
+    ],
+)
+def test_graph_tuner_packs_int8_convolutions_only_for_the_dot_product(
+    data, weight, groups, expected
+):
+    """The layout candidates of a uint8 x int8 convolution: the packing of the dot
+    product's lanes where both channel counts divide into it; plain otherwise, and
+    plain in a build without a dot product (nothing else packs integer convolutions)."""
+    from tvm import relax
+
+    from edgecv.graph_tuner.stage import conv_candidates
+
+    x = relax.Var("x", relax.TensorType(data, "uint8"))
+    w = relax.Var("w", relax.TensorType(weight, "int8"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        call = bb.normalize(relax.op.nn.conv2d(x, w, groups=groups, out_dtype="int32"))
+        bb.emit_func_output(bb.emit(call))
+    assert conv_candidates(["NCHW8c"], int8_block=8)(call) == expected
+    assert conv_candidates(["NCHW8c"], int8_block=16)(call) == ("NCHW",)
+    assert conv_candidates(["NCHW8c"])(call) == ("NCHW",)
 
 
 def _imported(symbol: Path):

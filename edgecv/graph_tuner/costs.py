@@ -48,7 +48,14 @@ COSTS_FILE = "layout_costs.json"
 # kernels with their weights out of cache, as in a model (1: warm); 3: Winograd's rule
 # inlines an epilogue that reads a value twice (LeakyReLU) as the other rules do.
 COSTS_VERSION = 3
-CONV_OPS = ("conv2d", "conv2d_NCHWc", "depthwise_conv2d_NCHWc", "winograd_conv2d_NCHWc")
+CONV_OPS = (
+    "conv2d",
+    "conv2d_NCHWc",
+    "depthwise_conv2d_NCHWc",
+    "winograd_conv2d_NCHWc",
+    "conv2d_int8_NCHW",
+    "conv2d_int8_NCHWc",
+)
 
 Progress = Callable[[str], None]
 
@@ -211,7 +218,7 @@ def conv_kernels(
         }
         if not chosen:
             return {}
-    lowered = lower(convert_layouts(extracted, layouts), chosen)
+    lowered = lower(convert_layouts(extracted, layouts), chosen, extracted.int8_block)
     functions = {gv.name_hint: f for gv, f in lowered.kernels.functions.items()}
     steps = [
         s.kernel

@@ -47,6 +47,9 @@ class Extracted:
     mod: tvm.IRModule
     graph: LayoutGraph
     calls: dict[int, relax.Call] = field(default_factory=dict)
+    # the int32 lanes of the CPU's int8 dot product in an INT8 build (its uint8 x int8
+    # convolutions are lowered for it, packed or not), else None
+    int8_block: int | None = None
 
 
 Candidates = Callable[[relax.Call], tuple[str, ...]]

@@ -92,14 +92,23 @@ def _winograd_choices(extracted, plan: LayoutPlan, costs) -> list[dict]:
     return choices
 
 
-def conv_candidates(packings: list[str]) -> Candidates:
+def conv_candidates(packings: list[str], int8_block: int | None = None) -> Candidates:
     """Plain, and each packing whose block divides the output channels (depthwise:
-    one input channel per output channel; other grouped convolutions stay plain)."""
+    one input channel per output channel; other grouped convolutions stay plain).
+
+    An INT8 convolution (uint8 x int8, groups 1) is packed only for the CPU's dot
+    product (``int8_block``, its int32 lanes): in the packing of that block, when it
+    divides both channel counts (:func:`edgecv.lowering.legalize.conv2d_int8_nchwc`);
+    any other integer convolution stays plain."""
 
     def candidates(call: relax.Call) -> tuple[str, ...]:
         data, weight = call.args[0].ty, call.args[1].ty
         channels, outputs = int(data.shape[1]), int(weight.shape[0])
         groups = int(call.attrs.groups)
+        if str(data.dtype) == "uint8" and str(weight.dtype) == "int8" and groups == 1:
+            if not int8_block or channels % int8_block or outputs % int8_block:
+                return (plain(4),)
+            return (plain(4), *(p for p in packings if block_of(p) == int8_block))
         if str(data.dtype) != "float32" or (groups > 1 and not groups == channels == outputs):
             return (plain(4),)
         return (plain(4), *(p for p in packings if outputs % block_of(p) == 0))
@@ -137,7 +146,9 @@ def choose_layouts(
 def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule, dict]:
     block = max(block_of(p) for p in packings)
     prepared = relax.transform.FoldConstant()(pad_output_channels(rewrite_activations(mod), block))
-    extracted = extract(prepared, conv_candidates(packings))
+    int8_block = _int8_block(profile, options)
+    extracted = extract(prepared, conv_candidates(packings, int8_block))
+    extracted.int8_block = int8_block
     graph = extracted.graph
     facts: dict = {"mode": mode, "packings": packings}
     if all(len(graph.choices(i)) < 2 for i in graph.convs()):
@@ -172,6 +183,16 @@ def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule
             f"the plan predicted {len(plan.transforms)} transforms, Relax inserted {len(found)}"
         )
     return converted, facts
+
+
+def _int8_block(profile: Profile, options) -> int | None:
+    """The int32 lanes of the CPU's int8 dot product in an INT8 build, else None."""
+    if getattr(options, "precision", "fp32") != "int8" or profile.runtime != "cpu":
+        return None
+    from ..schedules.cpu.conv2d_int8 import dot_product_of
+
+    dot = dot_product_of(profile.tvm_target())
+    return dot.lanes if dot else None
 
 
 def _summary(graph, layouts: dict[int, str]) -> str:

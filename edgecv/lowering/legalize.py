@@ -32,7 +32,9 @@ from .winograd import signature as winograd_signature
 CONV2D = "conv2d_NCHWc"
 DEPTHWISE = "depthwise_conv2d_NCHWc"
 WINOGRAD = "winograd_conv2d_NCHWc"
-CONV2D_INT8 = "conv2d_int8"
+# not "conv2d_int8": op_name would read its 8 as a repeat number
+CONV2D_INT8 = "conv2d_int8_NCHW"
+CONV2D_INT8_PACKED = "conv2d_int8_NCHWc"
 
 
 def legalize_map(winograd: dict | None = None, int8_block: int | None = None) -> dict:
@@ -124,32 +126,46 @@ def legalize_conv2d_int8(bb: relax.BlockBuilder, call: relax.Call, block: int):
     attrs = call.attrs
     data, weight_expr = call.args
     layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
-    if (
-        layouts != ("NCHW", "OIHW", "NCHW")
-        or int(attrs.groups) != 1
-        or str(data.ty.dtype) != "uint8"
-        or str(call.ty.dtype) != "int32"
-    ):
+    if int(attrs.groups) != 1 or str(data.ty.dtype) != "uint8" or str(call.ty.dtype) != "int32":
         return None
     weight = _bound_value(bb, weight_expr)
     if not isinstance(weight, tvm.ir.expr.Constant) or str(weight.ty.dtype) != "int8":
         return None
-    w = weight.value.numpy()
+    w = _plain_weights(weight.value.numpy(), layouts)
+    if w is None:
+        return None
     out_channels, in_channels, kh, kw = w.shape
+    packed_data = len(data.ty.shape) == 5
     if out_channels % block or in_channels % 4:
+        return None
+    if packed_data and (int(data.ty.shape[4]) % 4 or layouts[2] != f"NCHW{block}c"):
         return None
     # [O, I, KH, KW] -> [O/L, I/4, KH, KW, L, 4]: the L x 4 bytes one instruction reads
     packed = w.reshape(out_channels // block, block, in_channels // 4, 4, kh, kw)
     packed = np.ascontiguousarray(packed.transpose(0, 2, 4, 5, 1, 3))
     return bb.call_te(
-        conv2d_int8_packed,
+        conv2d_int8_nchwc if packed_data else conv2d_int8_packed,
         data,
         relax.const(packed),
         strides=[int(v) for v in attrs.strides],
         padding=[int(v) for v in attrs.padding],
         dilation=[int(v) for v in attrs.dilation],
-        primfunc_name_hint=CONV2D_INT8,
+        primfunc_name_hint=CONV2D_INT8_PACKED if packed_data else CONV2D_INT8,
     )
+
+
+def _plain_weights(w: np.ndarray, layouts: tuple[str, str, str]) -> np.ndarray | None:
+    """OIHW weights from the ``kernel_layout`` the graph tuner gave them (OIHW, or
+    ``OIHW{ib}i{ob}o`` for packed data), None for another layout."""
+    data_layout, kernel_layout, _ = layouts
+    if data_layout == "NCHW" and kernel_layout == "OIHW":
+        return w
+    if w.ndim != 6 or not kernel_layout.startswith("OIHW") or not data_layout.startswith("NCHW"):
+        return None
+    out_chunks, in_chunks, kh, kw, ib, ob = w.shape
+    if kernel_layout != f"OIHW{ib}i{ob}o" or data_layout != f"NCHW{ib}c":
+        return None
+    return w.transpose(0, 5, 1, 4, 2, 3).reshape(out_chunks * ob, in_chunks * ib, kh, kw)
 
 
 def conv2d_int8_packed(data, kernel, strides, padding, dilation) -> te.Tensor:
@@ -171,6 +187,32 @@ def conv2d_int8_packed(data, kernel, strides, padding, dilation) -> te.Tensor:
         ),
         name=CONV2D_INT8,
         tag=CONV2D_INT8,
+    )
+
+
+def conv2d_int8_nchwc(data, kernel, strides, padding, dilation) -> te.Tensor:
+    """conv2d of uint8 data ``[N, C/ib, H, W, ib]`` (``NCHW{ib}c``) and int8 weights
+    packed ``[O/L, C/4, KH, KW, L, 4]``, summed in int32 into ``[N, O/L, OH, OW, L]``.
+    The input channel is three reduction axes (block, quad within the block, lane of
+    the quad): the four bytes one dot-product step reads are contiguous in the data."""
+    out_blocks, _, kh, kw, block, _ = (int(d) for d in kernel.shape)
+    n, chunks, height, width, in_block = (int(d) for d in data.shape)
+    (sh, sw), (dh, dw) = strides, dilation
+    oh, ow, ry, rx = _window(height, width, kh, kw, strides, padding, dilation)
+    padded = _pad(data, padding, True)
+    quads = in_block // 4
+    rco = te.reduce_axis((0, chunks), name="rco")
+    rcq = te.reduce_axis((0, quads), name="rcq")
+    rc4 = te.reduce_axis((0, 4), name="rc4")
+    return te.compute(
+        (n, out_blocks, oh, ow, block),
+        lambda b, co, y, x, c: te.sum(
+            padded[b, rco, y * sh + ry * dh, x * sw + rx * dw, rcq * 4 + rc4].astype("int32")
+            * kernel[co, rco * quads + rcq, ry, rx, c, rc4].astype("int32"),
+            axis=[rco, ry, rx, rcq, rc4],
+        ),
+        name=CONV2D_INT8_PACKED,
+        tag=CONV2D_INT8_PACKED,
     )
 
 

@@ -78,7 +78,7 @@ def kernel_passes() -> tvm.transform.Pass:
 def op_name(primfunc_name: str) -> str:
     """The operator a legalized PrimFunc implements: TVM numbers repeats (``add3``,
     ``conv2d12``); the operator is the name without that number."""
-    return re.sub(r"(?<=[a-z_])\d+$", "", primfunc_name)
+    return re.sub(r"(?<=[A-Za-z_])\d+$", "", primfunc_name)
 
 
 def _fused_ops(mod: tvm.IRModule) -> dict[str, list[str]]:
