@@ -109,7 +109,9 @@ def conv_candidates(packings: list[str], int8_block: int | None = None) -> Candi
             if not int8_block or channels % int8_block or outputs % int8_block:
                 return (plain(4),)
             return (plain(4), *(p for p in packings if block_of(p) == int8_block))
-        if str(data.dtype) != "float32" or (groups > 1 and not groups == channels == outputs):
+        # float32 weights: a float32 convolution, or an INT8 one computed in float32
+        # arithmetic on its integer input (edgecv.lowering.quantize)
+        if str(weight.dtype) != "float32" or (groups > 1 and not groups == channels == outputs):
             return (plain(4),)
         return (plain(4), *(p for p in packings if outputs % block_of(p) == 0))
 

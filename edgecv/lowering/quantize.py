@@ -423,11 +423,12 @@ def quantize(
                 return
             site, epilogue, q_weight, kind = plans[var]
             quant = quants[site.tensor]
-            dtype = quant.dtype if kind == "int32" else "float32"
-            if (site.tensor, dtype) not in made:
+            if site.tensor not in made:
                 data = self.visit_expr(site.call.args[0])
-                made[site.tensor, dtype] = self.builder_.emit(quantize_tensor(data, quant, dtype))
-            data = made[site.tensor, dtype]
+                made[site.tensor] = self.builder_.emit(quantize_tensor(data, quant))
+            # float32 arithmetic reads the integer tensor too (a quarter of the bytes of
+            # float32 values): its legalization casts each value as it reads it
+            data = made[site.tensor]
             if kind == "int32":
                 weight = relax.const(q_weight, "int8")
             else:
