@@ -51,7 +51,6 @@ _AFFINE = {
     tvm.ir.Op.get("relax.multiply"): "multiply",
     tvm.ir.Op.get("relax.divide"): "divide",
 }
-_ADD = tvm.ir.Op.get("relax.add")
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 
@@ -355,11 +354,6 @@ def _input_dtype(site: Site, arithmetic: str) -> str | None:
     return None
 
 
-def _dequantize(q: relax.Expr, quant: TensorQuant) -> relax.Expr:
-    """``q * scale`` in float32, elementwise: it fuses into the kernel that reads it."""
-    return R.multiply(R.astype(q, "float32"), relax.const(quant.scale, "float32"))
-
-
 # float32 holds every integer up to 2**24 exactly: a dot product of K int8 x int8 terms
 # computed in float32 is the int32 result, bit for bit, while K * |x| * |w| < 2**24.
 FLOAT32_EXACT = 2**24
@@ -378,7 +372,6 @@ def quantize(
     weight_max: int | Callable[[Site, TensorQuant], int] = WEIGHT_MAX,
     skip: frozenset[str] = frozenset(),
     arithmetic: Callable[[Site, TensorQuant, int], str] | None = None,
-    quantized_adds: bool = True,
 ) -> tuple[tvm.IRModule, list[dict]]:
     """``mod`` with every site of :func:`find_sites` whose input tensor has a
     quantization in ``quants`` (by tensor key) and whose name is not in ``skip``
@@ -391,15 +384,7 @@ def quantize(
     values held in float32 tensors and summed by the float32 kernels, bit for bit the
     int32 result where :func:`exact_in_float32` holds, for operators the CPU has no
     faster integer kernel for (a depthwise convolution runs as fast as in float32
-    instead of 2x slower in int32 lanes).
-
-    ``quantized_adds``: an ``add`` that reads a quantized tensor (a residual block's
-    shortcut, which the next block's first convolution reads quantized) reads its
-    quantized values, dequantized as it reads them, instead of the float32 tensor: the
-    block's output is then written once, in 8 bits, where it was written in float32
-    and read again by a quantizing kernel of its own; the shortcut carries the same
-    rounding the convolution's input does (as oneDNN's and OpenVINO's INT8 residual
-    blocks)."""
+    instead of 2x slower in int32 lanes)."""
     found = find_sites(mod)
     func = mod["main"]
     bindings = _bindings(func)
@@ -440,13 +425,6 @@ def quantize(
     if not plans:
         return mod, records
     made: dict[tuple[str, str], relax.Var] = {}
-    # the quantized tensors an add may read dequantized: bound in main (not the
-    # model's input) and read by a site this pass rewrites
-    quantized = {
-        found.tensors[p[0].tensor]: p[0].tensor
-        for p in plans.values()
-        if found.tensors[p[0].tensor] in bindings
-    }
 
     @relax.expr_functor.mutator
     class Quantizer(relax.PyExprMutator):
@@ -461,27 +439,6 @@ def quantize(
             var = binding.var
             if var in absorbed:
                 return  # folded into the epilogue of its site
-            value = binding.value
-            if (
-                quantized_adds
-                and isinstance(value, relax.Call)
-                and value.op.same_as(_ADD)
-                and _float32(value)
-                and any(a in quantized for a in value.args)
-            ):
-                args = [
-                    _dequantize(self.quantized(quantized[a], a), quants[quantized[a]])
-                    if a in quantized
-                    else self.visit_expr(a)
-                    for a in value.args
-                ]
-                emit = (
-                    self.builder_.emit
-                    if isinstance(var, relax.DataflowVar)
-                    else self.builder_.emit_output
-                )
-                self.set_var_remap(var, emit(R.add(*args)))
-                return
             if var not in plans:
                 super().visit_var_binding_(binding)
                 return
