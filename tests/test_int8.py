@@ -225,6 +225,45 @@ def test_the_pass_folds_batchnorm_and_passes_uint8_between_convolutions(small):
     assert sum(o[0] == "conv2d" for o in ops) == 4
 
 
+def test_a_concatenation_only_quantized_operators_read_is_made_in_8_bits(tmp_path):
+    """A fire module: two convolutions concatenated and read only by the next
+    convolution. The pieces are quantized in their own kernels and concatenated as
+    uint8 (quantizing is elementwise: the same values); no float32 concatenation and
+    no kernel of its own quantizing it."""
+    mx = import_mxnet()
+    nn = mx.gluon.nn
+
+    class Fire(mx.gluon.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            with self.name_scope():
+                self.squeeze = nn.Conv2D(8, 1, activation="relu")
+                self.e1 = nn.Conv2D(8, 1, activation="relu")
+                self.e3 = nn.Conv2D(8, 3, padding=1, activation="relu")
+                self.out = nn.Conv2D(16, 1)
+
+        def hybrid_forward(self, F, x):
+            s = self.squeeze(x)
+            return self.out(F.concat(self.e1(s), self.e3(s), dim=1))
+
+    net = Fire()
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    net(mx.nd.zeros(SHAPE))
+    net.export(str(tmp_path / "fire"))
+    mod = _imported(tmp_path / "fire-symbol.json")
+    found = find_sites(mod)
+    quants = {k: TensorQuant(0.05, "int8" if k == "t0" else "uint8") for k in found.tensors}
+    lowered = lower(quantize(mod, quants)[0])
+    plan, ops = lowered.plan, lowered.kernel_ops
+    concat = next(s for s in plan.steps if ops[s.kernel][0] == "concatenate")
+    assert ops[concat.kernel] == ["concatenate"]
+    assert [plan.buffers[a].dtype for a in concat.args] == ["uint8"] * 3
+    assert concat.elided  # the pieces are written in place, in 8 bits
+    quantizers = [o for o in ops.values() if "tir_round" in o and "conv2d" not in o]
+    assert len(quantizers) == 1, quantizers  # the model's input only
+
+
 def test_float32_arithmetic_on_integer_values_is_the_int32_result(small):
     """Operators whose integer sums stay below 2**24 may compute in float32 kernels:
     bit for bit what the int32 kernels give, for the whole network."""

@@ -51,6 +51,7 @@ _AFFINE = {
     tvm.ir.Op.get("relax.multiply"): "multiply",
     tvm.ir.Op.get("relax.divide"): "divide",
 }
+_CONCAT = tvm.ir.Op.get("relax.concat")
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 
@@ -340,6 +341,18 @@ def quantize_tensor(x: relax.Expr, quant: TensorQuant, dtype: str | None = None)
     return R.astype(rounded, dtype or quant.dtype)
 
 
+def _concatenated(tensor: relax.Expr, bindings: dict) -> list[relax.Expr] | None:
+    """The pieces of ``tensor`` when it is bound to a ``concat`` of a tuple written out
+    (a fire module's or an inception block's output), else None."""
+    value = bindings.get(tensor) if isinstance(tensor, relax.Var) else None
+    if not (isinstance(value, relax.Call) and value.op.same_as(_CONCAT)):
+        return None
+    fields = value.args[0]
+    if not isinstance(fields, relax.Tuple) or value.attrs.axis is None:
+        return None
+    return list(fields.fields)
+
+
 def _input_dtype(site: Site, arithmetic: str) -> str | None:
     """The dtype of the quantized input an operator reads (None: the quantization's).
 
@@ -431,8 +444,23 @@ def quantize(
         def quantized(self, key: str, tensor: relax.Var, dtype: str | None = None) -> relax.Var:
             dtype = dtype or quants[key].dtype
             if (key, dtype) not in made:
-                data = self.visit_expr(tensor)
-                made[key, dtype] = self.builder_.emit(quantize_tensor(data, quants[key], dtype))
+                pieces = _concatenated(tensor, bindings)
+                readers = sum(p[0].tensor == key for p in plans.values())
+                if pieces is not None and uses.get(tensor, 0) == readers:
+                    # only quantized operators read the concatenation: its pieces are
+                    # quantized instead (elementwise, so the same values), each in the
+                    # kernel that makes it, and concatenated in 8 bits
+                    quantized_pieces = [
+                        self.builder_.emit(
+                            quantize_tensor(self.visit_expr(piece), quants[key], dtype)
+                        )
+                        for piece in pieces
+                    ]
+                    axis = int(bindings[tensor].attrs.axis)
+                    made[key, dtype] = self.builder_.emit(R.concat(quantized_pieces, axis))
+                else:
+                    data = self.visit_expr(tensor)
+                    made[key, dtype] = self.builder_.emit(quantize_tensor(data, quants[key], dtype))
             return made[key, dtype]
 
         def visit_var_binding_(self, binding):
