@@ -403,6 +403,7 @@ def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
     np.testing.assert_array_equal(outputs_[0], outputs_[1])
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize(
     "cpu, instructions",
     [
@@ -411,17 +412,19 @@ def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
         ("znver4", {"vpdpbusd"}),
     ],
 )
-def test_dot_product_instruction_is_chosen_from_the_target_features(cpu, instructions):
+def test_dot_product_instruction_is_chosen_from_the_target_features(cpu, instructions, packed):
     """Compiled (not run: this machine may lack them) for each CPU, the kernel uses the
     dot product of its features: AVX2 and AVX-512 without VNNI pair bytes into int16
-    and words into int32, VNNI does both in one instruction."""
+    and words into int32, VNNI does both in one instruction. ``packed``: the kernel in
+    ``NCHW{lanes}c`` (``NCHW16c`` on the AVX-512 CPUs)."""
     import tvm
 
     from edgecv.schedules.cpu import default_rules, safe_rule
     from edgecv.schedules.stage import ScheduleOrder
 
     target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "mtriple": "x86_64-linux-gnu"})
-    lowered = _int8_conv_kernel(32, 32, 8, 3, 1)
+    lanes = dot_product_of(target).lanes
+    lowered = _int8_conv_kernel(32, 32, 8, 3, 1, *((lanes, lanes) if packed else ()))
     ((name, func),) = [(gv.name_hint, f) for gv, f in lowered.kernels.functions.items()]
     chosen = next(
         c
@@ -429,6 +432,7 @@ def test_dot_product_instruction_is_chosen_from_the_target_features(cpu, instruc
         if c.func is not None
     )
     assert chosen.rule == "cpu.Conv2DInt8"
+    assert name.startswith("fused_conv2d_int8_NCHWc") == packed
     module = tvm.IRModule({name: chosen.func.with_attr("global_symbol", name)})
     assembly = tvm.tirx.build(module, target=target).inspect_source("asm")
     found = {i for i in ("vpdpbusd", "vpmaddubsw", "vpmaddwd") if i in assembly}
