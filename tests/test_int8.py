@@ -264,6 +264,30 @@ def test_a_concatenation_only_quantized_operators_read_is_made_in_8_bits(tmp_pat
     assert len(quantizers) == 1, quantizers  # the model's input only
 
 
+def test_taps_follow_a_nested_tuple_of_outputs():
+    """A detector's ``main`` may return a tuple holding a tuple: the calibration build
+    returns its leaves, then the taps, as one flat list (a nested output once broke
+    the memory plan of an INT8 SSD deploy)."""
+    from tvm import relax
+
+    from edgecv.lowering.quantize import with_taps
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.relu(x))
+            b = bb.emit(relax.op.exp(a))
+            pair = bb.emit_output(relax.Tuple([a, b]))
+            c = bb.emit_output(relax.op.negative(b))
+        bb.emit_func_output(relax.Tuple([pair, c]))
+    mod = bb.get()
+    tapped = with_taps(mod, [a])
+    lowered = lower(tapped)
+    assert all(isinstance(o, int) for o in lowered.plan.outputs)
+    assert len(lowered.plan.outputs) == 4  # a, b, c, then the tap of a
+
+
 def test_float32_arithmetic_on_integer_values_is_the_int32_result(small):
     """Operators whose integer sums stay below 2**24 may compute in float32 kernels:
     bit for bit what the int32 kernels give, for the whole network."""
@@ -279,8 +303,14 @@ def test_float32_arithmetic_on_integer_values_is_the_int32_result(small):
     target = tvm.target.Target(load_profile("cpu").tvm_target())
     x = small[2][:1]
     results = []
-    for arithmetic in (None, lambda site, quant, limit: "float32"):
-        quantized, records = quantize(mod, quants, 63, arithmetic=arithmetic)
+    variants = [
+        (None, None),
+        (lambda site, quant, limit: "float32", None),
+        # the first convolution's signed input shifted to uint8 (128 * sum(w) taken off)
+        (None, lambda site, quant: quant.dtype == "int8"),
+    ]
+    for arithmetic, shifted in variants:
+        quantized, records = quantize(mod, quants, 63, arithmetic=arithmetic, shifted=shifted)
         lowered = lower(quantized)
         conv_inputs = [
             lowered.plan.buffers[s.args[0]].dtype
@@ -293,8 +323,9 @@ def test_float32_arithmetic_on_integer_values_is_the_int32_result(small):
             assert conv_inputs == ["float32", "uint8", "float32", "float32", "float32"]
         library = build_cpu(lowered.kernels, target)
         results.append(Executor(lowered.plan, CPUBackend(library), lowered.constants).run([x]))
-    assert {r["arithmetic"] for r in records} == {"float32"}
+    assert [r["input_shift"] for r in records] == [128, 0, 0, 0, 0]
     np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][0], results[2][0])
 
 
 # --- the kernel ---------------------------------------------------------------------
@@ -459,21 +490,25 @@ def test_int8_package_matches_fp32_within_the_quantization_step(small, tmp_path)
     print(f"int8 vs fp32: largest error {max(errors):.2%} of the output's scale (5 layers)")
     build = int8.manifest["build"]
     dot = dot_product_of(load_profile("cpu").tvm_target())
-    if dot is not None:  # the 1x1 and the residual 3x3 (16 -> 16 channels, uint8 inputs)
-        assert build["schedules"]["cpu"]["rules"].get("cpu.Conv2DInt8") == 2
-        weight_max = {op["name"]: op["weight_max"] for op in build["quantization"]["operators"]}
+    if dot is not None:
+        # the first (its signed input shifted to uint8), the 1x1 and the residual 3x3
+        # (16 -> 16 channels, uint8 inputs)
+        assert build["schedules"]["cpu"]["rules"].get("cpu.Conv2DInt8") == 3
+        operators = build["quantization"]["operators"]
+        assert [op["input_shift"] for op in operators] == [128, 0, 0, 0, 0]
+        weight_max = {op["name"]: op["weight_max"] for op in operators}
         assert weight_max == {
-            "conv2d_0": 127,
+            "conv2d_0": dot.weight_max,
             "conv2d_1": 127,
             "conv2d_2": dot.weight_max,
             "conv2d_3": dot.weight_max,
             "dense_0": 127,
         }
-        # the first (signed input), the depthwise and the small dense layer: their
-        # integer sums held exactly in float32 kernels
+        # the depthwise and the small dense layer: their integer sums held exactly in
+        # float32 kernels
         arithmetic = {op["name"]: op["arithmetic"] for op in build["quantization"]["operators"]}
         assert arithmetic == {
-            "conv2d_0": "float32",
+            "conv2d_0": "int32",
             "conv2d_1": "float32",
             "conv2d_2": "int32",
             "conv2d_3": "int32",
@@ -542,11 +577,13 @@ def test_int8_convolutions_in_the_packed_layout_give_the_nchw_answers(small, tmp
     packed = packages["packed"].manifest["build"]
     assert packed["layouts"]["chosen"] == f"NCHW{dot.lanes}c"
     kernels = packed["schedules"]["cpu"]["kernels"].values()
-    # the 1x1 and the residual 3x3 on the dot product, the first and the depthwise
-    # convolutions (float32 arithmetic) in the packed float32 rule
+    # the 1x1 and the residual 3x3 in NCHW8c on the dot product
     rules = [k["rule"] for k in kernels if "conv2d_int8_NCHWc" in k["ops"]]
     assert rules == ["cpu.Conv2DInt8"] * 2, packed["schedules"]["cpu"]
-    assert packed["schedules"]["cpu"]["rules"].get("cpu.PackedConv2D") == 2
+    # the depthwise (float32 arithmetic) in the packed float32 rule; the first
+    # convolution, shifted to 4 uint8 channels, stays NCHW on the dot product
+    assert packed["schedules"]["cpu"]["rules"].get("cpu.PackedConv2D") == 1
+    assert packed["schedules"]["cpu"]["rules"].get("cpu.Conv2DInt8") == 3
     for x in inputs[:4]:
         np.testing.assert_array_equal(
             packages["packed"].run(x[None])[0], packages["NCHW"].run(x[None])[0]
