@@ -303,14 +303,8 @@ def test_float32_arithmetic_on_integer_values_is_the_int32_result(small):
     target = tvm.target.Target(load_profile("cpu").tvm_target())
     x = small[2][:1]
     results = []
-    variants = [
-        (None, None),
-        (lambda site, quant, limit: "float32", None),
-        # the first convolution's signed input shifted to uint8 (128 * sum(w) taken off)
-        (None, lambda site, quant: quant.dtype == "int8"),
-    ]
-    for arithmetic, shifted in variants:
-        quantized, records = quantize(mod, quants, 63, arithmetic=arithmetic, shifted=shifted)
+    for arithmetic in (None, lambda site, quant, limit: "float32"):
+        quantized, records = quantize(mod, quants, 63, arithmetic=arithmetic)
         lowered = lower(quantized)
         conv_inputs = [
             lowered.plan.buffers[s.args[0]].dtype
@@ -323,9 +317,8 @@ def test_float32_arithmetic_on_integer_values_is_the_int32_result(small):
             assert conv_inputs == ["float32", "uint8", "float32", "float32", "float32"]
         library = build_cpu(lowered.kernels, target)
         results.append(Executor(lowered.plan, CPUBackend(library), lowered.constants).run([x]))
-    assert [r["input_shift"] for r in records] == [128, 0, 0, 0, 0]
+    assert {r["arithmetic"] for r in records} == {"float32"}
     np.testing.assert_array_equal(results[0][0], results[1][0])
-    np.testing.assert_array_equal(results[0][0], results[2][0])
 
 
 # --- the kernel ---------------------------------------------------------------------
@@ -490,25 +483,21 @@ def test_int8_package_matches_fp32_within_the_quantization_step(small, tmp_path)
     print(f"int8 vs fp32: largest error {max(errors):.2%} of the output's scale (5 layers)")
     build = int8.manifest["build"]
     dot = dot_product_of(load_profile("cpu").tvm_target())
-    if dot is not None:
-        # the first (its signed input shifted to uint8), the 1x1 and the residual 3x3
-        # (16 -> 16 channels, uint8 inputs)
-        assert build["schedules"]["cpu"]["rules"].get("cpu.Conv2DInt8") == 3
-        operators = build["quantization"]["operators"]
-        assert [op["input_shift"] for op in operators] == [128, 0, 0, 0, 0]
-        weight_max = {op["name"]: op["weight_max"] for op in operators}
+    if dot is not None:  # the 1x1 and the residual 3x3 (16 -> 16 channels, uint8 inputs)
+        assert build["schedules"]["cpu"]["rules"].get("cpu.Conv2DInt8") == 2
+        weight_max = {op["name"]: op["weight_max"] for op in build["quantization"]["operators"]}
         assert weight_max == {
-            "conv2d_0": dot.weight_max,
+            "conv2d_0": 127,
             "conv2d_1": 127,
             "conv2d_2": dot.weight_max,
             "conv2d_3": dot.weight_max,
             "dense_0": 127,
         }
-        # the depthwise and the small dense layer: their integer sums held exactly in
-        # float32 kernels
+        # the first (signed input), the depthwise and the small dense layer: their
+        # integer sums held exactly in float32 kernels
         arithmetic = {op["name"]: op["arithmetic"] for op in build["quantization"]["operators"]}
         assert arithmetic == {
-            "conv2d_0": "int32",
+            "conv2d_0": "float32",
             "conv2d_1": "float32",
             "conv2d_2": "int32",
             "conv2d_3": "int32",
@@ -577,13 +566,11 @@ def test_int8_convolutions_in_the_packed_layout_give_the_nchw_answers(small, tmp
     packed = packages["packed"].manifest["build"]
     assert packed["layouts"]["chosen"] == f"NCHW{dot.lanes}c"
     kernels = packed["schedules"]["cpu"]["kernels"].values()
-    # the 1x1 and the residual 3x3 in NCHW8c on the dot product
+    # the 1x1 and the residual 3x3 on the dot product, the first and the depthwise
+    # convolutions (float32 arithmetic) in the packed float32 rule
     rules = [k["rule"] for k in kernels if "conv2d_int8_NCHWc" in k["ops"]]
     assert rules == ["cpu.Conv2DInt8"] * 2, packed["schedules"]["cpu"]
-    # the depthwise (float32 arithmetic) in the packed float32 rule; the first
-    # convolution, shifted to 4 uint8 channels, stays NCHW on the dot product
-    assert packed["schedules"]["cpu"]["rules"].get("cpu.PackedConv2D") == 1
-    assert packed["schedules"]["cpu"]["rules"].get("cpu.Conv2DInt8") == 3
+    assert packed["schedules"]["cpu"]["rules"].get("cpu.PackedConv2D") == 2
     for x in inputs[:4]:
         np.testing.assert_array_equal(
             packages["packed"].run(x[None])[0], packages["NCHW"].run(x[None])[0]

@@ -399,7 +399,6 @@ def quantize(
     weight_max: int | Callable[[Site, TensorQuant], int] = WEIGHT_MAX,
     skip: frozenset[str] = frozenset(),
     arithmetic: Callable[[Site, TensorQuant, int], str] | None = None,
-    shifted: Callable[[Site, TensorQuant], bool] | None = None,
 ) -> tuple[tvm.IRModule, list[dict]]:
     """``mod`` with every site of :func:`find_sites` whose input tensor has a
     quantization in ``quants`` (by tensor key) and whose name is not in ``skip``
@@ -412,18 +411,12 @@ def quantize(
     values held in float32 tensors and summed by the float32 kernels, bit for bit the
     int32 result where :func:`exact_in_float32` holds, for operators the CPU has no
     faster integer kernel for (a depthwise convolution runs as fast as in float32
-    instead of 2x slower in int32 lanes).
-
-    ``shifted(site, quant)``: a convolution in ``int32`` arithmetic whose input is
-    signed reads it shifted to ``uint8`` (``q + 128``, padded with 128, the shifted
-    zero, and its channels padded with zeros to fours), the layout and signedness of
-    the CPU's ``u8 x s8`` dot product, and takes ``128 * sum(w)`` per output channel
-    off its int32 sums: the same integers, bit for bit."""
+    instead of 2x slower in int32 lanes)."""
     found = find_sites(mod)
     func = mod["main"]
     bindings = _bindings(func)
     uses, users = _use_counts(func), _users(bindings)
-    plans: dict[relax.Var, tuple[Site, _Epilogue, np.ndarray, str, bool]] = {}
+    plans: dict[relax.Var, tuple[Site, _Epilogue, np.ndarray, str]] = {}
     absorbed: set[relax.Var] = set()
     records = []
     for site in found.sites:
@@ -439,14 +432,7 @@ def quantize(
         kind = "int32" if arithmetic is None else arithmetic(site, quant, limit)
         if kind == "float32" and not exact_in_float32(site, quant, limit):
             raise ValueError(f"{site.name}: its sums exceed float32's exact integers")
-        shift = (
-            kind == "int32"
-            and site.op == "conv2d"
-            and quant.dtype == "int8"
-            and shifted is not None
-            and shifted(site, quant)
-        )
-        plans[site.var] = (site, epilogue, q_weight, kind, shift)
+        plans[site.var] = (site, epilogue, q_weight, kind)
         absorbed.update(epilogue.absorbed)
         records.append(
             {
@@ -461,7 +447,6 @@ def quantize(
                 "weight_scale_max": float(w_scales.max()),
                 "epilogue": epilogue.ops,
                 "arithmetic": kind,
-                "input_shift": 128 if shift else 0,
             }
         )
     if not plans:
@@ -492,22 +477,6 @@ def quantize(
                     made[key, dtype] = self.builder_.emit(quantize_tensor(data, quants[key], dtype))
             return made[key, dtype]
 
-        def shifted(self, data: relax.Expr, q_weight: np.ndarray, padding: list[int]):
-            """``data`` (int8) + 128 as uint8, padded spatially with 128 (the shifted
-            zero) and in channels with zeros to fours; the weights' channels alike."""
-            shifted_data = R.astype(
-                R.add(R.astype(data, "int32"), relax.const(128, "int32")), "uint8"
-            )
-            channels = int(q_weight.shape[1])
-            extra = -channels % 4
-            top, left, bottom, right = padding
-            pad_width = [0, 0, 0, extra, top, bottom, left, right]
-            shifted_data = self.builder_.emit(R.nn.pad(shifted_data, pad_width, pad_value=128))
-            if extra:  # the padded channels meet zero weights: any data value gives 0
-                zeros = np.zeros((q_weight.shape[0], extra, *q_weight.shape[2:]), np.int8)
-                q_weight = np.concatenate([q_weight, zeros], axis=1)
-            return shifted_data, relax.const(np.ascontiguousarray(q_weight), "int8")
-
         def visit_var_binding_(self, binding):
             var = binding.var
             if var in absorbed:
@@ -515,7 +484,7 @@ def quantize(
             if var not in plans:
                 super().visit_var_binding_(binding)
                 return
-            site, epilogue, q_weight, kind, shift = plans[var]
+            site, epilogue, q_weight, kind = plans[var]
             data = self.quantized(site.tensor, site.call.args[0], _input_dtype(site, kind))
             if kind == "int32":
                 weight = relax.const(q_weight, "int8")
@@ -523,15 +492,11 @@ def quantize(
                 weight = relax.const(q_weight.astype(np.float32))
             if site.op == "conv2d":
                 a = site.call.attrs
-                padding = a.padding
-                if shift:
-                    data, weight = self.shifted(data, q_weight, [int(p) for p in a.padding])
-                    padding = [0, 0, 0, 0]
                 acc = R.nn.conv2d(
                     data,
                     weight,
                     a.strides,
-                    padding,
+                    a.padding,
                     a.dilation,
                     a.groups,
                     "NCHW",
@@ -545,9 +510,6 @@ def quantize(
                 shape = (-1,)
             multiplier = epilogue.multiplier.reshape(shape).astype(np.float32)
             acc = self.builder_.emit(acc)
-            if shift:  # the shift's share of the sums: 128 * sum(w) per output channel
-                sums = q_weight.reshape(len(q_weight), -1).astype(np.int64).sum(axis=1)
-                acc = R.subtract(acc, relax.const((128 * sums).reshape(shape).astype(np.int32)))
             if kind == "int32":
                 acc = R.astype(acc, "float32")
             y = R.multiply(acc, relax.const(multiplier))

@@ -282,11 +282,7 @@ def quantize_model(
     target = profile.tvm_target()
     dot = dot_product_of(target)
     quantized, records = quantize(
-        mod,
-        quants,
-        _weight_limits(target),
-        arithmetic=_arithmetic(target),
-        shifted=_shifted(target),
+        mod, quants, _weight_limits(target), arithmetic=_arithmetic(target)
     )
     counts: dict[str, int] = {}
     for record in records:
@@ -368,19 +364,6 @@ def _arithmetic(target: tvm.target.Target):
         return "float32" if exact_in_float32(site, quant, weight_max) else "int32"
 
     return arithmetic
-
-
-def _shifted(target: tvm.target.Target):
-    """Signed inputs of convolutions the dot product takes run shifted to uint8 (a
-    first convolution on the normalized image; see
-    :func:`edgecv.lowering.quantize.quantize`)."""
-    dot = dot_product_of(target)
-
-    def shifted(site, quant: TensorQuant) -> bool:
-        groups = int(site.call.attrs.groups)
-        return dot is not None and runs_on_dot_product(site.weight.shape, groups, quant.dtype, dot)
-
-    return shifted
 
 
 def read_previous(package: Path) -> dict | None:

@@ -99,13 +99,14 @@ def runs_on_dot_product(
 ) -> bool:
     """Whether a quantized conv2d (OIHW ``weight_shape``) will be scheduled by
     :class:`Conv2DInt8` with ``dot``: the INT8 step quantizes the weights of exactly
-    these to ``dot.weight_max``. A signed (``int8``) input runs shifted to ``uint8``
-    with its channels padded to fours (:func:`edgecv.lowering.quantize.quantize`'s
-    ``shifted``): a first convolution on the normalized image."""
+    these to ``dot.weight_max``."""
     out_channels, in_channels = weight_shape[0], weight_shape[1]
-    if groups != 1 or out_channels % dot.lanes:
-        return False
-    return input_dtype == "int8" or (input_dtype == "uint8" and in_channels % 4 == 0)
+    return (
+        groups == 1
+        and input_dtype == "uint8"
+        and out_channels % dot.lanes == 0
+        and in_channels % 4 == 0
+    )
 
 
 def _description(lanes: int):
