@@ -288,6 +288,39 @@ def test_taps_follow_a_nested_tuple_of_outputs():
     assert len(lowered.plan.outputs) == 4  # a, b, c, then the tap of a
 
 
+def test_an_operator_no_integer_kernel_speeds_up_stays_float32():
+    """On a CPU with a dot product, a convolution that cannot use it (20 output
+    channels: not in 8s) and whose sums float32 cannot hold exactly (64 x 3 x 3 x 255 x
+    127 > 2**24) is not quantized at all: int32 lanes would run at half float32's
+    speed (SSD's class heads took 75 of 129 ms that way). Its neighbour in 8s is."""
+    from tvm import relax
+
+    from edgecv.pipelines.int8 import _arithmetic, _weight_limits
+
+    target = load_profile("cpu").tvm_target()
+    if dot_product_of(target) is None:
+        pytest.skip("this CPU has no int8 dot-product instruction edgecv uses")
+    rng = np.random.RandomState(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 64, 8, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = relax.op.nn.relu(x)
+            heads = [
+                relax.op.nn.conv2d(
+                    y, relax.const(rng.normal(size=(o, 64, 3, 3)).astype("float32")), padding=1
+                )
+                for o in (20, 24)
+            ]
+            out = bb.emit_output(relax.op.concat(heads, axis=1))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    found = find_sites(mod)
+    quants = {k: TensorQuant(0.05, "uint8") for k in found.tensors}
+    _, records = quantize(mod, quants, _weight_limits(target), arithmetic=_arithmetic(target))
+    assert [(r["name"], r["arithmetic"]) for r in records] == [("conv2d_1", "int32")]
+
+
 def test_float32_arithmetic_on_integer_values_is_the_int32_result(small):
     """Operators whose integer sums stay below 2**24 may compute in float32 kernels:
     bit for bit what the int32 kernels give, for the whole network."""

@@ -411,7 +411,8 @@ def quantize(
     values held in float32 tensors and summed by the float32 kernels, bit for bit the
     int32 result where :func:`exact_in_float32` holds, for operators the CPU has no
     faster integer kernel for (a depthwise convolution runs as fast as in float32
-    instead of 2x slower in int32 lanes)."""
+    instead of 2x slower in int32 lanes), or None: the operator stays float32, not
+    quantized (no record)."""
     found = find_sites(mod)
     func = mod["main"]
     bindings = _bindings(func)
@@ -424,12 +425,14 @@ def quantize(
         if quant is None or site.name in skip:
             continue
         limit = weight_max(site, quant) if callable(weight_max) else weight_max
+        kind = "int32" if arithmetic is None else arithmetic(site, quant, limit)
+        if kind is None:
+            continue  # left in float32: no integer kernel would be faster
         q_weight, w_scales = quantize_weights(site.weight, limit)
         axis = 1 if site.op == "conv2d" else len(site.call.ty.shape) - 1
         epilogue = _fold_epilogue(site, quant.scale * w_scales, bindings, uses, users, axis)
         if site.op == "dense":
             q_weight = np.ascontiguousarray(q_weight.T)  # back to [in, out]
-        kind = "int32" if arithmetic is None else arithmetic(site, quant, limit)
         if kind == "float32" and not exact_in_float32(site, quant, limit):
             raise ValueError(f"{site.name}: its sums exceed float32's exact integers")
         plans[site.var] = (site, epilogue, q_weight, kind)
