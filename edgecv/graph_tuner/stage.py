@@ -188,13 +188,11 @@ def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule
 
 
 def _int8_block(profile: Profile, options) -> int | None:
-    """The int32 lanes of the CPU's int8 dot product in an INT8 build, else None."""
-    if getattr(options, "precision", "fp32") != "int8" or profile.runtime != "cpu":
+    if profile.runtime != "cpu":
         return None
-    from ..schedules.cpu.conv2d_int8 import dot_product_of
+    from ..schedules.cpu.conv2d_int8 import int8_block
 
-    dot = dot_product_of(profile.tvm_target())
-    return dot.lanes if dot else None
+    return int8_block(profile.tvm_target(), getattr(options, "precision", "fp32"))
 
 
 def _summary(graph, layouts: dict[int, str]) -> str:

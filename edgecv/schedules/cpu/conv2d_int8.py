@@ -94,6 +94,14 @@ def dot_product_of(target: tvm.target.Target) -> DotProduct | None:
     return None
 
 
+def int8_block(target: tvm.target.Target, precision: str) -> int | None:
+    """The int32 lanes of ``target``'s dot product in an INT8 build (``precision``
+    ``int8``): the block its uint8 x int8 convolutions are lowered and laid out for;
+    None otherwise. One answer for the graph tuner and the lowering."""
+    dot = dot_product_of(target) if precision == "int8" else None
+    return dot.lanes if dot else None
+
+
 def runs_on_dot_product(
     weight_shape: tuple[int, ...], groups: int, input_dtype: str, dot: DotProduct
 ) -> bool:
