@@ -361,7 +361,7 @@ def _packed_tile(simd: Simd, chunks: int, height: int, width: int) -> tuple[int,
         for columns in range(1, min(width, cap) + 1):
             # whole tiles only: a predicated tile leaves the intrinsic's loads and
             # stores guarded element by element (ResNet-50's 3x3 512 -> 512 at 7x7:
-            # 5 predicated columns x 2 blocks 13.6 ms, 7 columns x 1 block 4.1)
+            # 5 predicated columns x 2 blocks 13.6 ms, 7 columns x 1 block 2.8)
             if width % columns == 0:
                 rows = largest_divisor(height, cap // columns)
                 best = max(best, (rows * columns * blocks, blocks, rows, columns))
