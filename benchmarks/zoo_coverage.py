@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 from zoo_coverage_tables import STAGES, write_tables
+from zoo_probe import PROBES, verdict_path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -292,6 +293,27 @@ def sweep_one(name: str, family: str, args) -> dict:
     return {"model": name, "family": family, **record}
 
 
+def apply_probe_verdict(row: dict, probes: Path, seed: int, profile: str) -> None:
+    """A model whose outputs did not match MXNet, and that ``zoo_probe.py`` probed with
+    the same seed on the same profile, gets the probe's verdict: ``parity=tie`` when no
+    stage departs beyond MXNet's own drift (the mismatch is a tie or a threshold MXNet's
+    rounding also crosses), with the verdict file in ``probe``; a departing probe leaves
+    ``parity=fail`` and names its first departing stage."""
+    if row.get("parity") != "fail":
+        return
+    path = verdict_path(probes, row["model"], seed, profile)
+    if not path.is_file():
+        return
+    verdict = json.loads(path.read_text())
+    row["probe"] = str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+    if verdict["verdict"] == "tie":
+        row["parity"] = "tie"
+    else:
+        row["error"] = f"probe: first departure at {verdict['first_departure']}; " + str(
+            row.get("error", "")
+        )
+
+
 def _earlier_rows(out: Path) -> list[dict]:
     """The rows of an earlier run's CSV (a long sweep continues across sessions)."""
     import csv
@@ -322,6 +344,12 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--probes",
+        type=Path,
+        default=PROBES,
+        help="zoo_probe.py's verdicts: a mismatch the probe proved a tie counts as parity=tie",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help="keep the rows of an earlier run's <out>.csv and sweep only the models it lacks",
@@ -349,7 +377,7 @@ def main() -> None:
     per_family: dict[str, int] = {}
     rows = _earlier_rows(args.out) if args.resume else []
     if args.retry_failed:
-        rows = [r for r in rows if r.get("build") == "skipped" or r.get("parity") == "ok"]
+        rows = [r for r in rows if r.get("build") == "skipped" or r.get("parity") in ("ok", "tie")]
     done = {r["model"] for r in rows}
     for name in names:
         if name in done:
@@ -367,6 +395,8 @@ def main() -> None:
         per_family[rule.family] = per_family.get(rule.family, 0) + 1
         t = time.perf_counter()
         row = sweep_one(name, rule.family, args)
+        if args.deploy:
+            apply_probe_verdict(row, args.probes, args.seed, args.deploy)
         rows.append(row)
         status = " ".join(f"{s}={row[s]}" for s in STAGES if s in row)
         print(
