@@ -316,9 +316,11 @@ def _compare_stage(name, op, attrs, ours, ref, moved, factor) -> StageDifference
         ),
         default=0.0,
     )
-    scale = float(np.abs(b).max(initial=0.0))
-    step = max(np.finfo(np.float32).eps * scale, np.finfo(np.float32).tiny)
-    ratio = diff / max(drift, step)
+    # NaNs (MXNet's own, where it reads memory it never wrote) are compared by
+    # position in _max_abs; the scale is that of the finite values
+    scale = float(np.abs(b[np.isfinite(b)]).max(initial=0.0))
+    step = max(np.finfo(np.float32).eps * scale, float(np.finfo(np.float32).tiny))
+    ratio = diff / (drift if drift > step else step)
     departs = bool(ratio > factor)
     sets = drift_sets = None
     detail = ""

@@ -89,3 +89,19 @@ def test_probe_compares_a_block_called_twice(tmp_path):
     heads = [s for s in report.stages if "conv1" in s.name]
     assert len(heads) == 2 and heads[0].name != heads[1].name, report.table()
     assert report.first is None and all(s.scale > 0 and not s.departs for s in heads)
+
+
+def test_a_stage_where_mxnet_writes_nan_is_compared_by_position():
+    """MXNet leaves NaN where it reads memory it never wrote (a mask R-CNN stage did):
+    NaN at the same positions compares equal, NaN only on one side departs, and the
+    stage's scale is that of its finite values (it was NaN: a ZeroDivisionError)."""
+    from edgecv.divergence_probe import _compare_stage
+
+    ref = np.array([[np.nan, 1.0, 2.0], [3.0, np.nan, 0.0]], np.float32)
+    ours = ref.copy()
+    ours[0, 1] = np.nextafter(np.float32(1.0), np.float32(2.0))
+    moved = [ref.copy()]
+    same = _compare_stage("s", "Convolution", {}, ours, ref, moved, 4.0)
+    assert same.scale == 3.0 and np.isfinite(same.ratio) and not same.departs
+    ours[1, 2] = np.nan
+    assert _compare_stage("s", "Convolution", {}, ours, ref, moved, 4.0).departs
