@@ -73,6 +73,8 @@ class StageDifference:
     drift_sets_differ: bool | None = None
     detail: str = ""
     scale: float = 0.0  # the largest magnitude in MXNet's output of the stage
+    tie: bool = False  # edgecv's op alone on MXNet's inputs gives MXNet's answer
+    follows_tie: str | None = None  # the tie stage this one reads, directly or not
 
 
 @dataclass
@@ -96,6 +98,10 @@ class DivergenceReport:
             sets = "" if s.sets_differ is None else ("DIFFER" if s.sets_differ else "same")
             if s.drift_sets_differ:
                 sets += " (mxnet drift too)"
+            if s.tie:
+                sets += " TIE (the op alone on MXNet's inputs gives MXNet's answer)"
+            if s.follows_tie:
+                sets += f" (follows the tie at {s.follows_tie})"
             mark = "  <-- first departure" if s is first else ""
             lines.append(
                 f"{s.name[:60]:60} {s.op[:28]:28} {s.max_abs_diff:10.3g} {s.mxnet_drift:10.3g} "
@@ -180,11 +186,16 @@ def probe_divergence(
         ref_internals = reference.get_internals()
         ref_names = set(ref_internals.list_outputs())
         picked = [_defined(n, op_of, ref_names) for n in names]
+        # MXNet's values of the inputs of sorting and selecting stages: such an op is run
+        # again alone on them when edgecv's answer differs (see _rerun_discrete)
+        anchors = _discrete_inputs(graph, names, op_of, ref_names)
+        extra = sorted({a for inputs_of in anchors.values() for a in inputs_of})
         forward = _mxnet_forward(
-            mx, mx.sym.Group([ref_internals[n] for n in picked]), list(inputs), params
+            mx, mx.sym.Group([ref_internals[n] for n in picked + extra]), list(inputs), params
         )
         xs = list(inputs.values())
         base = forward(xs)
+        anchor_values = dict(zip(extra, base[len(names) :], strict=True))
         rng = np.random.RandomState(seed)
         moved = []
         for _ in range(trials):
@@ -202,7 +213,86 @@ def probe_divergence(
         op, attrs = op_of.get(node, "?"), attrs_of.get(node, {})
         drifted = [m[i] for m in moved]
         result.append(_compare_stage(name, op, attrs, ours[i], base[i], drifted, factor))
+    _rerun_discrete(mx, graph, result, base, anchors, anchor_values, profile, on)
     return DivergenceReport(result, factor)
+
+
+def _discrete_inputs(graph: dict, names: list[str], op_of: dict, ref_names: set) -> dict:
+    """Stage name -> the internal output names of its op's inputs, for the index and row
+    stages whose inputs are all operator outputs (not weights or the model's input)."""
+    nodes = graph["nodes"]
+    index_of = {n["name"]: i for i, n in enumerate(nodes)}
+    outputs = {}
+    for name in names:
+        node = nodes[index_of[_node_of(name)]]
+        if _kind(node["op"], node.get("attrs", {}), name) == "values":
+            continue
+        sources = []
+        for src, k, *_ in node["inputs"]:
+            source = nodes[src]
+            single = f"{source['name']}_output"
+            candidate = single if single in ref_names else f"{single}{k}"
+            if source["op"] == "null" or candidate not in ref_names:
+                break
+            sources.append(candidate)
+        else:
+            outputs[name] = sources
+    return outputs
+
+
+def _rerun_discrete(mx, graph, result, base, anchors, anchor_values, profile, on) -> None:
+    """A sort or selection stage whose answer differs from MXNet's is run again alone in
+    edgecv on MXNet's values of its inputs. If it then gives MXNet's answer exactly (the
+    same indices; the same kept rows), the operator is MXNet's and the difference came
+    from its inputs, judged at their own stages (within the factor of MXNet's drift, or
+    the first departure is there): a tie that rounding breaks. The stage no longer
+    departs, and the stages that read it, directly or not, follow that tie: their values
+    are compared but no longer depart (which boxes survive a tie is rounding's choice)."""
+    nodes = graph["nodes"]
+    index_of = {n["name"]: i for i, n in enumerate(nodes)}
+    ties: dict[int, str] = {}  # node index -> the tie stage it reads, directly or not
+    for i, stage in enumerate(result):
+        node = index_of[_node_of(stage.name)]
+        if node in ties and stage.departs:
+            stage.departs, stage.follows_tie = False, ties[node]
+            continue
+        if not stage.departs or stage.name not in anchors:
+            continue
+        if _same_alone(mx, nodes[node], stage, base[i], anchors, anchor_values, profile, on):
+            stage.departs, stage.tie = False, True
+            ties[node] = stage.name
+            for later in range(node + 1, len(nodes)):
+                if any(src in ties for src, *_ in nodes[later]["inputs"]):
+                    ties.setdefault(later, stage.name)
+
+
+def _same_alone(mx, node, stage, ref, anchors, values, profile, on) -> bool:
+    """Whether edgecv's ``node`` alone (a one-operator graph) on MXNet's values of its
+    inputs gives MXNet's answer: the same indices, the same kept rows."""
+    from edgecv.pipelines import BuildOptions
+
+    sources = anchors[stage.name]
+    names = [f"anchor{k}" for k in range(len(sources))]
+    position = stage.name.rpartition("_output")[2] or "0"
+    graph = {
+        "nodes": [{"op": "null", "name": n, "inputs": []} for n in names]
+        + [{**node, "inputs": [[k, 0, 0] for k in range(len(names))]}],
+        "arg_nodes": list(range(len(names))),
+        "heads": [[len(names), int(position), 0]],
+        "attrs": {"mxnet_version": ["int", 10901]},
+    }
+    inputs = {n: values[src] for n, src in zip(names, sources, strict=True)}
+    with tempfile.TemporaryDirectory(prefix="edgecv-probe-op-") as tmp:
+        work = Path(tmp)
+        symbol, params = work / "op-symbol.json", work / "op-0000.params"
+        symbol.write_text(mx.sym.load_json(json.dumps(graph)).tojson())
+        mx.nd.save(str(params), {})
+        options = BuildOptions(layout="NCHW")
+        ours = _edgecv_forward(symbol, params, inputs, profile, options, on, work)[0]
+    if _kind(stage.op, node.get("attrs", {}), stage.name) == "index":
+        return bool(np.array_equal(ours, ref))
+    tol = _ROW_MATCH * max(stage.scale, 1.0)
+    return ours.shape == ref.shape and sum(_unmatched_rows(ours, ref, tol)) == 0
 
 
 def _unique_names(graph: dict) -> dict:

@@ -5,6 +5,7 @@ weights edgecv deploys only must be reported at that convolution, and nowhere be
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from graph_tuner.small_model import SHAPE, export_small_model
 
 from edgecv._mxnet import import_mxnet
@@ -105,3 +106,55 @@ def test_a_stage_where_mxnet_writes_nan_is_compared_by_position():
     assert same.scale == 3.0 and np.isfinite(same.ratio) and not same.departs
     ours[1, 2] = np.nan
     assert _compare_stage("s", "Convolution", {}, ours, ref, moved, 4.0).departs
+
+
+def _argsort_graph() -> dict:
+    return {
+        "nodes": [
+            {"op": "null", "name": "data", "inputs": []},
+            {
+                "op": "Activation",
+                "name": "act0",
+                "attrs": {"act_type": "relu"},
+                "inputs": [[0, 0, 0]],
+            },
+            {"op": "argsort", "name": "argsort0", "attrs": {"axis": "-1"}, "inputs": [[1, 0, 0]]},
+            {
+                "op": "slice_axis",
+                "name": "first0",
+                "attrs": {"axis": "-1", "begin": "0", "end": "3"},
+                "inputs": [[2, 0, 0]],
+            },
+        ]
+    }
+
+
+@pytest.mark.parametrize("mxnet_order", ["its own", "another"])
+def test_a_sort_that_gives_mxnets_answer_on_mxnets_input_is_a_tie(mxnet_order):
+    """The mask R-CNN case: an argsort of near-equal scores whose inputs differ from
+    MXNet's by rounding. Run alone on MXNet's input, edgecv's argsort gives MXNet's
+    order, so the stage is a tie and the stage reading it follows the tie; if it did not
+    (another order than MXNet's on the same input), the stage still departs."""
+    from edgecv.divergence_probe import StageDifference, _rerun_discrete
+
+    mx = import_mxnet()
+    values = np.random.RandomState(0).uniform(0, 1, (2, 16)).astype(np.float32)
+    ref = mx.nd.argsort(mx.nd.array(values), axis=-1).asnumpy()
+    if mxnet_order == "another":
+        ref = ref[:, ::-1].copy()
+    result = [
+        StageDifference("act0_output", "Activation", 0.0, 0.0, 0.0, False),
+        StageDifference("argsort0_output", "argsort", 9.0, 0.0, 1e6, True, False, False),
+        StageDifference("first0_output", "slice_axis", 9.0, 0.0, 1e6, True),
+    ]
+    base = [values, ref, ref[:, :3]]
+    anchors = {"argsort0_output": ["act0_output"]}
+    _rerun_discrete(
+        mx, _argsort_graph(), result, base, anchors, {"act0_output": values}, "cpu", None
+    )
+    sort, first = result[1], result[2]
+    if mxnet_order == "its own":
+        assert sort.tie and not sort.departs
+        assert first.follows_tie == "argsort0_output" and not first.departs
+    else:
+        assert not sort.tie and sort.departs and first.departs and first.follows_tie is None

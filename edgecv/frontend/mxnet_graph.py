@@ -185,6 +185,8 @@ def load_params(path: str | Path) -> dict[str, np.ndarray]:
     mx = import_mxnet()
     try:
         loaded = mx.nd.load(str(path))
+        if isinstance(loaded, list) and not loaded:
+            loaded = {}  # a graph without weights: MXNet saves {} as an empty list
         if not isinstance(loaded, dict):
             raise ParamsError(f"params file {path} holds an unnamed list of arrays; expected names")
         # asnumpy() too: MXNet refuses there an array of 2**31 elements or more
