@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 from zoo_coverage_tables import STAGES, write_tables
-from zoo_probe import PROBES, verdict_path
+from zoo_probe import PROBES, apply_probe_verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -291,27 +291,6 @@ def sweep_one(name: str, family: str, args) -> dict:
             record["error"] = problem
     record.pop("meta", None)
     return {"model": name, "family": family, **record}
-
-
-def apply_probe_verdict(row: dict, probes: Path, seed: int, profile: str) -> None:
-    """A model whose outputs did not match MXNet, and that ``zoo_probe.py`` probed with
-    the same seed on the same profile, gets the probe's verdict: ``parity=tie`` when no
-    stage departs beyond MXNet's own drift (the mismatch is a tie or a threshold MXNet's
-    rounding also crosses), with the verdict file in ``probe``; a departing probe leaves
-    ``parity=fail`` and names its first departing stage."""
-    if row.get("parity") != "fail":
-        return
-    path = verdict_path(probes, row["model"], seed, profile)
-    if not path.is_file():
-        return
-    verdict = json.loads(path.read_text())
-    row["probe"] = str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
-    if verdict["verdict"] == "tie":
-        row["parity"] = "tie"
-    else:
-        row["error"] = f"probe: first departure at {verdict['first_departure']}; " + str(
-            row.get("error", "")
-        )
 
 
 def _earlier_rows(out: Path) -> list[dict]:

@@ -5,6 +5,7 @@ retry of failed models) into one table; a model's row in a later file replaces i
 in an earlier one:
 
     python benchmarks/zoo_coverage_tables.py OUT first.csv second.csv retry.csv
+    python benchmarks/zoo_coverage_tables.py OUT sweep.csv --probes benchmarks/results/probes
 """
 
 from __future__ import annotations
@@ -106,8 +107,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="merge zoo_coverage.py sweeps into one table")
     parser.add_argument("out", type=Path, help="writes OUT.csv and OUT.md")
     parser.add_argument("csvs", type=Path, nargs="+", help="sweep CSVs, later ones win")
+    parser.add_argument(
+        "--probes",
+        type=Path,
+        help="zoo_probe.py's verdicts (benchmarks/results/probes): a mismatch proved a tie "
+        "counts as parity=tie",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the sweeps' seed (with --probes)")
+    parser.add_argument("--profile", default="cpu", help="the sweeps' profile (with --probes)")
     args = parser.parse_args()
     rows = merge(args.csvs)
+    if args.probes:
+        from zoo_probe import apply_probe_verdict
+
+        for row in rows:
+            apply_probe_verdict(row, args.probes, args.seed, args.profile)
     write_tables(rows, args.out, import_only=not any(r.get("compile") for r in rows))
     print("\n".join(summarize(rows, ["build", "import", "compile", "parity", "tie"])))
 

@@ -43,6 +43,27 @@ def verdict_path(out: Path, model: str, seed: int, profile: str) -> Path:
     return out / f"{model}-seed{seed}-{profile}.json"
 
 
+def apply_probe_verdict(row: dict, probes: Path, seed: int, profile: str) -> None:
+    """A model whose outputs did not match MXNet, and that ``zoo_probe.py`` probed with
+    the same seed on the same profile, gets the probe's verdict: ``parity=tie`` when no
+    stage departs beyond MXNet's own drift (the mismatch is a tie or a threshold MXNet's
+    rounding also crosses), with the verdict file in ``probe``; a departing probe leaves
+    ``parity=fail`` and names its first departing stage."""
+    if row.get("parity") != "fail":
+        return
+    path = verdict_path(probes, row["model"], seed, profile)
+    if not path.is_file():
+        return
+    verdict = json.loads(path.read_text())
+    row["probe"] = str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+    if verdict["verdict"] == "tie":
+        row["parity"] = "tie"
+    else:
+        row["error"] = f"probe: first departure at {verdict['first_departure']}; " + str(
+            row.get("error", "")
+        )
+
+
 def probe_stages(symbol: Path) -> list[str]:
     """The node names the probe compares (see the module's docstring)."""
     nodes = json.loads(symbol.read_text())["nodes"]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from zoo_coverage import apply_probe_verdict  # noqa: E402
+
 from zoo_coverage_tables import write_tables  # noqa: E402
-from zoo_probe import probe_stages, verdict_path  # noqa: E402
+from zoo_probe import apply_probe_verdict, probe_stages, verdict_path  # noqa: E402
 
 
 def _node(op: str, name: str, inputs: list[int]) -> dict:
