@@ -242,8 +242,9 @@ def _discrete_inputs(graph: dict, names: list[str], op_of: dict, ref_names: set)
 
 def _rerun_discrete(mx, graph, result, base, anchors, anchor_values, profile, on) -> None:
     """A sort or selection stage whose answer differs from MXNet's is run again alone in
-    edgecv on MXNet's values of its inputs. If it then gives MXNet's answer exactly (the
-    same indices; the same kept rows), the operator is MXNet's and the difference came
+    edgecv on MXNet's values of its inputs. If it then gives MXNet's answer (the same
+    kept rows; the same indices, or indices of equal keys where MXNet's ``std::sort``
+    leaves their order unspecified), the operator is MXNet's and the difference came
     from its inputs, judged at their own stages (within the factor of MXNet's drift, or
     the first departure is there): a tie that rounding breaks. The stage no longer
     departs, and the stages that read it, directly or not, follow that tie: their values
@@ -289,8 +290,20 @@ def _same_alone(mx, node, stage, ref, anchors, values, profile, on) -> bool:
         mx.nd.save(str(params), {})
         options = BuildOptions(layout="NCHW")
         ours = _edgecv_forward(symbol, params, inputs, profile, options, on, work)[0]
-    if _kind(stage.op, node.get("attrs", {}), stage.name) == "index":
-        return bool(np.array_equal(ours, ref))
+    attrs = node.get("attrs", {})
+    if _kind(stage.op, attrs, stage.name) == "index":
+        if np.array_equal(ours, ref):
+            return True
+        # MXNet sorts with std::sort: equal keys come out in an unspecified order, so
+        # edgecv's order is MXNet's when it picks, position by position, equal keys
+        keys = np.asarray(inputs[names[0]])
+        axis = int(attrs.get("axis", -1))
+        if ours.shape != ref.shape:
+            return False
+        picked = ours.astype(np.int64)
+        unique = bool((np.diff(np.sort(picked, axis=axis), axis=axis) != 0).all())
+        ordered = [np.take_along_axis(keys, o, axis) for o in (picked, ref.astype(np.int64))]
+        return unique and bool(np.array_equal(*ordered))
     tol = _ROW_MATCH * max(stage.scale, 1.0)
     return ours.shape == ref.shape and sum(_unmatched_rows(ours, ref, tol)) == 0
 
