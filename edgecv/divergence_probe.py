@@ -197,10 +197,16 @@ def probe_divergence(
         base = forward(xs)
         anchor_values = dict(zip(extra, base[len(names) :], strict=True))
         rng = np.random.RandomState(seed)
-        moved = []
+        # each trial's outputs are summarized as they come (an R-CNN's 123 stages on
+        # 1,000 ROIs hold gigabytes: keeping every trial's took a probe past 23 GB)
+        drifts: list[list[_Drift]] = [[] for _ in names]
         for _ in range(trials):
-            nudged = [_one_step(x, rng) for x in xs]
-            moved.append(forward(nudged))
+            moved = forward([_one_step(x, rng) for x in xs])
+            for i, name in enumerate(names):
+                node = _node_of(name)
+                op, attrs = op_of.get(node, "?"), attrs_of.get(node, {})
+                drifts[i].append(_drift(op, attrs, name, moved[i], base[i]))
+            del moved
         cut = work / "cut-symbol.json"
         internals = full.get_internals()
         cut.write_text(mx.sym.Group([internals[n] for n in names]).tojson())
@@ -211,8 +217,7 @@ def probe_divergence(
     for i, name in enumerate(names):
         node = _node_of(name)
         op, attrs = op_of.get(node, "?"), attrs_of.get(node, {})
-        drifted = [m[i] for m in moved]
-        result.append(_compare_stage(name, op, attrs, ours[i], base[i], drifted, factor))
+        result.append(_compare_stage(name, op, attrs, ours[i], base[i], drifts[i], factor))
     _rerun_discrete(mx, graph, result, base, anchors, anchor_values, profile, on)
     return DivergenceReport(result, factor)
 
@@ -401,45 +406,70 @@ def _edgecv_forward(cut: Path, params, inputs: dict, profile: str, options, on, 
     return load(package, on=on).run(*inputs.values())
 
 
-def _compare_stage(name, op, attrs, ours, ref, moved, factor) -> StageDifference:
+@dataclass
+class _Drift:
+    """How far one of MXNet's one-step runs moved a stage: the largest change (of the
+    sorted values for row outputs), and whether it changed index sets or kept rows
+    (``sets``) or index positions (``order``)."""
+
+    value: float
+    sets: bool = False
+    order: bool = False
+
+
+def _scale(ref: np.ndarray) -> float:
+    """The largest finite magnitude of MXNet's output (NaNs, MXNet's own where it reads
+    memory it never wrote, are compared by position in _max_abs)."""
+    b = np.asarray(ref, np.float64)
+    return float(np.abs(b[np.isfinite(b)]).max(initial=0.0))
+
+
+def _axis(attrs: dict) -> int | None:
+    return int(attrs.get("axis", -1)) if str(attrs.get("axis", "-1")) != "None" else None
+
+
+def _drift(op: str, attrs: dict, name: str, moved: np.ndarray, ref: np.ndarray) -> _Drift:
+    moved, ref = np.asarray(moved), np.asarray(ref)
+    if moved.shape != ref.shape:
+        return _Drift(np.inf, True, True)
+    kind = _kind(op, attrs, name)
+    a, b = moved.astype(np.float64), ref.astype(np.float64)
+    if kind == "rows":
+        a, b = np.sort(a, axis=None), np.sort(b, axis=None)
+    drift = _Drift(_max_abs(a, b))
+    if kind == "index":
+        drift.sets = _index_sets_differ(moved, ref, _axis(attrs))
+        drift.order = bool((moved != ref).any())
+    elif kind == "rows":
+        tol = _ROW_MATCH * max(_scale(ref), 1.0)
+        drift.sets = sum(_unmatched_rows(moved, ref, tol)) > 0
+    return drift
+
+
+def _compare_stage(name, op, attrs, ours, ref, drifts: list[_Drift], factor) -> StageDifference:
     ours, ref = np.asarray(ours), np.asarray(ref)
     if ours.shape != ref.shape:
         return StageDifference(
             name, op, np.inf, 0.0, np.inf, True, detail=f"shape {ours.shape} != MXNet's {ref.shape}"
         )
     kind = _kind(op, attrs, name)
-    a, b = ours.astype(np.float64), ref.astype(np.float64)
-    if kind == "rows":
-        a, b = np.sort(a, axis=None), np.sort(b, axis=None)
-    diff = _max_abs(a, b)
-    drift = max(
-        (
-            _max_abs(np.sort(m, axis=None) if kind == "rows" else m.astype(np.float64), b)
-            for m in moved
-        ),
-        default=0.0,
-    )
-    # NaNs (MXNet's own, where it reads memory it never wrote) are compared by
-    # position in _max_abs; the scale is that of the finite values
-    scale = float(np.abs(b[np.isfinite(b)]).max(initial=0.0))
+    mine = _drift(op, attrs, name, ours, ref)  # edgecv's difference, measured as a drift is
+    diff = mine.value
+    drift = max((d.value for d in drifts), default=0.0)
+    scale = _scale(ref)
     step = max(np.finfo(np.float32).eps * scale, float(np.finfo(np.float32).tiny))
     ratio = diff / (drift if drift > step else step)
     departs = bool(ratio > factor)
     sets = drift_sets = None
     detail = ""
     if kind == "index":
-        axis = int(attrs.get("axis", -1)) if str(attrs.get("axis", "-1")) != "None" else None
-        sets = _index_sets_differ(ours, ref, axis)
-        drift_sets = any(_index_sets_differ(m, ref, axis) for m in moved)
-        order = bool((ours != ref).any())
-        drift_order = any(bool((m != ref).any()) for m in moved)
-        departs = (sets and not drift_sets) or (order and not drift_order)
-        detail = f"{int((ours != ref).sum())} positions differ" if order else ""
+        sets, drift_sets = mine.sets, any(d.sets for d in drifts)
+        drift_order = any(d.order for d in drifts)
+        departs = (sets and not drift_sets) or (mine.order and not drift_order)
+        detail = f"{int((ours != ref).sum())} positions differ" if mine.order else ""
     elif kind == "rows":
-        tol = _ROW_MATCH * max(scale, 1.0)
-        only_mx, only_ours = _unmatched_rows(ours, ref, tol)
-        sets = bool(only_mx or only_ours)
-        drift_sets = any(sum(_unmatched_rows(m, ref, tol)) > 0 for m in moved)
+        only_mx, only_ours = _unmatched_rows(ours, ref, _ROW_MATCH * max(scale, 1.0))
+        sets, drift_sets = bool(only_mx or only_ours), any(d.sets for d in drifts)
         departs = departs or (sets and not drift_sets)
         if sets:
             detail = f"{only_mx} rows only in MXNet's, {only_ours} only in edgecv's"

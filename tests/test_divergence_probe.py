@@ -96,12 +96,12 @@ def test_a_stage_where_mxnet_writes_nan_is_compared_by_position():
     """MXNet leaves NaN where it reads memory it never wrote (a mask R-CNN stage did):
     NaN at the same positions compares equal, NaN only on one side departs, and the
     stage's scale is that of its finite values (it was NaN: a ZeroDivisionError)."""
-    from edgecv.divergence_probe import _compare_stage
+    from edgecv.divergence_probe import _compare_stage, _drift
 
     ref = np.array([[np.nan, 1.0, 2.0], [3.0, np.nan, 0.0]], np.float32)
     ours = ref.copy()
     ours[0, 1] = np.nextafter(np.float32(1.0), np.float32(2.0))
-    moved = [ref.copy()]
+    moved = [_drift("Convolution", {}, "s", ref.copy(), ref)]
     same = _compare_stage("s", "Convolution", {}, ours, ref, moved, 4.0)
     assert same.scale == 3.0 and np.isfinite(same.ratio) and not same.departs
     ours[1, 2] = np.nan
