@@ -17,6 +17,9 @@ few random directions, and the largest change of each internal output is MXNet's
 times that drift (at least one float32 rounding step of the stage's largest value), or
 when it changes a detection-style result (sorted indices, NMS keep lists) that MXNet's
 own drift does not change.
+A sort or selection stage that differs is run again alone on MXNet's values of its
+inputs: if it then gives MXNet's answer, the difference is a tie that rounding broke,
+and the stages after it follow that tie (``StageDifference.tie``, ``follows_tie``).
 
     python -m edgecv.divergence_probe model-symbol.json model-0000.params --shape 1,3,512,512
 """
