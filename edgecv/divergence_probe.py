@@ -180,6 +180,7 @@ def probe_divergence(
     if not names:
         raise ValueError(f"no internal output of {symbol} matches stages={stages} ops={ops}")
     attrs_of = {n["name"]: n.get("attrs", {}) for n in nodes}
+    ops_of = [(op_of.get(_node_of(n), "?"), attrs_of.get(_node_of(n), {})) for n in names]
     with tempfile.TemporaryDirectory(prefix="edgecv-probe-") as tmp:
         work = Path(workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -205,9 +206,7 @@ def probe_divergence(
         drifts: list[list[_Drift]] = [[] for _ in names]
         for _ in range(trials):
             moved = forward([_one_step(x, rng) for x in xs])
-            for i, name in enumerate(names):
-                node = _node_of(name)
-                op, attrs = op_of.get(node, "?"), attrs_of.get(node, {})
+            for i, (name, (op, attrs)) in enumerate(zip(names, ops_of, strict=True)):
                 drifts[i].append(_drift(op, attrs, name, moved[i], base[i]))
             del moved
         cut = work / "cut-symbol.json"
@@ -217,9 +216,7 @@ def probe_divergence(
     if len(ours) != len(names):
         raise AssertionError(f"the cut graph gave {len(ours)} outputs for {len(names)} stages")
     result = []
-    for i, name in enumerate(names):
-        node = _node_of(name)
-        op, attrs = op_of.get(node, "?"), attrs_of.get(node, {})
+    for i, (name, (op, attrs)) in enumerate(zip(names, ops_of, strict=True)):
         result.append(_compare_stage(name, op, attrs, ours[i], base[i], drifts[i], factor))
     _rerun_discrete(mx, graph, result, base, anchors, anchor_values, profile, on)
     return DivergenceReport(result, factor)
