@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgecv import progress
+
 # Outputs that are indices of a ranking: argsort's output, topk's indices. Their values
 # are positions; what matters is which positions a row holds (as a set) and their order.
 _INDEX_OPS = {"argsort"}
@@ -132,6 +134,7 @@ def probe_divergence(
     trials: int = 3,
     seed: int = 0,
     workdir: str | Path | None = None,
+    pass_bytes: int | None = None,
 ) -> DivergenceReport:
     """Compare edgecv with MXNet at every chosen internal output of an exported graph.
 
@@ -161,6 +164,13 @@ def probe_divergence(
         How many random one-step moves of the input measure the drift, and their seed.
     workdir : path, optional
         Where the cut graph and its package are written (a temporary folder by default).
+    pass_bytes : int, optional
+        The stages are compared in passes, each holding at most this many bytes of the
+        stages' outputs (a stage larger than that gets a pass of its own); each pass runs
+        MXNet and deploys the graph cut at its own stages. Both sides hold a pass's outputs
+        several times over (MXNet's, its one-step runs', edgecv's), so the default is an
+        eighth of the memory available: one pass for most models, a few for an R-CNN's
+        mask head on 1,000 ROIs (6 GB of stage outputs).
 
     Returns
     -------
@@ -181,6 +191,9 @@ def probe_divergence(
         raise ValueError(f"no internal output of {symbol} matches stages={stages} ops={ops}")
     attrs_of = {n["name"]: n.get("attrs", {}) for n in nodes}
     ops_of = [(op_of.get(_node_of(n), "?"), attrs_of.get(_node_of(n), {})) for n in names]
+    shapes = {k: tuple(v.shape) for k, v in inputs.items()}
+    sizes = _output_bytes(mx, full.get_internals(), names, shapes)
+    limit = pass_bytes if pass_bytes is not None else _default_pass_bytes()
     with tempfile.TemporaryDirectory(prefix="edgecv-probe-") as tmp:
         work = Path(workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -189,37 +202,133 @@ def probe_divergence(
         reference = mx.sym.load_json(with_defined_roi_align(json.dumps(graph)))
         ref_internals = reference.get_internals()
         ref_names = set(ref_internals.list_outputs())
-        picked = [_defined(n, op_of, ref_names) for n in names]
         # MXNet's values of the inputs of sorting and selecting stages: such an op is run
         # again alone on them when edgecv's answer differs (see _rerun_discrete)
         anchors = _discrete_inputs(graph, names, op_of, ref_names)
-        extra = sorted({a for inputs_of in anchors.values() for a in inputs_of})
-        forward = _mxnet_forward(
-            mx, mx.sym.Group([ref_internals[n] for n in picked + extra]), list(inputs), params
-        )
-        xs = list(inputs.values())
-        base = forward(xs)
-        anchor_values = dict(zip(extra, base[len(names) :], strict=True))
-        rng = np.random.RandomState(seed)
-        # each trial's outputs are summarized as they come (an R-CNN's 123 stages on
-        # 1,000 ROIs hold gigabytes: keeping every trial's took a probe past 23 GB)
-        drifts: list[list[_Drift]] = [[] for _ in names]
-        for _ in range(trials):
-            moved = forward([_one_step(x, rng) for x in xs])
-            for i, (name, (op, attrs)) in enumerate(zip(names, ops_of, strict=True)):
-                drifts[i].append(_drift(op, attrs, name, moved[i], base[i]))
-            del moved
-        cut = work / "cut-symbol.json"
-        internals = full.get_internals()
-        cut.write_text(mx.sym.Group([internals[n] for n in names]).tojson())
-        ours = _edgecv_forward(cut, edgecv_params or params, inputs, profile, options, on, work)
-    if len(ours) != len(names):
-        raise AssertionError(f"the cut graph gave {len(ours)} outputs for {len(names)} stages")
-    result = []
-    for i, (name, (op, attrs)) in enumerate(zip(names, ops_of, strict=True)):
-        result.append(_compare_stage(name, op, attrs, ours[i], base[i], drifts[i], factor))
+        setup = _Setup(
+            mx, full.get_internals(), ref_internals, anchors, inputs, Path(params),
+            Path(edgecv_params or params), profile, options, on, work, factor, trials, seed,
+        )  # fmt: skip
+        result: list[StageDifference] = []
+        base: dict[int, np.ndarray] = {}  # MXNet's outputs of the sort and selection stages
+        anchor_values: dict[str, np.ndarray] = {}
+        passes = _passes(sizes, limit)
+        for k, (first, stop) in enumerate(passes):
+            if len(passes) > 1:
+                held = sum(sizes[first:stop]) / 2**30
+                progress.say(
+                    f"probe pass {k + 1} of {len(passes)}: stages {first + 1}-{stop} of "
+                    f"{len(names)} ({held:.2f} GiB of outputs)"
+                )
+            picked = [_defined(n, op_of, ref_names) for n in names[first:stop]]
+            passed = _probe_pass(setup, picked, names[first:stop], ops_of[first:stop])
+            result += passed.stages
+            base.update({first + i: ref for i, ref in passed.kept.items()})
+            anchor_values.update(passed.anchor_values)
     _rerun_discrete(mx, graph, result, base, anchors, anchor_values, profile, on)
     return DivergenceReport(result, factor)
+
+
+@dataclass
+class _Setup:
+    """What every pass of one probe shares: the two graphs, the inputs and the build."""
+
+    mx: object
+    internals: object  # the graph's internal outputs (edgecv's cut is taken from them)
+    ref_internals: object  # those of MXNet's reference graph (ROIAligns defined)
+    anchors: dict[str, list[str]]  # sort/selection stage -> its inputs' output names
+    inputs: dict[str, np.ndarray]
+    params: Path
+    edgecv_params: Path
+    profile: str
+    options: object
+    on: str | None
+    work: Path
+    factor: float
+    trials: int
+    seed: int
+
+
+@dataclass
+class _Pass:
+    stages: list[StageDifference]
+    kept: dict[int, np.ndarray]  # MXNet's output of each sort/selection stage, by position
+    anchor_values: dict[str, np.ndarray]  # MXNet's values of those stages' inputs
+
+
+def _probe_pass(setup: _Setup, picked: list[str], names: list[str], ops_of: list) -> _Pass:
+    """One pass: MXNet's values of ``names`` (``picked`` in its reference graph) and of
+    the inputs of their sort and selection stages, MXNet's drift over the one-step runs,
+    edgecv's values from the graph cut at ``names``, and their comparison."""
+    mx, anchors = setup.mx, setup.anchors
+    extra = sorted({a for n in names if n in anchors for a in anchors[n]})
+    group = mx.sym.Group([setup.ref_internals[n] for n in picked + extra])
+    forward = _mxnet_forward(mx, group, list(setup.inputs), setup.params)
+    xs = list(setup.inputs.values())
+    base = forward(xs)
+    anchor_values = dict(zip(extra, base[len(names) :], strict=True))
+    del base[len(names) :]
+    rng = np.random.RandomState(setup.seed)  # every pass moves the input the same ways
+    # each trial's outputs are summarized as they come (an R-CNN's 123 stages on
+    # 1,000 ROIs hold gigabytes: keeping every trial's took a probe past 23 GB)
+    drifts: list[list[_Drift]] = [[] for _ in names]
+    for _ in range(setup.trials):
+        moved = forward([_one_step(x, rng) for x in xs])
+        for i, (name, (op, attrs)) in enumerate(zip(names, ops_of, strict=True)):
+            drifts[i].append(_drift(op, attrs, name, moved[i], base[i]))
+        del moved
+    cut = setup.work / "cut-symbol.json"
+    cut.write_text(mx.sym.Group([setup.internals[n] for n in names]).tojson())
+    ours = _edgecv_forward(
+        cut, setup.edgecv_params, setup.inputs, setup.profile, setup.options, setup.on, setup.work
+    )
+    if len(ours) != len(names):
+        raise AssertionError(f"the cut graph gave {len(ours)} outputs for {len(names)} stages")
+    stages = [
+        _compare_stage(name, op, attrs, ours[i], base[i], drifts[i], setup.factor)
+        for i, (name, (op, attrs)) in enumerate(zip(names, ops_of, strict=True))
+    ]
+    kept = {i: base[i] for i, name in enumerate(names) if name in anchors}
+    return _Pass(stages, kept, anchor_values)
+
+
+def _output_bytes(mx, internals, names: list[str], shapes: dict) -> list[int]:
+    """Bytes of each stage's output (MXNet's shape and type inference); 0 where MXNet
+    cannot infer them (the stage then adds nothing to its pass's size)."""
+    outputs = mx.sym.Group([internals[n] for n in names])
+    try:
+        _, out_shapes, _ = outputs.infer_shape(**shapes)
+        _, out_types, _ = outputs.infer_type(**{k: np.float32 for k in shapes})
+    except Exception:  # noqa: BLE001 (a graph MXNet cannot infer: one pass)
+        return [0] * len(names)
+    if out_shapes is None or out_types is None:
+        return [0] * len(names)
+    return [
+        int(np.prod(s, dtype=np.int64)) * np.dtype(t).itemsize
+        for s, t in zip(out_shapes, out_types, strict=True)
+    ]
+
+
+def _default_pass_bytes() -> int:
+    try:
+        import psutil
+    except ImportError:
+        return 2 << 30
+    return max(psutil.virtual_memory().available // 8, 256 << 20)
+
+
+def _passes(sizes: list[int], limit: int) -> list[tuple[int, int]]:
+    """Consecutive ``[first, stop)`` ranges of stages, each holding at most ``limit``
+    bytes (a larger stage alone)."""
+    passes, first, held = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > first and held + size > limit:
+            passes.append((first, i))
+            first, held = i, 0
+        held += size
+    if first < len(sizes):
+        passes.append((first, len(sizes)))
+    return passes
 
 
 def _discrete_inputs(graph: dict, names: list[str], op_of: dict, ref_names: set) -> dict:
@@ -420,8 +529,10 @@ class _Drift:
 def _scale(ref: np.ndarray) -> float:
     """The largest finite magnitude of MXNet's output (NaNs, MXNet's own where it reads
     memory it never wrote, are compared by position in _max_abs)."""
-    b = np.asarray(ref, np.float64)
-    return float(np.abs(b[np.isfinite(b)]).max(initial=0.0))
+    largest = 0.0
+    for (b,) in _blocks(ref):
+        largest = max(largest, float(np.abs(b[np.isfinite(b)]).max(initial=0.0)))
+    return largest
 
 
 def _axis(attrs: dict) -> int | None:
@@ -433,10 +544,10 @@ def _drift(op: str, attrs: dict, name: str, moved: np.ndarray, ref: np.ndarray) 
     if moved.shape != ref.shape:
         return _Drift(np.inf, True, True)
     kind = _kind(op, attrs, name)
-    a, b = moved.astype(np.float64), ref.astype(np.float64)
     if kind == "rows":
-        a, b = np.sort(a, axis=None), np.sort(b, axis=None)
-    drift = _Drift(_max_abs(a, b))
+        drift = _Drift(_max_abs(np.sort(moved, axis=None), np.sort(ref, axis=None)))
+    else:
+        drift = _Drift(_max_abs(moved, ref))
     if kind == "index":
         drift.sets = _index_sets_differ(moved, ref, _axis(attrs))
         drift.order = bool((moved != ref).any())
@@ -493,10 +604,25 @@ def _kind(op: str, attrs: dict, name: str) -> str:
 
 
 def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    both_nan = np.isnan(a) & np.isnan(b)
-    d = np.where(both_nan, 0.0, np.abs(a - b))
-    return float(np.nan_to_num(d, nan=np.inf).max(initial=0.0))
+    """The largest absolute difference; NaN on both sides at a position is no difference,
+    NaN on one side an infinite one."""
+    largest = 0.0
+    for x, y in _blocks(a, b):
+        d = np.where(np.isnan(x) & np.isnan(y), 0.0, np.abs(x - y))
+        largest = max(largest, float(np.nan_to_num(d, nan=np.inf).max(initial=0.0)))
+    return largest
+
+
+# elements compared at a time: a mask head's stage holds 200 million, and whole float64
+# copies of it (and of its differences) took gigabytes per comparison
+_BLOCK = 1 << 22
+
+
+def _blocks(*arrays: np.ndarray):
+    """The arrays' elements, flat, ``_BLOCK`` at a time, as float64."""
+    flat = [np.asarray(a).reshape(-1) for a in arrays]
+    for start in range(0, flat[0].size, _BLOCK):
+        yield [f[start : start + _BLOCK].astype(np.float64) for f in flat]
 
 
 def _index_sets_differ(ours: np.ndarray, ref: np.ndarray, axis: int | None) -> bool:

@@ -159,3 +159,35 @@ def test_a_sort_that_gives_mxnets_answer_on_mxnets_input_is_a_tie(mxnet_order):
         assert first.follows_tie == "argsort0_output" and not first.departs
     else:
         assert not sort.tie and sort.departs and first.departs and first.follows_tie is None
+
+
+def test_passes_split_stages_by_bytes_and_give_one_passs_report(tmp_path):
+    """A model whose stage outputs do not fit in memory at once (a mask head on 1,000
+    ROIs: 6 GB) is probed in passes, each deploying the graph cut at its own stages:
+    the report is the one a single pass gives, stage for stage."""
+    from edgecv.divergence_probe import _output_bytes, _passes
+
+    assert _passes([4, 4, 4, 9, 1, 1], 8) == [(0, 2), (2, 3), (3, 4), (4, 6)]
+    assert _passes([3, 3], 100) == [(0, 2)]
+    symbol, params = export_small_model(tmp_path / "small")
+    x = np.random.RandomState(0).standard_normal(SHAPE).astype(np.float32)
+    ops = ["Convolution", "elemwise_add", "Concat", "FullyConnected"]
+    options = BuildOptions(layout="NCHW", tuning=None, check_on=None)
+    whole = probe_divergence(symbol, params, {"data": x}, ops=ops, options=options)
+    # two convolutions' outputs a pass: the eight stages take four passes (four deploys)
+    mx = import_mxnet()
+    internals = mx.sym.load(str(symbol)).get_internals()
+    names = [s.name for s in whole.stages]
+    limit = 2 * _output_bytes(mx, internals, names[:1], {"data": SHAPE})[0]
+    assert len(_passes(_output_bytes(mx, internals, names, {"data": SHAPE}), limit)) == 4
+    split = probe_divergence(
+        symbol, params, {"data": x}, ops=ops, options=options, pass_bytes=limit
+    )
+    assert [s.name for s in split.stages] == names
+    for a, b in zip(split.stages, whole.stages, strict=True):
+        assert (a.max_abs_diff, a.mxnet_drift, a.departs) == (
+            b.max_abs_diff,
+            b.mxnet_drift,
+            b.departs,
+        )
+    assert split.first is None and len(names) == 8
