@@ -170,15 +170,32 @@ def test_a_concat_along_rows_of_a_map_of_one_channel_gives_offsets():
 
 @pytest.mark.parametrize(
     "module",
-    [
-        lambda: concat_module(shape=(2, 4, 6, 6)),
-        lambda: pools_concat(2),
-        lambda: concat_module(fused=True),
-    ],
-    ids=["batch-2", "rows-of-4-channels", "relu-fused-in"],
+    [lambda: concat_module(shape=(2, 4, 6, 6)), lambda: pools_concat(2)],
+    ids=["batch-2", "rows-of-4-channels"],
 )
-def test_a_concat_of_scattered_pieces_or_computing_more_gives_none(module):
+def test_a_concat_of_scattered_pieces_gives_none(module):
     assert concat_pieces(concat_kernel(lower(module()))) == []
+
+
+def test_a_concat_computing_more_gives_none():
+    """One input doubled on its way into the concatenation's output."""
+    a = te.placeholder((1, 2, 4, 4), name="a")
+    b = te.placeholder((1, 3, 4, 4), name="b")
+    out = te.compute(
+        (1, 5, 4, 4),
+        lambda n, c, h, w: tirx.if_then_else(c < 2, a[n, c, h, w], b[n, c - 2, h, w] * 2.0),
+        name="out",
+    )
+    assert concat_pieces(te.create_prim_func([a, b, out])) == []
+
+
+def test_fusion_leaves_a_concat_whose_pieces_can_be_written_in_place_alone():
+    """FuseOps would put the doubling of the concat's last input in the concat's kernel;
+    kept alone, the concat is elided and the doubling writes its piece in place."""
+    lowered = lower(concat_module(fused=True))
+    assert concat_pieces(concat_kernel(lowered)) == [0, 512, 1536]
+    (concat,) = [s for s in lowered.plan.steps if s.pieces]
+    assert concat.elided
 
 
 def test_a_kernel_that_is_no_concat_gives_none():
@@ -219,3 +236,19 @@ def test_a_plan_with_its_concat_written_in_place_computes_what_relax_computes(kw
     vm = relax.VirtualMachine(tvm.compile(module, target="llvm"), tvm.cpu())
     want = vm["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_array_equal(executor.run([x])[0], want)
+
+
+def test_a_concat_fused_with_all_its_producers_stays_fused():
+    """Both inputs computed in the concatenation's kernel (SSD's heads: a transpose
+    each): taking it out would add two launches and save no memory."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("data", relax.TensorType((1, 4, 8, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.multiply(x, relax.const(2.0)))
+            b = bb.emit(relax.op.multiply(x, relax.const(3.0)))
+            gv = bb.emit_output(relax.op.concat([a, b], axis=1))
+        bb.emit_func_output(gv)
+    lowered = lower(bb.get())
+    assert len(lowered.plan.steps) == 1, [s.kernel for s in lowered.plan.steps]
+    assert concat_pieces(concat_kernel(lowered)) == []

@@ -58,9 +58,61 @@ def fusion_passes(
             relax.transform.LegalizeOps(customize_legalize_map=legalize_map(winograd, int8_block)),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
-            relax.transform.FuseOps(),
+            fuse_ops_keeping_concat_pieces,
         ]
     )
+
+
+# TVM's pattern kinds (relay/op_attr_types.h): FuseOps fuses nothing into an opaque op
+_OPAQUE = 8
+
+
+@tvm.transform.module_pass(opt_level=0, name="FuseOpsKeepingConcatPieces")
+def fuse_ops_keeping_concat_pieces(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """FuseOps, with the concatenations it fused with the ops making some of their inputs
+    but not others left alone (fused again with those marked opaque).
+
+    Such a concatenation's other inputs are whole tensors of their own, live beside its
+    output: YOLOv3's per-class rows of two scales (29.5 MB) beside the concatenation of
+    all three (31.0 MB) that the third scale's kernel wrote. Alone, the concatenation is
+    elided by the memory plan (:func:`~.in_place.concat_pieces`) and every producer
+    writes its piece in place (see :func:`_half_fused_concatenations` for which)."""
+    fused = relax.transform.FuseOps()(mod)
+    split = _half_fused_concatenations(fused)
+    if not split:
+        return fused
+    for gv in split:
+        mod[gv] = mod[gv].with_attr("op_pattern", _OPAQUE)
+    return relax.transform.FuseOps()(mod)
+
+
+def _half_fused_concatenations(fused: tvm.IRModule) -> list[tvm.ir.GlobalVar]:
+    """The concatenations (by their PrimFunc) that end a fused group, read one value the
+    group computes and the rest from outside it. Alone, such a concatenation leaves that
+    one computation a kernel of its own and is elided: no more launches than before. With
+    two or more inputs computed in its group (SSD's class and box heads, 20 pieces, some
+    in the group and some out), taking it out would add a launch per piece: left fused."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    found = []
+    for func in fused.functions.values():
+        if not isinstance(func, relax.Function) or "Primitive" not in (func.attrs or {}):
+            continue
+        bindings = [b for block in func.body.blocks for b in block.bindings]
+        result = func.body.body
+        for binding in reversed(bindings):  # the group's output, through plain renames
+            if binding.var.same_as(result) and isinstance(binding.value, relax.Var):
+                result = binding.value
+        for binding in bindings:
+            value = binding.value
+            if not (isinstance(value, relax.Call) and value.op.same_as(call_tir)):
+                continue
+            if not binding.var.same_as(result) or not concat_pieces(fused[value.args[0]]):
+                continue
+            inputs = list(value.args[1].fields)
+            outside = [x for x in inputs if any(x.same_as(p) for p in func.params)]
+            if outside and len(inputs) - len(outside) == 1:
+                found.append(value.args[0])
+    return found
 
 
 def kernel_passes() -> tvm.transform.Pass:
