@@ -641,6 +641,15 @@ def _unmatched_rows(ours: np.ndarray, ref: np.ndarray, tol: float) -> tuple[int,
     def unmatched(x, y):
         if not len(y):
             return len(x)
+        if np.isfinite(x).all() and np.isfinite(y).all():
+            # a row matches when its nearest row in the max-norm is within tol: a k-d tree
+            # answers that in n log n (80,000 kept rows of an R-CNN's final NMS, compared
+            # pair by pair, took a probe's pass many minutes)
+            from scipy.spatial import cKDTree
+
+            bound = float(np.nextafter(tol, np.inf))
+            distance, _ = cKDTree(y).query(x, k=1, p=np.inf, distance_upper_bound=bound)
+            return int((~(distance <= tol)).sum())
         count = 0
         for start in range(0, len(x), 256):  # bounded memory: 256 x len(y) x width
             chunk = x[start : start + 256]

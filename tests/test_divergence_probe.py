@@ -191,3 +191,32 @@ def test_passes_split_stages_by_bytes_and_give_one_passs_report(tmp_path):
             b.departs,
         )
     assert split.first is None and len(names) == 8
+
+
+def test_kept_rows_are_matched_within_the_tolerance_in_every_field():
+    """Rows (NMS keep lists) match when every field is within the tolerance, in any
+    order; -1 rows are padding. The k-d tree that matches 80,000 rows gives the
+    pair-by-pair answer, a field exactly at the tolerance included, and a row holding
+    NaN (compared pair by pair: a k-d tree cannot hold it) matches nothing."""
+    from edgecv.divergence_probe import _unmatched_rows
+
+    def pairwise(ours, ref, tol):
+        a, b = (r[~(r == -1).all(1)] for r in (ours, ref))
+        return tuple(
+            int((~(np.abs(x[:, None] - y[None]) <= tol).all(-1).any(1)).sum())
+            for x, y in ((b, a), (a, b))
+        )
+
+    rng = np.random.RandomState(0)
+    ours = np.round(rng.rand(400, 6) * 16) / 4  # quarters: the shifts below are exact
+    ref = ours.copy()
+    moved = rng.choice(400, 60, replace=False)
+    ref[moved[:20], 2] += 0.25  # exactly the tolerance: still a match
+    ref[moved[20:40], 3] += 0.5  # past it in one field
+    ref[moved[40:], :] += 0.125  # within it in every field
+    ref = np.concatenate([ref[rng.permutation(400)], -np.ones((30, 6))])
+    expected = pairwise(ours, ref, 0.25)
+    assert _unmatched_rows(ours, ref, 0.25) == expected
+    assert 0 < expected[0] <= 20 and 0 < expected[1] <= 20  # the 20 moved past it, at most
+    ref[0, 0] = np.nan
+    assert _unmatched_rows(ours, ref, 0.25) == pairwise(ours, ref, 0.25)
