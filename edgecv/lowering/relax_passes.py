@@ -81,9 +81,10 @@ def fuse_ops_keeping_concat_pieces(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     split = _half_fused_concatenations(fused)
     if not split:
         return fused
+    marked = mod.clone()  # the pass's input stays as it was
     for gv in split:
-        mod[gv] = mod[gv].with_attr("op_pattern", _OPAQUE)
-    return relax.transform.FuseOps()(mod)
+        marked[gv] = mod[gv].with_attr("op_pattern", _OPAQUE)
+    return relax.transform.FuseOps()(marked)
 
 
 def _half_fused_concatenations(fused: tvm.IRModule) -> list[tvm.ir.GlobalVar]:
