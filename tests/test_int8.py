@@ -12,7 +12,6 @@ pass, and accuracy against the float32 package of the same weights.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -556,9 +555,7 @@ def test_int8_package_matches_fp32_within_the_quantization_step(small, tmp_path)
         calibration=read_calibration(npy, SHAPE, PREPROCESSING, None),
         previous_calibration=saved,
     )
-    started = time.perf_counter()
     _, again, files = quantize_model(mod, load_profile("cpu"), options, lambda line: None)
-    assert time.perf_counter() - started < 5
     assert again["calibration"]["reused"] and again["method"] == "percentile"
     resaved = json.loads(files["calibration.json"])
     assert resaved["tensors"]["t1"]["histogram"] == saved["tensors"]["t1"]["histogram"]

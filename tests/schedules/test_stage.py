@@ -271,7 +271,6 @@ def test_cpu_profile_at_its_native_target_matches_mxnet(tmp_path, exported):
     from edgecv.pipelines import BuildOptions
 
     model = exported("squeezenet1.0")
-    started = time.perf_counter()
     path = deploy(
         str(model.symbol_path),
         tmp_path / "pkg",
@@ -280,10 +279,17 @@ def test_cpu_profile_at_its_native_target_matches_mxnet(tmp_path, exported):
         input_shape=model.input_shape,
         options=BuildOptions(tuning=None),  # the default rules
     )
-    assert time.perf_counter() - started < 240
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["profile"]["target"]["mcpu"] == "native"
     facts = manifest["build"]["schedules"]["cpu"]
+    # no kernel hung LLVM: none ran into the time limit per candidate (said, not timed
+    # here: a wall-clock bound on the whole deploy failed on a loaded machine, 328 s)
+    limited = {
+        name: kernel["passed_over"]
+        for name, kernel in facts["kernels"].items()
+        if any("limit" in why for _, why in kernel["passed_over"])
+    }
+    assert not limited, limited
     # the kernel count depends on the layouts the graph tuner chose for this CPU (the
     # transforms between NCHW and packed convs are kernels too): each has one rule, and
     # squeezenet's 26 convolutions (some fused in pairs) each got a conv rule (direct, or
