@@ -179,7 +179,7 @@ def probe_divergence(
         index sets / kept rows differ; ``report.first`` is the first departing stage.
     """
     from edgecv._mxnet import import_mxnet
-    from edgecv.testing import with_defined_roi_align
+    from edgecv.frontend.mxnet_graph import with_defined_roi_align
 
     mx = import_mxnet()
     graph = _unique_names(json.loads(Path(symbol).read_text()))

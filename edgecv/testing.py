@@ -18,6 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+# the divergence probe and MXNet's reference graph are part of edgecv.testing too
+from .divergence_probe import DivergenceReport, StageDifference, probe_divergence  # noqa: F401
+from .frontend.mxnet_graph import with_defined_roi_align  # noqa: F401
+
 # dtype -> (rtol, atol relative to the reference's scale)
 TOLERANCES: dict[str, tuple[float, float]] = {
     "float32": (1e-5, 1e-5),
@@ -276,51 +280,6 @@ def is_detection(outputs: list) -> bool:
     return all(len(s) == 3 and s[:2] == shapes[0][:2] for s in shapes) and [
         s[2] for s in shapes
     ] == [1, 1, 4]
-
-
-def with_defined_roi_align(symbol_json: str) -> str:
-    """The MXNet graph ``symbol_json`` with every ``_contrib_ROIAlign`` made to return
-    a zero row for a ROI whose batch index is negative, as edgecv's ROIAlign does.
-
-    GluonCV's FPN detectors (``faster_rcnn_fpn_*``, ``mask_rcnn_fpn_*``) pool each ROI
-    from one pyramid level by giving it batch index -1 at every other level; MXNet's
-    CPU kernel then reads memory before the feature map (found comparing edgecv with
-    MXNet: the same ROI row gave 0, 512.1 or 4.6e-41 from run to run), so its output
-    is no reference. The rewrite pools from clamped ROIs and multiplies by the mask;
-    ROIs with a valid batch index give exactly MXNet's values.
-    """
-    graph = json.loads(symbol_json)
-    if not any(n["op"] == "_contrib_ROIAlign" for n in graph["nodes"]):
-        return symbol_json
-    nodes: list[dict] = []
-    moved: dict[int, int] = {}  # old node index -> new index of what replaces it
-
-    def add(op: str, name: str, inputs: list, attrs: dict | None = None) -> list:
-        nodes.append({"op": op, "name": name, "attrs": attrs or {}, "inputs": inputs})
-        return [len(nodes) - 1, 0, 0]
-
-    for index, node in enumerate(graph["nodes"]):
-        node = dict(node, inputs=[[moved[i], k, v] for i, k, v in node["inputs"]])
-        if node["op"] != "_contrib_ROIAlign":
-            nodes.append(node)
-            moved[index] = len(nodes) - 1
-            continue
-        data, rois = node["inputs"]
-        name = node["name"]
-        batch = add("slice_axis", f"{name}_batch", [rois], {"axis": "1", "begin": "0", "end": "1"})
-        valid = add("_greater_equal_scalar", f"{name}_valid", [batch], {"scalar": "0"})
-        rows = add("broadcast_like", f"{name}_valid_rows", [valid, rois])
-        zeros = add("zeros_like", f"{name}_zeros", [rois])
-        clamped = add("where", f"{name}_clamped", [rows, rois, zeros])
-        pooled = add(node["op"], name, [data, clamped], node.get("attrs"))
-        mask = add("Reshape", f"{name}_mask", [valid], {"shape": "(-1, 1, 1, 1)"})
-        add("broadcast_mul", f"{name}_defined", [pooled, mask])
-        moved[index] = len(nodes) - 1
-    graph["nodes"] = nodes
-    graph["arg_nodes"] = [i for i, n in enumerate(nodes) if n["op"] == "null"]
-    graph["heads"] = [[moved[i], k, v] for i, k, v in graph["heads"]]
-    graph.pop("node_row_ptr", None)
-    return json.dumps(graph)
 
 
 def compare_with_mxnet(

@@ -9,7 +9,7 @@ import pytest
 from graph_tuner.small_model import SHAPE, export_small_model
 
 from edgecv._mxnet import import_mxnet
-from edgecv.divergence_probe import probe_divergence
+from edgecv.testing import probe_divergence  # the probe is part of edgecv.testing
 from edgecv.pipelines import BuildOptions
 
 

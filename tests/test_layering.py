@@ -40,8 +40,8 @@ FLOORS = [
     ["graph_tuner"],  # times candidate layouts through lowering, schedules and code
     ["pipelines"],
     ["tuning", "deploy"],  # tuning runs the pipeline's stages up to the kernels it tunes
-    ["testing"],  # check_op deploys a registered operator alone, as a user's test would
     ["divergence_probe"],  # deploys a cut graph and compares it with MXNet's internals
+    ["testing"],  # check_op deploys a registered operator alone, as a user's test would
     ["bench", "demo"],
     ["cli"],
 ]
