@@ -89,13 +89,24 @@ def fuse_ops_keeping_concat_pieces(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 
 def _half_fused_concatenations(fused: tvm.IRModule) -> list[tvm.ir.GlobalVar]:
     """The concatenations (by their PrimFunc) that end a fused group, read one value the
-    group computes and the rest from outside it. Alone, such a concatenation leaves that
-    one computation a kernel of its own and is elided: no more launches than before. With
-    two or more inputs computed in its group (SSD's class and box heads, 20 pieces, some
-    in the group and some out), taking it out would add a launch per piece: left fused."""
+    group computes and the rest from kernels outside it. Alone, such a concatenation
+    leaves that one computation a kernel of its own and is elided: no more launches than
+    before. With two or more inputs computed in its group (SSD's class and box heads, 20
+    pieces, some in the group and some out), taking it out would add a launch per piece;
+    with an input that is the model's input or a constant (no kernel can write it in
+    place), it would run anyway: both are left fused."""
     call_tir = tvm.ir.Op.get("relax.call_tir")
+    made: list[relax.Var] = []  # main's values that kernels write
+    callers: dict[str, list[list[relax.Expr]]] = {}  # fused function -> its calls' args
+    for block in fused["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call | relax.TupleGetItem):
+                made.append(binding.var)
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
+                callers.setdefault(value.op.name_hint, []).append(list(value.args))
     found = []
-    for func in fused.functions.values():
+    for gv, func in fused.functions.items():
         if not isinstance(func, relax.Function) or "Primitive" not in (func.attrs or {}):
             continue
         bindings = [b for block in func.body.blocks for b in block.bindings]
@@ -110,8 +121,15 @@ def _half_fused_concatenations(fused: tvm.IRModule) -> list[tvm.ir.GlobalVar]:
             if not binding.var.same_as(result) or not concat_pieces(fused[value.args[0]]):
                 continue
             inputs = list(value.args[1].fields)
-            outside = [x for x in inputs if any(x.same_as(p) for p in func.params)]
-            if outside and len(inputs) - len(outside) == 1:
+            params = list(func.params)
+            outside = [k for k, p in enumerate(params) if any(x.same_as(p) for x in inputs)]
+            written = all(
+                any(args[k].same_as(v) for v in made)
+                for args in callers.get(gv.name_hint, [[]])
+                for k in outside
+                if k < len(args)
+            )
+            if outside and len(inputs) - len(outside) == 1 and written:
                 found.append(value.args[0])
     return found
 
