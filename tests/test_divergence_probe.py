@@ -9,8 +9,8 @@ import pytest
 from graph_tuner.small_model import SHAPE, export_small_model
 
 from edgecv._mxnet import import_mxnet
-from edgecv.testing import probe_divergence  # the probe is part of edgecv.testing
 from edgecv.pipelines import BuildOptions
+from edgecv.testing import probe_divergence  # the probe is part of edgecv.testing
 
 
 def test_probe_names_the_stage_whose_weight_was_changed(tmp_path):
