@@ -186,13 +186,14 @@ def probe_divergence(
     nodes = graph["nodes"]
     op_of = {n["name"]: n["op"] for n in nodes}
     full = mx.sym.load_json(json.dumps(graph))
-    names = _stage_outputs(full.get_internals().list_outputs(), op_of, stages, ops)
+    internals = full.get_internals()
+    names = _stage_outputs(internals.list_outputs(), op_of, stages, ops)
     if not names:
         raise ValueError(f"no internal output of {symbol} matches stages={stages} ops={ops}")
     attrs_of = {n["name"]: n.get("attrs", {}) for n in nodes}
     ops_of = [(op_of.get(_node_of(n), "?"), attrs_of.get(_node_of(n), {})) for n in names]
     shapes = {k: tuple(v.shape) for k, v in inputs.items()}
-    sizes = _output_bytes(mx, full.get_internals(), names, shapes)
+    sizes = _output_bytes(mx, internals, names, shapes)
     limit = pass_bytes if pass_bytes is not None else _default_pass_bytes()
     with tempfile.TemporaryDirectory(prefix="edgecv-probe-") as tmp:
         work = Path(workdir or tmp)
@@ -206,7 +207,7 @@ def probe_divergence(
         # again alone on them when edgecv's answer differs (see _rerun_discrete)
         anchors = _discrete_inputs(graph, names, op_of, ref_names)
         setup = _Setup(
-            mx, full.get_internals(), ref_internals, anchors, inputs, Path(params),
+            mx, internals, ref_internals, anchors, inputs, Path(params),
             Path(edgecv_params or params), profile, options, on, work, factor, trials, seed,
         )  # fmt: skip
         result: list[StageDifference] = []
@@ -310,10 +311,8 @@ def _output_bytes(mx, internals, names: list[str], shapes: dict) -> list[int]:
 
 
 def _default_pass_bytes() -> int:
-    try:
-        import psutil
-    except ImportError:
-        return 2 << 30
+    import psutil  # the compiler side's (pyproject's `compiler` extra), as the meters use it
+
     return max(psutil.virtual_memory().available // 8, 256 << 20)
 
 
