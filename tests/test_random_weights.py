@@ -45,8 +45,10 @@ def test_symbolic_batch_norms_get_the_statistics_of_thirty_training_steps():
             loss = reference(x).sum()
         loss.backward()
     want = _statistics(reference)
-    assert sorted(got) == sorted(want) == sorted(
-        f"{bn}_{s}" for bn in ("bn_a", "bn_b") for s in ("moving_mean", "moving_var")
+    assert (
+        sorted(got)
+        == sorted(want)
+        == sorted(f"{bn}_{s}" for bn in ("bn_a", "bn_b") for s in ("moving_mean", "moving_var"))
     )
     for name in want:
         if name.endswith("var"):  # variances are floored at half their median
