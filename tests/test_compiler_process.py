@@ -68,14 +68,16 @@ def test_program_compiled_by_the_worker_runs_here(fresh_compiles):
 
     source = _scale_source()
     backend = OpenCLBackend("intel", source, {})
-    worker = compiler_process._worker
-    assert worker is not None and worker.process.poll() is None
+    (worker,) = compiler_process.workers()
+    assert worker.process.poll() is None
     assert worker.process.pid != os.getpid() and not backend.program_cached
     x = np.arange(64, dtype=np.float32)
     flags = cl.mem_flags
     xs = cl.Buffer(backend.context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=x)
     ys = cl.Buffer(backend.context, flags.WRITE_ONLY, x.nbytes)
-    backend.program.scale(backend.queue, x.shape, None, xs, ys)
+    scale = backend.cl_kernel("scale")
+    scale.set_args(xs, ys)
+    cl.enqueue_nd_range_kernel(backend.queue, scale, x.shape, None)
     y = np.empty_like(x)
     cl.enqueue_copy(backend.queue, y, ys)
     np.testing.assert_array_equal(y, 2 * x + 1)
@@ -87,14 +89,15 @@ def test_compiler_that_dies_is_an_error_and_the_next_program_compiles(compiler_c
     with pytest.raises(ProgramBuildError) as err:
         OpenCLBackend("intel", _scale_source("CRASH_HERE"), {})
     message = str(err.value)
-    assert err.value.crashed and err.value.kernels == []
+    assert err.value.crashed and err.value.kernels == ["scale"]
     assert "Intel(R) OpenCL" in message and "died (SIGABRT)" in message
-    assert OpenCLBackend("intel", _scale_source(), {}).program is not None  # a new worker
+    assert OpenCLBackend("intel", _scale_source(), {}).programs  # a new worker
 
 
 def test_worker_killed_mid_compile_is_an_error(fresh_compiles):
     OpenCLBackend("intel", _scale_source(), {})  # the worker is up
-    pid = compiler_process._worker.process.pid
+    (worker,) = compiler_process.workers()
+    pid = worker.process.pid
     killer = threading.Timer(0.5, os.kill, (pid, signal.SIGKILL))
     killer.start()
     with pytest.raises(ProgramBuildError) as err:
@@ -109,14 +112,14 @@ def test_compile_past_the_time_limit_is_killed(fresh_compiles):
 
     intel = next(d for d in opencl_devices() if d.matches("intel(r) opencl"))
     compiler_process.compile_in_worker(intel.platform, intel.name, _scale_source(), [])
-    worker = compiler_process._worker
+    (worker,) = compiler_process.workers()
     with pytest.raises(compiler_process.CompilerCrash) as err:
         compiler_process.compile_in_worker(
             intel.platform, intel.name, _many_kernels(2000), [], time_limit_s=0.2
         )
     assert "ran past 0.2 s (killed)" in str(err.value)
     assert worker.process.poll() is not None  # the hung compiler is gone
-    assert compiler_process._worker is None
+    assert compiler_process.workers() == []
 
 
 def test_deploy_moves_the_kernel_the_compiler_crashes_on_to_the_cpu(

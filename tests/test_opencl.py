@@ -109,7 +109,7 @@ def test_first_device_that_builds_is_used():
     backend = OpenCLBackend("", source, {})
     y = backend.view(backend.alloc(16), (4,), "float32")
     backend.upload(y, np.zeros(4, np.float32))
-    kernel = backend.cl.Kernel(backend.program, "f")
+    kernel = backend.cl_kernel("f")
     kernel.set_arg(0, y.buffer)
     backend.cl.enqueue_nd_range_kernel(backend.queue, kernel, (4,), None)
     np.testing.assert_array_equal(backend.download(y), np.ones(4, np.float32))
@@ -148,7 +148,7 @@ def test_a_view_at_an_offset_is_a_sub_buffer_and_a_misaligned_one_a_clear_error(
     whole = backend.view(slot, (64,), "float32")
     backend.upload(whole, np.zeros(64, np.float32))
     piece = backend.view(slot, (4,), "float32", offset=128)
-    kernel = backend.cl.Kernel(backend.program, "f")
+    kernel = backend.cl_kernel("f")
     kernel.set_arg(0, piece.buffer)
     backend.cl.enqueue_nd_range_kernel(backend.queue, kernel, (4,), None)
     expected = np.zeros(64, np.float32)
@@ -169,13 +169,13 @@ def test_second_start_loads_the_program_from_the_binary_cache(tmp_path, monkeypa
     cold = OpenCLBackend("intel", source, {})
     opencl._programs.clear()  # as in a new process
     warm = OpenCLBackend("intel", source, {})
-    assert warm.program is not cold.program
+    assert warm.programs["twice"][0] is not cold.programs["twice"][0]
     assert (cold.program_cached, warm.program_cached) == (False, True)
     (entry,) = (tmp_path / "cache").iterdir()
     for backend in (cold, warm):  # both programs compute the same thing
         y = backend.view(backend.alloc(16), (4,), "float32")
         backend.upload(y, np.arange(4, dtype=np.float32))
-        kernel = backend.cl.Kernel(backend.program, "twice")
+        kernel = backend.cl_kernel("twice")
         kernel.set_arg(0, y.buffer)
         backend.cl.enqueue_nd_range_kernel(backend.queue, kernel, (4,), None)
         np.testing.assert_array_equal(backend.download(y), [0, 2, 4, 6])
@@ -198,16 +198,16 @@ def test_a_program_loaded_again_in_one_process_is_the_one_kept():
     source = "__kernel void thrice(__global float* y) { y[get_global_id(0)] *= 3.0f; }"
     first = OpenCLBackend("intel", source, {})
     again = OpenCLBackend("intel", source, {})
-    assert again.program is first.program and again.context is first.context
+    assert again.programs is first.programs and again.context is first.context
     assert again.program_cached
     other = OpenCLBackend("intel", source.replace("3.0f", "4.0f"), {})
-    assert other.program is not first.program
+    assert other.programs is not first.programs
     for k in range(opencl.PROGRAMS_KEPT):  # pushes `thrice` out
         OpenCLBackend("intel", source.replace("3.0f", f"{k + 5}.0f"), {})
-    assert OpenCLBackend("intel", source, {}).program is not first.program
+    assert OpenCLBackend("intel", source, {}).programs is not first.programs
     y = again.view(again.alloc(16), (4,), "float32")  # the kept program still runs
     again.upload(y, np.ones(4, np.float32))
-    kernel = again.cl.Kernel(again.program, "thrice")
+    kernel = again.cl_kernel("thrice")
     kernel.set_arg(0, y.buffer)
     again.cl.enqueue_nd_range_kernel(again.queue, kernel, (4,), None)
     np.testing.assert_array_equal(again.download(y), np.full(4, 3.0, np.float32))
@@ -233,7 +233,7 @@ def test_program_using_intel_subgroups_refused_on_a_device_without_them():
     if any(d.intel_subgroups for d in opencl_devices()):
         assert "Intel(R) OpenCL" in message  # names the device that would do
         backend = OpenCLBackend("intel", source, {}, requires)  # and that one builds it
-        assert backend.program is not None
+        assert backend.programs
 
 
 def test_compile_error_names_the_failing_kernel():

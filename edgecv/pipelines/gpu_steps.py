@@ -210,18 +210,20 @@ def check_on_device(
     try:
         compile_on_device(query, source, requires)
     except ProgramBuildError as err:
-        if err.crashed:
-            progress(f"the OpenCL compiler of `{query}` crashed: finding the kernels it crashes on")
-            reason = f"the OpenCL compiler of `{query}` crashed compiling it"
-            return dict.fromkeys(_crashing(sorted(launches), program, query), reason)
-        failing = err.kernels
-        if not failing:
-            raise
         kernels = {
             name
             for name, items in launches.items()
-            if any(launch.kernel in failing for launch in items)
+            if any(launch.kernel in err.kernels for launch in items)
         }
+        if err.crashed:
+            reason = f"the OpenCL compiler of `{query}` crashed compiling it"
+            if kernels:  # the program compiles in pieces: the error names the kernels
+                progress(f"the OpenCL compiler of `{query}` crashed on {len(kernels)} kernel(s)")
+                return dict.fromkeys(sorted(kernels), reason)
+            progress(f"the OpenCL compiler of `{query}` crashed: finding the kernels it crashes on")
+            return dict.fromkeys(_crashing(sorted(launches), program, query), reason)
+        if not kernels:
+            raise
         progress(f"{len(kernels)} kernel(s) failed to compile on `{query}`: moving to the CPU")
         return {name: str(err).splitlines()[0] for name in kernels}
     except EdgecvError as err:  # no such device here: nothing to check against

@@ -6,8 +6,10 @@ takes that process along: a deploy, a tuning run, a user's application loading a
 package. So a program is compiled from source in a worker process, which hands back
 the program's binary; the caller creates its program from that binary (milliseconds).
 
-The worker is started on first need and kept for the next programs (its runtime and
-contexts stay warm), one per process using edgecv. It is a fresh interpreter
+A worker is started on first need and kept for the next programs (its runtime and
+contexts stay warm); a process using edgecv has as many as it compiled programs at
+once, at most one per core (a model's program compiles in pieces,
+:mod:`.opencl_pieces`). A worker is a fresh interpreter
 (``python -m edgecv.runtime.compiler_process``): not a fork, which is unsafe once an
 OpenCL runtime runs threads in the caller, and not multiprocessing's *spawn*, which
 re-runs a user's ``__main__``. A worker that dies while compiling, or runs past the
@@ -141,7 +143,18 @@ class _Worker:
 
 
 _lock = threading.Lock()
-_worker: _Worker | None = None
+_idle: list[_Worker] = []  # workers between compiles, each ready for the next
+
+
+def parallel() -> int:
+    """How many programs may compile at once: one worker per core this process may use."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def workers() -> list[_Worker]:
+    """The workers waiting for a compile (tests look at their processes)."""
+    with _lock:
+        return list(_idle)
 
 
 def compile_in_worker(
@@ -151,7 +164,9 @@ def compile_in_worker(
     options: list[str],
     time_limit_s: float | None = None,
 ) -> bytes | None:
-    """Compile ``source`` for the device named by its ``platform`` and ``device`` names.
+    """Compile ``source`` for the device named by its ``platform`` and ``device`` names,
+    in a worker of its own while the compile runs (threads may compile at once, each in
+    its own worker).
 
     Returns the program binary, or ``None`` when the worker has none to give (a runtime
     without binaries; a device the worker does not see): the caller then builds the
@@ -159,25 +174,21 @@ def compile_in_worker(
     reports errors, :class:`CompilerCrash` when the worker died or ran past
     ``time_limit_s`` (default :data:`DEFAULT_TIME_LIMIT_S`).
     """
-    global _worker
     limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
-    with _lock:
-        if _worker is None or _worker.process.poll() is not None:
-            if _worker is not None:
-                _worker.bury()
-            _worker = _Worker()
-        try:
-            kind, value = _worker.compile((platform, device, source, options), limit)
-        except TimeoutError:
-            how, tail = f"ran past {limit:g} s (killed)", _worker.bury()[1]
-            _worker = None
-        except (EOFError, OSError, pickle.UnpicklingError, struct.error):
-            ended, tail = _worker.bury()
-            how, _worker = f"died ({ended})", None
-        else:
-            if kind == "rejected":
-                raise CompilerRejected(value)
-            return value
+    worker = _take()
+    try:
+        kind, value = worker.compile((platform, device, source, options), limit)
+    except TimeoutError:
+        how, tail = f"ran past {limit:g} s (killed)", worker.bury()[1]
+    except (EOFError, OSError, pickle.UnpicklingError, struct.error):
+        ended, tail = worker.bury()
+        how = f"died ({ended})"
+    else:
+        with _lock:
+            _idle.append(worker)
+        if kind == "rejected":
+            raise CompilerRejected(value)
+        return value
     said = f"\nits last output: ...{tail[-300:]}" if tail else ""
     raise CompilerCrash(
         f"the OpenCL compiler of {platform.strip()} / {device.strip()} {how} compiling a "
@@ -185,13 +196,24 @@ def compile_in_worker(
     )
 
 
-def stop_worker() -> None:
-    """End the worker (the next compile starts a new one)."""
-    global _worker
+def _take() -> _Worker:
+    """An idle worker that is still alive, else a new one."""
     with _lock:
-        if _worker is not None:
-            _worker.close()
-            _worker = None
+        while _idle:
+            worker = _idle.pop()
+            if worker.process.poll() is None:
+                return worker
+            worker.bury()
+    return _Worker()
+
+
+def stop_worker() -> None:
+    """End the idle workers (the next compile starts a new one)."""
+    with _lock:
+        idle = list(_idle)
+        _idle.clear()
+    for worker in idle:
+        worker.close()
 
 
 atexit.register(stop_worker)

@@ -1,13 +1,14 @@
 """The OpenCL backend: TVM-generated OpenCL C, run through pyopencl.
 
 TVM's wheel has no OpenCL runtime, so this backend is the runtime: one program per
-model, compiled once per device and driver and then loaded from the on-disk binary
-cache (:mod:`.kernel_cache`), buffers allocated once by the executor, and each kernel
+model, compiled in pieces (:mod:`.opencl_pieces`: one per step kernel, on every core)
+once per device and driver and then loaded from the on-disk binary cache
+(:mod:`.kernel_cache`), buffers allocated once by the executor, and each kernel
 call replays the launches recorded at build time (:class:`~edgecv.package_format.Launch`)
 with ``clEnqueueNDRangeKernel``. Devices are refused, with the reason, before any
 compilation when they lack an extension the program uses.
 
-The context, program and memory are shared by every execution context of a model;
+The context, programs and memory are shared by every execution context of a model;
 each context gets its own command queue (:meth:`OpenCLBackend.stream`) and binds its
 own ``cl.Kernel`` objects: a kernel's arguments are state of the kernel object, which
 two threads enqueueing it with their own buffers would overwrite for each other.
@@ -18,11 +19,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import re
 import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,7 @@ from ..package_format import Launch
 from . import compiler_process, kernel_cache
 from .backend import Backend
 from .opencl_devices import register_pip_runtimes
+from .opencl_pieces import split_program
 
 
 def build_options(requires: Sequence[str]) -> list[str]:
@@ -142,7 +144,7 @@ class OpenCLBackend(Backend):
             if built is None:
                 context = cl.Context([device])
                 try:
-                    program, self.program_cached = _build_program(
+                    kernels, self.program_cached = _build_program(
                         cl, context, device, source, options
                     )
                 except ProgramBuildError as err:
@@ -150,14 +152,15 @@ class OpenCLBackend(Backend):
                     failing.extend(err.kernels)
                     crashed = crashed and err.crashed
                     continue
-                built = (context, program)
+                built = (context, kernels)
                 with _programs_lock:
                     _programs[key] = built
                     while len(_programs) > PROGRAMS_KEPT:
                         del _programs[next(iter(_programs))]
             else:
                 self.program_cached = True
-            self.device, (self.context, self.program) = device, built
+            # each device kernel's (program, its name there), see cl_kernel()
+            self.device, (self.context, self.programs) = device, built
             break
         else:
             raise ProgramBuildError(
@@ -261,6 +264,15 @@ class OpenCLBackend(Backend):
 
         return run
 
+    def cl_kernel(self, name: str):
+        """A new ``cl.Kernel`` of the device kernel ``name`` (its name in the package's
+        program; the piece that holds it names it by content)."""
+        try:
+            program, own = self.programs[name]
+        except KeyError:
+            raise EdgecvError(f"no OpenCL kernel `{name}` in this package's program") from None
+        return self.cl.Kernel(program, own)
+
     def bind(self, name: str, tensors: list[CLTensor]) -> Callable[[], None]:
         """One ``cl.Kernel`` per recorded launch with its arguments set now, so running
         the step only enqueues (a kernel name shared by several steps gets its own
@@ -272,7 +284,7 @@ class OpenCLBackend(Backend):
         sizes = launches[0].workspaces if launches else []
         workspaces = [self.alloc(size) for size in sizes]  # once per step, at load
         for launch in launches:
-            kernel = self.cl.Kernel(self.program, launch.kernel)
+            kernel = self.cl_kernel(launch.kernel)
             for i, (kind, value, ctype) in enumerate(launch.args):
                 if kind == "buffer":
                     kernel.set_arg(i, tensors[int(value)].buffer)
@@ -380,68 +392,100 @@ def _quiet_compiler(cl):
         yield
 
 
-def _build_program(cl, context, device, source: str, options: list[str]) -> tuple[object, bool]:
-    """Build ``source`` for ``device``, from the on-disk binary cache when possible.
+def _build_program(
+    cl, context, device, source: str, options: list[str]
+) -> tuple[dict[str, tuple], bool]:
+    """Build ``source`` for ``device`` in pieces (:mod:`.opencl_pieces`), each from the
+    on-disk binary cache when it is there, the rest compiled at once in the compiler
+    processes.
 
-    Returns the program and whether it came from the cache.
+    Returns each kernel's (program, name in that program) and whether every piece came
+    from the cache. Raises :class:`ProgramBuildError` naming the kernels of every piece
+    the compiler rejected or crashed on.
     """
+    pieces = split_program(source)
     platform = device.platform
-    key = kernel_cache.cache_key(
-        "opencl",
-        source,
-        " ".join(options),
-        platform.name,
-        platform.version,
-        device.name,
-        device.version,
-        device.driver_version,
-    )
-    binary = kernel_cache.read(key, "clbin")
-    if binary is not None:
+    identity = (platform.name, platform.version, device.name, device.version)
+    identity += (device.driver_version,)
+    flags = " ".join(options)
+    keys = [kernel_cache.cache_key("opencl", p.source, flags, *identity) for p in pieces]
+    programs: list = [None] * len(pieces)
+    for i, key in enumerate(keys):
+        binary = kernel_cache.read(key, "clbin")
+        if binary is None:
+            continue
         try:
             with _quiet_compiler(cl):
-                program = cl.Program(context, [device], [binary]).build(options=options)
-            return program, True
+                programs[i] = cl.Program(context, [device], [binary]).build(options=options)
         except cl.Error:  # a corrupt or foreign entry: forget it and compile the source
             kernel_cache.forget(key, "clbin")
-    try:
-        binary = _compile_contained(platform, device, source, options)
-        with _quiet_compiler(cl):
-            if binary is not None:
-                program = cl.Program(context, [device], [binary]).build(options=options)
-            else:  # edgecv's cache below replaces pyopencl's (keyed by driver too)
-                program = cl.Program(context, source).build(options=options, cache_dir=False)
-    except (cl.RuntimeError, compiler_process.CompilerRejected) as err:
-        log = str(err).strip()
-        names = failing_kernels(source, log)
-        what = "kernel " + ", ".join(names) if names else "the program"
-        raise ProgramBuildError(f"{what} failed to compile:\n{log[:3000]}", names) from None
-    except compiler_process.CompilerCrash as err:
-        raise ProgramBuildError(str(err), crashed=True) from None
-    binaries = program.get_info(cl.program_info.BINARIES)
-    if binaries and binaries[0]:
-        kernel_cache.write(key, "clbin", bytes(binaries[0]))
-    return program, False
+    # a piece two kernels share (the same code under two names) compiles once
+    missing = list({keys[i]: i for i, program in enumerate(programs) if program is None}.values())
+    cached = not missing
+    results = _compile_pieces(platform, device, [pieces[i].source for i in missing], options)
+    rejected, crashed = [], []
+    for i, (kind, value) in zip(missing, results, strict=True):
+        try:
+            with _quiet_compiler(cl):
+                if kind == "binary" and value is not None:
+                    program = cl.Program(context, [device], [value]).build(options=options)
+                elif kind == "binary":  # no worker, or one without binaries: build here
+                    program = cl.Program(context, pieces[i].source).build(
+                        options=options, cache_dir=False
+                    )
+                elif kind == "rejected":
+                    raise compiler_process.CompilerRejected(value)
+                else:
+                    crashed.append((pieces[i], value))
+                    continue
+        except (cl.RuntimeError, compiler_process.CompilerRejected) as err:
+            rejected.append((pieces[i], str(err).strip()))
+            continue
+        programs[i] = program
+        binaries = program.get_info(cl.program_info.BINARIES)
+        if binaries and binaries[0]:
+            kernel_cache.write(keys[i], "clbin", bytes(binaries[0]))
+    if rejected or crashed:
+        raise _build_error(rejected, crashed)
+    built = {keys[i]: programs[i] for i in missing}
+    programs = [p if p is not None else built[k] for p, k in zip(programs, keys, strict=True)]
+    kernels = {
+        name: (program, own)
+        for piece, program in zip(pieces, programs, strict=True)
+        for name, own in piece.names.items()
+    }
+    return kernels, cached
 
 
-def _compile_contained(platform, device, source: str, options: list[str]) -> bytes | None:
-    """The program's binary, compiled in the compiler process
-    (:mod:`.compiler_process`: a compiler crash or hang there is an error here, not the
-    end of this process); ``None``: build the source here."""
-    if not compiler_process.in_worker():
-        return None
-    return compiler_process.compile_in_worker(platform.name, device.name, source, options)
+def _compile_pieces(platform, device, sources: list[str], options: list[str]) -> list[tuple]:
+    """Each source compiled in a compiler process, as many at once as there are cores:
+    ``("binary", bytes | None)``, ``("rejected", log)`` or ``("crashed", message)``;
+    all ``("binary", None)`` (build here) when compiles stay in this process."""
+    if not compiler_process.in_worker() or not sources:
+        return [("binary", None)] * len(sources)
+
+    def compile_one(source: str) -> tuple:
+        try:
+            return "binary", compiler_process.compile_in_worker(
+                platform.name, device.name, source, options
+            )
+        except compiler_process.CompilerRejected as err:
+            return "rejected", err.log
+        except compiler_process.CompilerCrash as err:
+            return "crashed", str(err)
+
+    with ThreadPoolExecutor(min(len(sources), compiler_process.parallel())) as pool:
+        return list(pool.map(compile_one, sources))
 
 
-def failing_kernels(source: str, log: str) -> str:
-    """ "kernel a, b" for the kernels holding the lines a compiler log calls errors."""
-    lines = source.splitlines()
-    names = []
-    numbers = sorted({int(n) for n in re.findall(r"(?m)^\S*?:(\d+):\d+: error", log)})
-    for number in numbers:
-        for text in reversed(lines[:number]):
-            found = re.search(r"__kernel\s+void\s+(?:__attribute__\(\(.*?\)\)\s*)?(\w+)\s*\(", text)
-            if found:
-                names.append(found.group(1))
-                break
-    return list(dict.fromkeys(names))
+def _build_error(rejected: list, crashed: list) -> ProgramBuildError:
+    """One error for every piece that failed: the kernels it holds (their names in the
+    program) and the compiler's log or how it crashed."""
+    parts, names = [], []
+    for piece, log in rejected:
+        names += piece.names
+        parts.append(f"kernel {', '.join(piece.names)} failed to compile:\n{log[:3000]}")
+    for piece, message in crashed:
+        names += piece.names
+        parts.append(f"kernel {', '.join(piece.names)}: {message}")
+    return ProgramBuildError("\n".join(parts), names, crashed=not rejected)

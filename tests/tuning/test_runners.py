@@ -93,6 +93,7 @@ def test_opencl_batch_with_a_candidate_the_compiler_crashes_on(tmp_path, monkeyp
 
     from edgecv.profiles import load_profile
     from edgecv.runtime import compiler_process
+    from edgecv.runtime.opencl_pieces import split_program
     from edgecv.schedules.device_class import find_device
     from edgecv.tuning.runners.opencl import LocalOpenCLRunner, OpenCLCompiler
 
@@ -103,7 +104,10 @@ def test_opencl_batch_with_a_candidate_the_compiler_crashes_on(tmp_path, monkeyp
     built = ForkedBuilder(OpenCLCompiler(target), tmp_path, workers=2).build(
         [BuilderInput(tvm.IRModule({"main": s.mod["main"]}), target) for s in schedules]
     )
-    marker = Path(built[1].artifact_path).parent.name + "_"  # its kernels' prefix
+    # the program compiles in pieces named by their code: the second candidate's name
+    compiler = OpenCLCompiler(target)
+    (piece,) = split_program(compiler.source_of([Path(built[1].artifact_path).parent]))
+    marker = next(iter(piece.names.values()))
     crashing = [sys.executable, str(Path(__file__).parents[1] / "crashing_compiler.py"), marker]
     monkeypatch.setattr(compiler_process, "worker_command", lambda: crashing)
     monkeypatch.setenv("EDGECV_CACHE_DIR", str(tmp_path / "cache"))

@@ -102,7 +102,7 @@ def time_opencl(device_query: str, source: str, candidates: str, config: str) ->
             backend = OpenCLBackend(device_query, source, launches)
     except ProgramBuildError as err:
         return json.dumps(
-            {"failed_kernels": err.kernels, "crashed": err.crashed, "error": str(err)[:300]}
+            {"failed_kernels": err.kernels, "crashed": err.crashed, "error": str(err)[:600]}
         )
     rng = np.random.default_rng(0)
     tensors: dict[str, list] = {}
@@ -215,7 +215,7 @@ def run_batches(runner_inputs: list[RunnerInput], compiler: OpenCLCompiler, time
             i for i in members if not bad or any(k.startswith(folder[i].name + "_") for k in bad)
         ]
         for i in rejected:
-            results[i] = failed(f"OpenCL compiler: {answer.get('error', '')[:200]}")
+            results[i] = failed(f"OpenCL compiler: {answer.get('error', '')[:600]}")
         rest = [i for i in members if i not in rejected]
         if rest:
             work.append((rest, None))
