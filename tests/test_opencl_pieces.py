@@ -129,3 +129,42 @@ def test_every_piece_that_fails_names_its_kernels(tmp_path, monkeypatch):
     assert not err.value.crashed
     # the good piece was compiled and cached all the same
     assert len(list((tmp_path / "cache").iterdir())) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_program_joined_from_kernels_is_the_one_generated_from_them(tmp_path, dtype):
+    """A deploy joins the program from each kernel's own code (written where it was
+    compiled) instead of generating it again from their device functions: the same
+    kernels, the extension pragmas of an fp16 program once, at the top."""
+
+    from edgecv.codegen.contained import compile_in_process
+    from edgecv.codegen.gpu_lowering import device_module, lower_to_file
+    from edgecv.codegen.opencl import generate_opencl, program_of
+    from edgecv.schedules.orders import gpu_order
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 256), dtype))
+    w = relax.Var("w", relax.TensorType((8, 256), dtype))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(w)))
+            s = bb.emit(relax.op.nn.softmax(y, axis=1))
+            head = relax.op.strided_slice(x, axes=[1], begin=[0], end=[8])
+            z = bb.emit_output(relax.op.add(s, head))
+        bb.emit_func_output(z)
+    target = load_profile("deeplens").tvm_target()
+    kernels = lower(bb.get()).kernels
+    functions = {gv.name_hint: f for gv, f in kernels.functions.items()}
+    compiled = compile_in_process(functions, gpu_order(target, 16), lower_to_file(target), tmp_path)
+    facts = [c.facts for _, c in sorted(compiled.items())]
+    assert len(facts) >= 2 and all(facts)
+    joined, requires = program_of(facts, target, 16)
+    subgroups = sorted(k for f in facts for k in f["subgroup_kernels"])
+    parts = [f["device"] for f in facts]
+    generated, generated_requires = generate_opencl(device_module(parts), target, subgroups, 16)
+    assert requires == generated_requires
+    assert {p.source for p in split_program(joined)} == {p.source for p in split_program(generated)}
+    if dtype == "float16":
+        assert requires == ["cl_khr_fp16"]
+        assert joined.count("#pragma OPENCL EXTENSION cl_khr_fp16 : enable") == 1
+        assert joined.index("#pragma") < joined.index("__kernel")

@@ -218,8 +218,9 @@ def lower_to_file(target: tvm.target.Target):
         # Generate the kernel's own code here, in the contained child: a device function
         # the code generator rejects (a packed call left in device code) fails this
         # candidate, not the whole program later.
-        codegen = "target.build.opencl" if target.kind.name == "opencl" else "target.build.cuda"
-        tvm.get_global_func(codegen)(_device_passes(device), target)
+        opencl = target.kind.name == "opencl"
+        codegen = "target.build.opencl" if opencl else "target.build.cuda"
+        generated = tvm.get_global_func(codegen)(_device_passes(device), target)
         path = work_dir / f"{name}.device.json"
         path.write_text(tvm.ir.save_json(device))
         subgroups = (
@@ -227,7 +228,12 @@ def lower_to_file(target: tvm.target.Target):
             if _calls_subgroups(func)
             else []
         )
-        return {"device": str(path), "launches": launches, "subgroup_kernels": subgroups}
+        facts = {"device": str(path), "launches": launches, "subgroup_kernels": subgroups}
+        if opencl:  # the program is joined from these (edgecv.codegen.opencl.join_opencl)
+            source = work_dir / f"{name}.cl"
+            source.write_text(generated.inspect_source())
+            facts["source"] = str(source)
+        return facts
 
     return compile_one
 

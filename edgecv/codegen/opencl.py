@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import tvm
 
 from ..package_format import Launch
 from ..schedules.orders import gpu_order
 from ..schedules.stage import KernelChoice, ScheduleOrder
-from .gpu_lowering import lower_device
+from .gpu_lowering import device_module, lower_device
 
 # OpenCL C identifiers that need a device extension, and the extension.
 _EXTENSION_USES = {
@@ -79,6 +80,70 @@ def generate_opencl(
     return source, required_extensions(source)
 
 
+def program_of(
+    facts: list[dict], target: tvm.target.Target, subgroup: int | None
+) -> tuple[str, list[str]]:
+    """The OpenCL program (source, extensions it needs) of kernels compiled by
+    :func:`~.gpu_lowering.lower_to_file` (their facts): joined from their own code
+    (:func:`join_opencl`), else generated from their device functions."""
+    if not facts:
+        return "", []
+    subgroups = sorted(k for f in facts for k in f["subgroup_kernels"])
+    if all("source" in f for f in facts):
+        texts = [Path(f["source"]).read_text() for f in facts]
+        joined = join_opencl(texts, subgroups, subgroup)
+        if joined is not None:
+            return joined
+    return generate_opencl(device_module([f["device"] for f in facts]), target, subgroups, subgroup)
+
+
+def join_opencl(
+    sources: list[str], subgroup_kernels: list[str], subgroup: int | None
+) -> tuple[str, list[str]] | None:
+    """One program from kernels' own OpenCL C, as :func:`generate_opencl` makes it from
+    their device functions together, without loading and generating them again (the
+    kernels' code was generated where each was compiled, :func:`~.gpu_lowering.lower_to_file`:
+    for the graph tuner's 179 candidates of SSD-512 ResNet-50, loading their device
+    functions and generating the program took 42 s). Each kernel's header (extension
+    pragmas) comes once, at the top. ``None`` when a header holds more than preprocessor
+    groups and declarations: then generate it from the device functions."""
+    groups: dict[str, None] = {}
+    bodies = []
+    for text in sources:
+        lines = text.splitlines()
+        first = next((i for i, line in enumerate(lines) if line.startswith("__kernel")), len(lines))
+        header = _header_groups([line for line in lines[:first] if not line.startswith("//")])
+        if header is None:
+            return None
+        groups.update(dict.fromkeys(header))
+        bodies.append("\n".join(lines[first:]))
+    source = "\n".join([*groups, *bodies]) + "\n"
+    source = source.replace("convert_long(get_", "((long)get_")  # see generate_opencl
+    source = require_subgroup_size(source, subgroup_kernels, subgroup)
+    return source, required_extensions(source)
+
+
+def _header_groups(lines: list[str]) -> list[str] | None:
+    """A kernel's header as its preprocessor groups (``#if`` to ``#endif``, or one
+    directive) and one-line declarations; ``None`` for anything else."""
+    groups, current, depth = [], [], 0
+    for line in lines:
+        text = line.strip()
+        if not text:
+            continue
+        if not text.startswith("#") and not (depth and text) and not text.endswith(";"):
+            return None
+        current.append(line)
+        if text.startswith(("#if", "#ifdef", "#ifndef")):
+            depth += 1
+        elif text.startswith("#endif"):
+            depth -= 1
+        if depth == 0:
+            groups.append("\n".join(current))
+            current = []
+    return None if depth or current else groups
+
+
 def build_opencl(
     kernels: tvm.IRModule,
     target: tvm.target.Target,
@@ -102,6 +167,8 @@ def build_opencl(
 __all__ = [
     "OpenCLKernels",
     "build_opencl",
+    "join_opencl",
+    "program_of",
     "generate_opencl",
     "require_subgroup_size",
     "required_extensions",

@@ -12,8 +12,8 @@ import numpy as np
 from tvm import tirx
 
 from ..codegen.contained import compile_contained
-from ..codegen.gpu_lowering import device_module, lower_to_file
-from ..codegen.opencl import generate_opencl
+from ..codegen.gpu_lowering import lower_to_file
+from ..codegen.opencl import program_of
 from ..errors import EdgecvError
 from ..profiles import Profile
 from ..schedules.database import TuningDatabase
@@ -71,19 +71,19 @@ class OpenCLMeter:
                 time_limit_s=self.time_limit_s,
                 workers=self.workers,
             )
-            ok = {key for key in kernels if compiled[names[key]].facts}
-            parts = [compiled[names[key]].facts["device"] for key in ok]
+            ok = [key for key in kernels if compiled[names[key]].facts]
             launches = {names[key]: compiled[names[key]].facts["launches"] for key in ok}
-            subgroups = sorted(
-                k for key in ok for k in compiled[names[key]].facts["subgroup_kernels"]
-            )
-            source, requires = generate_opencl(
-                device_module(parts), self.target, subgroups, self.profile.intel_subgroup_size
+            source, requires = program_of(
+                [compiled[names[key]].facts for key in ok],
+                self.target,
+                self.profile.intel_subgroup_size,
             )
         if not ok:
             return times
         progress(f"graph tuner: building {len(ok)} kernels on {self.query}")
         backend = OpenCLBackend(self.query, source, launches, requires)
+        compiled, pieces = backend.pieces_compiled
+        progress(f"graph tuner: {compiled} of {pieces} compiled ({backend.build_s:.0f} s), timing")
         for group in memory_groups({key: kernels[key] for key in kernels if key in ok}):
             with backend.allocation_scope():  # a group's buffers go when it is timed
                 _time_group(backend, {key: (names[key], kernels[key]) for key in group}, times)

@@ -208,7 +208,7 @@ def check_on_device(
     query = profile.default_opencl_device if check_on == "auto" else check_on
     progress(f"compiling the OpenCL program on `{query or 'the first device'}`")
     try:
-        compile_on_device(query, source, requires)
+        progress(compile_on_device(query, source, requires))
     except ProgramBuildError as err:
         kernels = {
             name

@@ -24,7 +24,7 @@ import time
 
 import tvm
 
-from ..codegen.opencl import generate_opencl
+from ..codegen.opencl import program_of
 from ..fallback import widened_constants
 from ..graph_tuner import choose_layouts
 from ..graph_tuner.stage import winograd_plan
@@ -47,9 +47,8 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     target, subgroup = profile.tvm_target(), profile.intel_subgroup_size
 
     def program(names: set[str]) -> tuple[str, list[str], dict]:
-        device_mod, launches, subgroup_kernels = g.device_code_of(compiled, names)
-        source, requires = generate_opencl(device_mod, target, subgroup_kernels, subgroup)
-        return source, requires, launches
+        source, requires = program_of([compiled[n].facts for n in sorted(names)], target, subgroup)
+        return source, requires, {n: compiled[n].facts["launches"] for n in sorted(names)}
 
     failed: dict[str, str] = {}
     while True:

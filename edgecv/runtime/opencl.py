@@ -144,21 +144,20 @@ class OpenCLBackend(Backend):
             if built is None:
                 context = cl.Context([device])
                 try:
-                    kernels, self.program_cached = _build_program(
-                        cl, context, device, source, options
-                    )
+                    kernels, compiled = _build_program(cl, context, device, source, options)
                 except ProgramBuildError as err:
                     failures.append(f"{_label(platform, device)}: {err}")
                     failing.extend(err.kernels)
                     crashed = crashed and err.crashed
                     continue
                 built = (context, kernels)
+                self.pieces_compiled = (compiled, len({p for p, _ in kernels.values()}))
                 with _programs_lock:
                     _programs[key] = built
                     while len(_programs) > PROGRAMS_KEPT:
                         del _programs[next(iter(_programs))]
             else:
-                self.program_cached = True
+                self.pieces_compiled = (0, len({p for p, _ in built[1].values()}))
             # each device kernel's (program, its name there), see cl_kernel()
             self.device, (self.context, self.programs) = device, built
             break
@@ -170,6 +169,8 @@ class OpenCLBackend(Backend):
                 crashed=crashed,
             )
         self.build_s = time.perf_counter() - started
+        # (pieces compiled now, pieces): the rest came from the cache (or this process)
+        self.program_cached = self.pieces_compiled[0] == 0
         if failures:
             skipped = ", ".join(f.split(":")[0] for f in failures)
             warnings.warn(
@@ -354,8 +355,11 @@ class ProgramBuildError(EdgecvError):
 
 def compile_on_device(query: str, source: str, requires: Sequence[str] = ()) -> str:
     """Compile ``source`` on the first matching device (filling the program cache);
-    return the device's label. Raises like :class:`OpenCLBackend`."""
-    return OpenCLBackend(query, source, {}, requires).label
+    return what was done (the device, how many pieces it compiled). Raises like
+    :class:`OpenCLBackend`."""
+    backend = OpenCLBackend(query, source, {}, requires)
+    compiled, pieces = backend.pieces_compiled
+    return f"{compiled} of {pieces} kernels compiled on {backend.label}, the rest cached"
 
 
 class DeviceMemoryError(EdgecvError):
@@ -394,14 +398,14 @@ def _quiet_compiler(cl):
 
 def _build_program(
     cl, context, device, source: str, options: list[str]
-) -> tuple[dict[str, tuple], bool]:
+) -> tuple[dict[str, tuple], int]:
     """Build ``source`` for ``device`` in pieces (:mod:`.opencl_pieces`), each from the
     on-disk binary cache when it is there, the rest compiled at once in the compiler
     processes.
 
-    Returns each kernel's (program, name in that program) and whether every piece came
-    from the cache. Raises :class:`ProgramBuildError` naming the kernels of every piece
-    the compiler rejected or crashed on.
+    Returns each kernel's (program, name in that program) and how many pieces were
+    compiled (not found in the cache). Raises :class:`ProgramBuildError` naming the
+    kernels of every piece the compiler rejected or crashed on.
     """
     pieces = split_program(source)
     platform = device.platform
@@ -421,7 +425,6 @@ def _build_program(
             kernel_cache.forget(key, "clbin")
     # a piece two kernels share (the same code under two names) compiles once
     missing = list({keys[i]: i for i, program in enumerate(programs) if program is None}.values())
-    cached = not missing
     results = _compile_pieces(platform, device, [pieces[i].source for i in missing], options)
     rejected, crashed = [], []
     for i, (kind, value) in zip(missing, results, strict=True):
@@ -454,7 +457,7 @@ def _build_program(
         for piece, program in zip(pieces, programs, strict=True)
         for name, own in piece.names.items()
     }
-    return kernels, cached
+    return kernels, len(missing)
 
 
 def _compile_pieces(platform, device, sources: list[str], options: list[str]) -> list[tuple]:

@@ -42,15 +42,15 @@ def split_program(source: str) -> list[Piece]:
     """``source`` as pieces (see the module docstring)."""
     lines = source.splitlines()
     starts = [i for i, line in enumerate(lines) if _DEFINITION.match(line)]
-    kernels = _kernels(lines, starts) if starts else None
-    if kernels is None:
-        names = dict.fromkeys(_ANY_KERNEL.findall(source))
-        return [Piece(source, {n: n for n in names})]
     preamble = [
         line
         for line in lines[: starts[0] if starts else len(lines)]
-        if not _DECLARATION.match(line) and not line.startswith("// Function:")
+        if line.strip() and not _DECLARATION.match(line) and not line.startswith("// Function:")
     ]
+    kernels = _kernels(lines, starts, {line.strip() for line in preamble}) if starts else None
+    if kernels is None:
+        names = dict.fromkeys(_ANY_KERNEL.findall(source))
+        return [Piece(source, {n: n for n in names})]
     steps: dict[str, list[tuple[str, list[str]]]] = {}
     for name, body in kernels:
         found = _STEP.match(name)
@@ -58,10 +58,12 @@ def split_program(source: str) -> list[Piece]:
     return [_canonical(preamble, members) for members in steps.values()]
 
 
-def _kernels(lines: list[str], starts: list[int]) -> list[tuple[str, list[str]]] | None:
+def _kernels(
+    lines: list[str], starts: list[int], preamble: set[str]
+) -> list[tuple[str, list[str]]] | None:
     """(name, lines) of each kernel definition, or None when anything but blank lines,
-    comments and kernel declarations (TVM repeats them all before each definition)
-    stands between them."""
+    comments, kernel declarations and the preamble's preprocessor lines (TVM repeats
+    both before each definition) stands between them."""
     kernels = []
     for number, start in enumerate(starts):
         depth, end = 0, None
@@ -74,10 +76,19 @@ def _kernels(lines: list[str], starts: list[int]) -> list[tuple[str, list[str]]]
             return None
         following = starts[number + 1] if number + 1 < len(starts) else len(lines)
         between = [line.strip() for line in lines[end:following]]
-        if any(t and not t.startswith("//") and not _DECLARATION.match(t) for t in between):
+        if not all(_between_kernels(t, preamble) for t in between):
             return None
         kernels.append((_DEFINITION.match(lines[start]).group(1), lines[start:end]))
     return kernels
+
+
+def _between_kernels(text: str, preamble: set[str]) -> bool:
+    return (
+        not text
+        or text.startswith("//")
+        or _DECLARATION.match(text) is not None
+        or (text.startswith("#") and text in preamble)
+    )
 
 
 def _canonical(preamble: list[str], members: list[tuple[str, list[str]]]) -> Piece:
