@@ -168,3 +168,30 @@ def test_the_program_joined_from_kernels_is_the_one_generated_from_them(tmp_path
         assert requires == ["cl_khr_fp16"]
         assert joined.count("#pragma OPENCL EXTENSION cl_khr_fp16 : enable") == 1
         assert joined.index("#pragma") < joined.index("__kernel")
+
+
+def test_a_piece_is_the_same_in_a_program_that_needs_subgroups(tmp_path, monkeypatch):
+    """Options go with the pieces that need them (OpenCL C 3.0 for subgroup builtins):
+    a plain kernel compiled in a program with a subgroup kernel is found in the cache
+    by a program without one."""
+    from edgecv.codegen.opencl import required_extensions
+
+    device = device_or_skip("intel(r) opencl")
+    monkeypatch.setenv("EDGECV_CACHE_DIR", str(tmp_path / "cache"))
+    plain = [
+        "__kernel void plain_kernel(__global float* restrict y) {",
+        "  y[get_global_id(0)] *= 2.0f;",
+        "}",
+    ]
+    shuffle = [
+        "__kernel void shuffle_kernel(__global float* restrict y) {",
+        "  y[get_global_id(0)] = intel_sub_group_shuffle(y[get_global_id(0)], 0);",
+        "}",
+    ]
+    both = "\n".join(plain + shuffle)
+    first = OpenCLBackend(device, both, {}, required_extensions(both))
+    assert first.pieces_compiled == (2, 2)
+    opencl._programs.clear()
+    alone = "\n".join(plain).replace("plain_kernel", "other_kernel")
+    second = OpenCLBackend(device, alone, {}, required_extensions(alone))
+    assert second.pieces_compiled == (0, 1)

@@ -411,8 +411,13 @@ def _build_program(
     platform = device.platform
     identity = (platform.name, platform.version, device.name, device.version)
     identity += (device.driver_version,)
-    flags = " ".join(options)
-    keys = [kernel_cache.cache_key("opencl", p.source, flags, *identity) for p in pieces]
+    # each piece with the options its own code needs (the language version subgroup
+    # builtins want), so it is the same piece in every program that holds it
+    own = [options if "sub_group" in p.source else [] for p in pieces]
+    keys = [
+        kernel_cache.cache_key("opencl", p.source, " ".join(o), *identity)
+        for p, o in zip(pieces, own, strict=True)
+    ]
     programs: list = [None] * len(pieces)
     for i, key in enumerate(keys):
         binary = kernel_cache.read(key, "clbin")
@@ -420,21 +425,21 @@ def _build_program(
             continue
         try:
             with _quiet_compiler(cl):
-                programs[i] = cl.Program(context, [device], [binary]).build(options=options)
+                programs[i] = cl.Program(context, [device], [binary]).build(options=own[i])
         except cl.Error:  # a corrupt or foreign entry: forget it and compile the source
             kernel_cache.forget(key, "clbin")
     # a piece two kernels share (the same code under two names) compiles once
     missing = list({keys[i]: i for i, program in enumerate(programs) if program is None}.values())
-    results = _compile_pieces(platform, device, [pieces[i].source for i in missing], options)
+    results = _compile_pieces(platform, device, [(pieces[i].source, own[i]) for i in missing])
     rejected, crashed = [], []
     for i, (kind, value) in zip(missing, results, strict=True):
         try:
             with _quiet_compiler(cl):
                 if kind == "binary" and value is not None:
-                    program = cl.Program(context, [device], [value]).build(options=options)
+                    program = cl.Program(context, [device], [value]).build(options=own[i])
                 elif kind == "binary":  # no worker, or one without binaries: build here
                     program = cl.Program(context, pieces[i].source).build(
-                        options=options, cache_dir=False
+                        options=own[i], cache_dir=False
                     )
                 elif kind == "rejected":
                     raise compiler_process.CompilerRejected(value)
@@ -453,21 +458,22 @@ def _build_program(
     built = {keys[i]: programs[i] for i in missing}
     programs = [p if p is not None else built[k] for p, k in zip(programs, keys, strict=True)]
     kernels = {
-        name: (program, own)
+        name: (program, there)
         for piece, program in zip(pieces, programs, strict=True)
-        for name, own in piece.names.items()
+        for name, there in piece.names.items()
     }
     return kernels, len(missing)
 
 
-def _compile_pieces(platform, device, sources: list[str], options: list[str]) -> list[tuple]:
-    """Each source compiled in a compiler process, as many at once as there are cores:
-    ``("binary", bytes | None)``, ``("rejected", log)`` or ``("crashed", message)``;
-    all ``("binary", None)`` (build here) when compiles stay in this process."""
+def _compile_pieces(platform, device, sources: list[tuple[str, list[str]]]) -> list[tuple]:
+    """Each (source, options) compiled in a compiler process, as many at once as there
+    are cores: ``("binary", bytes | None)``, ``("rejected", log)`` or ``("crashed",
+    message)``; all ``("binary", None)`` (build here) when compiles stay in this process."""
     if not compiler_process.in_worker() or not sources:
         return [("binary", None)] * len(sources)
 
-    def compile_one(source: str) -> tuple:
+    def compile_one(source_and_options: tuple[str, list[str]]) -> tuple:
+        source, options = source_and_options
         try:
             return "binary", compiler_process.compile_in_worker(
                 platform.name, device.name, source, options
