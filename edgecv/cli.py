@@ -13,7 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from . import progress
-from .arguments import SHAPE_HELP, input_shapes, layout_budget, parse_shape
+from .arguments import (
+    DEFAULT_LAYOUT_BUDGET_S,
+    SHAPE_HELP,
+    input_shapes,
+    layout_budget,
+    parse_shape,
+)
 from .errors import EdgecvError, ShapeError, foreign_message, missing_extra
 from .outputs import check_image_path, check_output_folder, save_arrays, save_image
 
@@ -377,11 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--layout-budget",
         type=layout_budget,
-        default=None,
+        default=DEFAULT_LAYOUT_BUDGET_S,
         metavar="SECONDS",
         help="longest the graph tuner may measure costs it has not cached, the biggest "
-        "convolutions first, the rest predicted and measured by later deploys (default "
-        "none: measure everything)",
+        "convolutions of each kind first, the rest predicted and measured by later "
+        f"deploys (default {DEFAULT_LAYOUT_BUDGET_S:g}; none: measure everything)",
     )
     d.add_argument(
         "--precision",

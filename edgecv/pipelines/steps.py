@@ -13,6 +13,7 @@ import numpy as np
 import tvm
 
 from .. import progress as progress_bars
+from ..arguments import DEFAULT_LAYOUT_BUDGET_S
 from ..codegen.contained import DEFAULT_TIME_LIMIT_S, Compiled, CompileOne, compile_contained
 from ..codegen.op_versions import OpVersions
 from ..errors import EdgecvError
@@ -59,7 +60,8 @@ class BuildOptions:
     layout_budget_s : float or None
         Seconds the graph tuner may spend measuring costs not cached yet (the largest
         convolutions and transforms first); the rest are predicted from what it measured
-        and measured by later deploys. None (the default): measure everything.
+        and measured by later deploys (default :data:`DEFAULT_LAYOUT_BUDGET_S`);
+        None: measure everything (``edgecv tune``).
     precision : str
         ``fp32`` (the default) or ``int8``: convolutions and dense layers quantized after
         calibration (CPU profiles; :mod:`edgecv.pipelines.int8`).
@@ -87,7 +89,7 @@ class BuildOptions:
     workers: int | None = None
     layout: str = "auto"
     layout_costs: str | Path | None = None
-    layout_budget_s: float | None = None  # off: docs/graph-tuner.md says why
+    layout_budget_s: float | None = DEFAULT_LAYOUT_BUDGET_S
     precision: str = "fp32"
     calibrate: str | Path | None = None
     calibration_size: int | None = None

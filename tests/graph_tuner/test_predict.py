@@ -56,3 +56,34 @@ def test_a_transform_takes_the_bandwidth_of_its_direction():
     predicted = predict_transforms(transforms, times)
     assert predicted == {"p2": pytest.approx(12800 / 1e9), "u2": pytest.approx(12800 / 2e9)}
     assert predict_transforms(transforms, {})["p1"] == pytest.approx(3200 / FALLBACK_BANDWIDTH)
+
+
+def test_convolutions_are_measured_taking_turns_by_kind_most_work_first():
+    """The budget's batches take the convolutions' candidate groups by kind in turn, so
+    the first ones measured give a ratio for every kind (measure._batches)."""
+    from edgecv.graph_tuner.measure import _batches
+
+    work = {
+        "big3x3": ConvWork("kxk", 900),
+        "small3x3": ConvWork("kxk", 300),
+        "mid3x3": ConvWork("kxk", 600),
+        "big1x1": ConvWork("1x1", 500),
+        "small1x1": ConvWork("1x1", 100),
+        "dw": ConvWork("depthwise", 50),
+    }
+    convs = [(n, layout, "direct", f"{n}:{layout}") for n in work for layout in (PLAIN, PACKED)]
+    convs.append(("big3x3", PACKED, "winograd4", "big3x3:w4"))
+    shapes = {"t1": ((1, 8, 4, 4), PLAIN, PACKED), "t2": ((1, 8, 8, 8), PACKED, PLAIN)}
+    missing = [key for *_, key in convs if key != "mid3x3:NCHW"] + list(shapes)
+    groups, transforms = _batches(missing, convs, work, shapes)
+    assert [g[0].split(":")[0] for g in groups] == [
+        "big3x3",
+        "big1x1",
+        "dw",
+        "mid3x3",
+        "small1x1",
+        "small3x3",
+    ]
+    assert groups[0] == ["big3x3:NCHW", "big3x3:NCHW8c", "big3x3:w4"]  # a conv's together
+    assert groups[3] == ["mid3x3:NCHW8c"]  # only what is missing
+    assert transforms == ["t2", "t1"]  # the largest first
