@@ -359,6 +359,8 @@ def compile_on_device(query: str, source: str, requires: Sequence[str] = ()) -> 
     :class:`OpenCLBackend`."""
     backend = OpenCLBackend(query, source, {}, requires)
     compiled, pieces = backend.pieces_compiled
+    if compiled == pieces:
+        return f"{pieces} kernels compiled on {backend.label}"
     return f"{compiled} of {pieces} kernels compiled on {backend.label}, the rest cached"
 
 
