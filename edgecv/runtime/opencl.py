@@ -418,7 +418,7 @@ def _build_program(
     own = [options if "sub_group" in p.source else [] for p in pieces]
     keys = [
         kernel_cache.cache_key("opencl", p.source, " ".join(o), *identity)
-        for p, o in zip(pieces, own, strict=True)
+        for p, o in zip(pieces, own)
     ]
     programs: list = [None] * len(pieces)
     for i, key in enumerate(keys):
@@ -434,7 +434,7 @@ def _build_program(
     missing = list({keys[i]: i for i, program in enumerate(programs) if program is None}.values())
     results = _compile_pieces(platform, device, [(pieces[i].source, own[i]) for i in missing])
     rejected, crashed = [], []
-    for i, (kind, value) in zip(missing, results, strict=True):
+    for i, (kind, value) in zip(missing, results):
         try:
             with _quiet_compiler(cl):
                 if kind == "binary" and value is not None:
@@ -458,10 +458,10 @@ def _build_program(
     if rejected or crashed:
         raise _build_error(rejected, crashed)
     built = {keys[i]: programs[i] for i in missing}
-    programs = [p if p is not None else built[k] for p, k in zip(programs, keys, strict=True)]
+    programs = [p if p is not None else built[k] for p, k in zip(programs, keys)]
     kernels = {
         name: (program, there)
-        for piece, program in zip(pieces, programs, strict=True)
+        for piece, program in zip(pieces, programs)
         for name, there in piece.names.items()
     }
     return kernels, len(missing)
