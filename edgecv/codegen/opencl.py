@@ -73,6 +73,14 @@ def generate_opencl(
     if not device_mod.functions:
         return "", []
     source = tvm.get_global_func("target.build.opencl")(device_mod, target).inspect_source()
+    return _finished(source, subgroup_kernels, subgroup)
+
+
+def _finished(
+    source: str, subgroup_kernels: list[str], subgroup: int | None
+) -> tuple[str, list[str]]:
+    """TVM's OpenCL C as a program: the subgroup sizes fixed, and the extensions it
+    needs."""
     # TVM widens work-item ids with convert_long(), a call Intel's vectorizer does not
     # look through (every access becomes a gather); a C cast means the same to it
     source = source.replace("convert_long(get_", "((long)get_")
@@ -117,10 +125,7 @@ def join_opencl(
             return None
         groups.update(dict.fromkeys(header))
         bodies.append("\n".join(lines[first:]))
-    source = "\n".join([*groups, *bodies]) + "\n"
-    source = source.replace("convert_long(get_", "((long)get_")  # see generate_opencl
-    source = require_subgroup_size(source, subgroup_kernels, subgroup)
-    return source, required_extensions(source)
+    return _finished("\n".join([*groups, *bodies]) + "\n", subgroup_kernels, subgroup)
 
 
 def _header_groups(lines: list[str]) -> list[str] | None:
