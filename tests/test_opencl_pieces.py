@@ -13,6 +13,7 @@ from tvm import relax
 from tvm.script import relax as R
 
 from edgecv.codegen.opencl import build_opencl
+from edgecv.errors import EdgecvError
 from edgecv.lowering import lower
 from edgecv.profiles import load_profile
 from edgecv.runtime import opencl
@@ -99,9 +100,12 @@ def test_pieces_run_and_are_shared_through_the_cache(program, tmp_path, monkeypa
         renamed = re.sub(rf"\b{name}\b", f"renamed{i}_kernel", renamed)
     other = OpenCLBackend(device, renamed, {})
     assert other.program_cached and sorted((tmp_path / "cache").iterdir()) == entries
-    # and a kernel runs by the name the program gave it
+    # a kernel is found by the name the package gives it, under its name by content
     (name, *_) = definitions(program.source)
-    assert backend.cl_kernel(name).function_name == backend.programs[name][1]
+    own = backend.cl_kernel(name).function_name
+    assert own != name and re.fullmatch(r"edgecv_[0-9a-f]{16}_\d+", own)
+    with pytest.raises(EdgecvError, match="no OpenCL kernel `no_such_kernel`"):
+        backend.cl_kernel("no_such_kernel")
 
 
 def test_every_piece_that_fails_names_its_kernels(tmp_path, monkeypatch):
