@@ -3,7 +3,8 @@ cache, and that package's latency against a build whose layouts were fully measu
 
 Per model and profile (``--random-weights``: seeded, no pretrained weights reachable):
 
-1. ``edgecv deploy`` in a subprocess with an empty ``EDGECV_CACHE_DIR`` and
+1. ``edgecv deploy`` in a subprocess with an empty ``EDGECV_CACHE_DIR`` (in a folder of
+   its own, so no measurement of another row's is read) and
    ``--no-tuning`` (no shipped database or layout costs is read: a machine kind with
    nothing shipped), the default ``--layout-budget``; its wall time (the goal: 240 s on
    2 cores) and where its layout costs came from (measured, predicted);
@@ -62,8 +63,12 @@ def deploy(model: str, profile: str, out: Path, cache: Path, budget: str | None)
 
 def measure(model: str, device: str, repeat: int, work: Path) -> dict:
     profile, _, on = device.partition(":")
-    cache = work / f"cache-{model}-{profile}"
-    first_pkg, full_pkg = work / f"{model}-{profile}-first", work / f"{model}-{profile}-full"
+    # A fresh machine per model and profile: the user's databases and layout costs
+    # live beside the kernel cache (``$EDGECV_CACHE_DIR/../tuning``), so each row gets
+    # its own parent folder; a shared one would hand one model's measurements to the next.
+    home = work / f"{model}-{profile}"
+    cache = home / "kernels"
+    first_pkg, full_pkg = home / "first", home / "full"
     row = {"model": model, "device": device}
     row["first"] = deploy(model, profile, first_pkg, cache, None)
     row["full"] = deploy(model, profile, full_pkg, cache, "none")
