@@ -1,7 +1,8 @@
 """First deploy on a fresh machine: time to a package with nothing shipped and an empty
 cache, and that package's latency against a build whose layouts were fully measured.
 
-Per model and profile (``--random-weights``: seeded, no pretrained weights reachable):
+Per model and profile (zoo models with ``--random-weights``: seeded, no pretrained weights
+reachable; users' models with the weights they were exported with):
 
 1. ``edgecv deploy`` in a subprocess with an empty ``EDGECV_CACHE_DIR`` (in a folder of
    its own, so no measurement of another row's is read) and
@@ -16,6 +17,12 @@ Per model and profile (``--random-weights``: seeded, no pretrained weights reach
 
     python benchmarks/first_deploy.py --models ssd_512_resnet50_v1_voc --devices deeplens:intel
     python benchmarks/first_deploy.py --json rows.json       # the seven zoo models x 3
+    python benchmarks/first_deploy.py --models users         # users' models x 3
+
+Users' models (``tiny_yolo``, ``efficient_lite``, ``digits``; ``users`` names all three)
+are the Gluon models of ``tests/user_models.py`` and ``tests/digits.py``: exported by
+the user with their own weights (the digits classifier trained here first), deployed
+from their ``-symbol.json`` with ``--params`` and ``--input-shape``.
 
 Not a test: the times vary with the machine and its load.
 """
@@ -38,13 +45,31 @@ from edgecv.bench.harness import alternate
 from edgecv.frontend.zoo import zoo_models
 
 ZOO = tuple(zoo_models())  # the seven zoo models of edgecv/data/zoo.json
+USERS = ("tiny_yolo", "efficient_lite", "digits")
 DEVICES = ("cpu", "deeplens:intel", "aisage:portable")
+TESTS = Path(__file__).resolve().parent.parent / "tests"
 
 
-def deploy(model: str, profile: str, out: Path, cache: Path, budget: str | None) -> dict:
+def export_user_model(name: str, folder: Path) -> list[str]:
+    """Export one of the tests' users' models; the ``deploy`` arguments that name it."""
+    sys.path.insert(0, str(TESTS))
+    from digits import train_digits
+    from user_models import efficient_lite, tiny_yolo
+
+    if name == "digits":
+        trained = train_digits(folder / name)
+        symbol, params, shape = trained.symbol, trained.params, trained.input_shape
+    else:
+        symbol, params, shape = {"tiny_yolo": tiny_yolo, "efficient_lite": efficient_lite}[name](
+            folder / name
+        )
+    return [str(symbol), "--params", str(params), "--input-shape", ",".join(map(str, shape))]
+
+
+def deploy(model: list[str], profile: str, out: Path, cache: Path, budget: str | None) -> dict:
     """One ``edgecv deploy`` in a subprocess; its wall time and layout facts."""
-    command = [sys.executable, "-m", "edgecv.cli", "deploy", model, "--device", profile]
-    command += ["--random-weights", "--no-tuning", "-o", str(out), "--force"]
+    command = [sys.executable, "-m", "edgecv.cli", "deploy", *model, "--device", profile]
+    command += ["--no-tuning", "-o", str(out), "--force"]
     if budget is not None:
         command += ["--layout-budget", budget]
     env = dict(os.environ, EDGECV_CACHE_DIR=str(cache), EDGECV_PROGRESS="0")
@@ -69,9 +94,13 @@ def measure(model: str, device: str, repeat: int, work: Path) -> dict:
     home = work / f"{model}-{profile}"
     cache = home / "kernels"
     first_pkg, full_pkg = home / "first", home / "full"
+    if model in USERS:
+        named = export_user_model(model, home / "exported")
+    else:
+        named = [model, "--random-weights"]
     row = {"model": model, "device": device}
-    row["first"] = deploy(model, profile, first_pkg, cache, None)
-    row["full"] = deploy(model, profile, full_pkg, cache, "none")
+    row["first"] = deploy(named, profile, first_pkg, cache, None)
+    row["full"] = deploy(named, profile, full_pkg, cache, "none")
     loaded = {
         "first": edgecv.load(first_pkg, on=on or None),
         "full": edgecv.load(full_pkg, on=on or None),
@@ -91,9 +120,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", type=Path, help="append each row here as a JSON line")
     args = parser.parse_args()
+    models = args.models.replace("users", ",".join(USERS)).split(",")
     with tempfile.TemporaryDirectory(prefix="edgecv-first-deploy-") as tmp:
         for device in args.devices.split(","):
-            for model in args.models.split(","):
+            for model in models:
                 try:
                     row = measure(model, device, args.repeat, Path(tmp))
                 except RuntimeError as err:
