@@ -12,8 +12,13 @@ reachable; users' models with the weights they were exported with):
 2. the same deploy again with ``--layout-budget none`` on the same cache: the costs the
    first left unmeasured are measured, so its layouts are the fully measured plan;
 3. both packages loaded in this process and timed in alternating turns
-   (:func:`edgecv.bench.harness.alternate`): the first deploy's package may be at most
-   1.05x slower.
+   (:func:`edgecv.bench.harness.alternate`), half of them in each order: the first
+   deploy's package may be at most 1.05x slower. ``plan_differs`` counts the
+   convolutions whose layout or algorithm the two plans chose differently (0: the same
+   plan, and the ratio is the measurement's noise).
+
+``--keep DIR`` keeps each row's packages, cache and progress logs (``first.log``,
+``full.log``: each line with the seconds since the deploy started).
 
     python benchmarks/first_deploy.py --models ssd_512_resnet50_v1_voc --devices deeplens:intel
     python benchmarks/first_deploy.py --json rows.json       # the seven zoo models x 3
@@ -67,17 +72,26 @@ def export_user_model(name: str, folder: Path) -> list[str]:
 
 
 def deploy(model: list[str], profile: str, out: Path, cache: Path, budget: str | None) -> dict:
-    """One ``edgecv deploy`` in a subprocess; its wall time and layout facts."""
+    """One ``edgecv deploy`` in a subprocess; its wall time and layout facts. Its progress
+    lines go to ``OUT.log``, each with the seconds since the start."""
     command = [sys.executable, "-m", "edgecv.cli", "deploy", *model, "--device", profile]
     command += ["--no-tuning", "-o", str(out), "--force"]
     if budget is not None:
         command += ["--layout-budget", budget]
     env = dict(os.environ, EDGECV_CACHE_DIR=str(cache), EDGECV_PROGRESS="0")
+    log = out.with_suffix(".log")
     started = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    with (
+        subprocess.Popen(
+            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        ) as child,
+        log.open("w") as f,
+    ):
+        for line in child.stderr:
+            f.write(f"{time.perf_counter() - started:7.1f} {line}")
     seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    if child.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{log.read_text()[-2000:]}")
     layouts = json.loads((out / "manifest.json").read_text())["build"].get("layouts", {})
     return {
         "seconds": round(seconds, 1),
@@ -86,12 +100,22 @@ def deploy(model: list[str], profile: str, out: Path, cache: Path, budget: str |
     }
 
 
+def plan_of(package: Path) -> dict[str, tuple[str, int | None]]:
+    """Each convolution's (layout, Winograd tile side or None) in a package's plan."""
+    layouts = json.loads((package / "manifest.json").read_text())["build"]["layouts"]
+    sides = {c: w["side"] for w in layouts.get("winograd", []) for c in w["convolutions"]}
+    return {c["name"]: (c["layout"], sides.get(c["name"])) for c in layouts["convolutions"]}
+
+
 def measure(model: str, device: str, repeat: int, work: Path) -> dict:
     profile, _, on = device.partition(":")
     # A fresh machine per model and profile: the user's databases and layout costs
     # live beside the kernel cache (``$EDGECV_CACHE_DIR/../tuning``), so each row gets
     # its own parent folder; a shared one would hand one model's measurements to the next.
     home = work / f"{model}-{profile}"
+    if home.exists():
+        raise SystemExit(f"{home} exists: a first deploy needs an empty cache (a new --keep)")
+    home.mkdir(parents=True)
     cache = home / "kernels"
     first_pkg, full_pkg = home / "first", home / "full"
     if model in USERS:
@@ -105,11 +129,18 @@ def measure(model: str, device: str, repeat: int, work: Path) -> dict:
         "first": edgecv.load(first_pkg, on=on or None),
         "full": edgecv.load(full_pkg, on=on or None),
     }
+    first_plan, full_plan = plan_of(first_pkg), plan_of(full_pkg)
+    row["plan_differs"] = sum(first_plan[c] != full_plan.get(c) for c in first_plan)
     shape = loaded["first"].input_shape
     x = np.random.RandomState(0).normal(size=shape).astype(np.float32)
-    times = alternate({k: (lambda m=m: m.run(x)) for k, m in loaded.items()}, repeat)
-    row["latency_ms"] = {k: round(t.median * 1e3, 3) for k, t in times.items()}
-    row["first_vs_full"] = round(times["first"].median / times["full"].median, 3)
+    runs = {k: (lambda m=m: m.run(x)) for k, m in loaded.items()}
+    # half the turns in each order: whichever runs right after the other in a turn
+    # measured up to 4% apart with the same plan (2026-11-27)
+    forward = alternate(runs, (repeat + 1) // 2, turn=1)
+    backward = alternate(dict(reversed(runs.items())), repeat // 2 or 1, turn=1)
+    medians = {k: float(np.median(np.r_[forward[k].seconds, backward[k].seconds])) for k in runs}
+    row["latency_ms"] = {k: round(t * 1e3, 3) for k, t in medians.items()}
+    row["first_vs_full"] = round(medians["first"] / medians["full"], 3)
     return row
 
 
@@ -119,13 +150,17 @@ def main() -> None:
     parser.add_argument("--devices", default=",".join(DEVICES))
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", type=Path, help="append each row here as a JSON line")
+    parser.add_argument(
+        "--keep", type=Path, help="work here and keep it: packages, caches, progress logs"
+    )
     args = parser.parse_args()
     models = args.models.replace("users", ",".join(USERS)).split(",")
     with tempfile.TemporaryDirectory(prefix="edgecv-first-deploy-") as tmp:
+        work = args.keep or Path(tmp)
         for device in args.devices.split(","):
             for model in models:
                 try:
-                    row = measure(model, device, args.repeat, Path(tmp))
+                    row = measure(model, device, args.repeat, work)
                 except RuntimeError as err:
                     row = {"model": model, "device": device, "error": str(err)[-500:]}
                 print(json.dumps(row), flush=True)
