@@ -162,6 +162,11 @@ def measure_costs(
 # The first batch's size (kernels); later batches are sized to what the budget has left
 # at the rate the batches before them ran, within these bounds.
 FIRST_BATCH, SMALLEST_BATCH, LARGEST_BATCH = 16, 8, 64
+# ... taken RATE_MARGIN times slower: kernels compile at rates of their own and a batch
+# is not cut short once started. SqueezeNet's first batch on Intel's runtime took 1.5 s
+# a kernel, its second 3.1 s, and sized at the first's rate it spent 162 s of a 90 s
+# budget (Zen 3, 2026-11-27).
+RATE_MARGIN = 2.0
 
 
 def _batches(
@@ -255,13 +260,21 @@ def _measure_within(
         measured.update(meter.time(funcs, progress))
         if budget_s is None:
             continue
-        spent = time.perf_counter() - started
-        left = budget_s - spent
-        if left <= 0:
+        size = _next_size(time.perf_counter() - started, len(measured), budget_s)
+        if not size:
             break
-        per_kernel = spent / len(measured)
-        size = int(min(LARGEST_BATCH, max(SMALLEST_BATCH, left / per_kernel)))
     return measured
+
+
+def _next_size(spent: float, measured: int, budget_s: float) -> int:
+    """Kernels in the next batch (0: stop): what the budget has left at the rate so far,
+    taken RATE_MARGIN times slower; none when even the smallest batch at that rate
+    would end past the budget by more than half its time."""
+    left = budget_s - spent
+    per_kernel = RATE_MARGIN * spent / max(measured, 1)
+    if left <= 0 or left < per_kernel * SMALLEST_BATCH / 2:
+        return 0
+    return int(min(LARGEST_BATCH, max(SMALLEST_BATCH, left / per_kernel)))
 
 
 def _from_database(

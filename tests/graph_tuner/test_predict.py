@@ -87,3 +87,36 @@ def test_convolutions_are_measured_taking_turns_by_kind_most_work_first():
     assert groups[0] == ["big3x3:NCHW", "big3x3:NCHW8c", "big3x3:w4"]  # a conv's together
     assert groups[3] == ["mid3x3:NCHW8c"]  # only what is missing
     assert transforms == ["t2", "t1"]  # the largest first
+
+
+def test_a_budget_is_not_overrun_by_kernels_slower_than_the_first_batch(monkeypatch):
+    """Batches are sized at twice the rate seen so far, and none is started that would
+    end well past the budget: kernels 1.5 s each in the first batch and 3 s after it
+    (SqueezeNet's on Intel's runtime) spend a 90 s budget by at most a batch's margin,
+    where sizing at the rate seen took 162 s (measure._measure_within)."""
+    from edgecv.graph_tuner import measure
+
+    clock = [0.0]
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+
+    class SlowingMeter:
+        costs_key = "made-up"
+        timed = 0
+
+        def time(self, kernels, progress):
+            for _ in kernels:
+                clock[0] += 1.5 if self.timed < measure.FIRST_BATCH else 3.0
+                self.timed += 1
+            return dict.fromkeys(kernels, 1e-3)
+
+    groups = [[f"k{i}"] for i in range(200)]
+    wanted = {f"k{i}": object() for i in range(200)}  # stands for a kernel to build
+    meter = SlowingMeter()
+    measured = measure._measure_within((groups, []), wanted, {}, meter, lambda m: None, 90.0)
+    assert measure.FIRST_BATCH < len(measured) < 200
+    assert clock[0] <= 90.0 * 1.25, clock[0]
+    # the sizing alone: what is left at twice the rate so far, nothing when too little
+    assert measure._next_size(24.0, 16, 90.0) == 22  # 66 s left at 3 s a kernel
+    assert measure._next_size(85.0, 38, 90.0) == 0  # 5 s: not even 8 at 2.2 s a kernel
+    assert measure._next_size(95.0, 40, 90.0) == 0
+    assert measure._next_size(1.0, 16, 90.0) == measure.LARGEST_BATCH
