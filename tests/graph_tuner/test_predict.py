@@ -120,3 +120,35 @@ def test_a_budget_is_not_overrun_by_kernels_slower_than_the_first_batch(monkeypa
     assert measure._next_size(85.0, 38, 90.0) == 0  # 5 s: not even 8 at 2.2 s a kernel
     assert measure._next_size(95.0, 40, 90.0) == 0
     assert measure._next_size(1.0, 16, 90.0) == measure.LARGEST_BATCH
+
+
+def test_the_convolutions_a_plan_is_in_doubt_about_are_measured_first():
+    """After a batch the plan is solved on measured and predicted costs; the groups whose
+    unmeasured candidate the plan chose, or one within DOUBT_MARGIN of its choice, go
+    first, the most time at stake first; a convolution whose unmeasured candidate is
+    predicted far slower goes last (measure._in_doubt_first)."""
+    from edgecv.graph_tuner.graph import LayoutGraph, LayoutNode
+    from edgecv.graph_tuner.measure import _in_doubt_first
+
+    g = LayoutGraph()
+    x = g.add(LayoutNode("data", "input", shape=(1, 3, 8, 8)))
+    for name in ("a", "b", "c", "e", "f"):
+        x = g.add(LayoutNode(name, "conv", (x,), (1, 8, 8, 8), (PLAIN, PACKED)))
+    g.add(LayoutNode("out", "fixed", (x,), (1, 8, 8, 8)))
+    work = {
+        "a": ConvWork("kxk", 900),
+        "b": ConvWork("kxk", 300),
+        "c": ConvWork("kxk", 30),
+        "e": ConvWork("1x1", 100),
+        "f": ConvWork("1x1", 100),
+    }
+    convs = [(n, layout, "direct", f"{n}:{layout}") for n in work for layout in (PLAIN, PACKED)]
+    transforms = {((1, 8, 8, 8), PLAIN, PACKED): "pack", ((1, 8, 8, 8), PACKED, PLAIN): "unpack"}
+    # packed halves a 3x3's time and makes a 1x1 four times slower
+    measured = {"a:NCHW": 2.0, "a:NCHW8c": 1.0, "b:NCHW": 1.0, "c:NCHW": 0.1}
+    measured.update({"e:NCHW": 1.0, "e:NCHW8c": 4.0, "f:NCHW": 1.0, "pack": 1e-3})
+    measured["unpack"] = 1e-3
+    groups = [["f:NCHW8c"], ["c:NCHW8c"], ["b:NCHW8c"]]
+    queue: list[str] = []
+    _in_doubt_first(g, convs, transforms, work, {})(measured, groups, queue)
+    assert groups == [["b:NCHW8c"], ["c:NCHW8c"], ["f:NCHW8c"]]
