@@ -246,8 +246,8 @@ def _in_doubt_first(
     Replayed on fully measured costs (Zen 3, Intel's runtime, 2026-11-27), the plan
     from the first N measured plus predictions, priced at the measured costs:
     SSD-512 MobileNet's 169 kernels 1.146x / 1.07x / 1.005x at N = 32 / 48 / 64, where
-    the fixed order gave 1.266x / 1.19x / 1.127x; SSD-512 ResNet-50's 179 within
-    1.007x from N = 16 either way."""
+    the fixed order gave 1.266x / 1.19x / 1.127x; SSD-512 ResNet-50's 179 1.004x /
+    1.004x / 1.007x, where it gave 1.016x at each."""
     keys_of: dict[str, list[tuple[str, str]]] = {}
     for name, _, _, key in convs:
         keys_of.setdefault(key, []).append((name, key))
