@@ -14,8 +14,10 @@ reachable; users' models with the weights they were exported with):
 3. both packages loaded in this process and timed in alternating turns
    (:func:`edgecv.bench.harness.alternate`), half of them in each order: the first
    deploy's package may be at most 1.05x slower. ``plan_differs`` counts the
-   convolutions whose layout or algorithm the two plans chose differently (0: the same
-   plan, and the ratio is the measurement's noise).
+   convolutions whose layout or algorithm the two plans chose differently, and
+   ``same_code`` says whether the two packages are the same bytes but their manifests:
+   then the ratio is the measurement's noise (two copies of one sub-millisecond CPU
+   package measured 1.11x apart in one process, 2026-11-27).
 
 ``--keep DIR`` keeps each row's packages, cache and progress logs (``first.log``,
 ``full.log``: each line with the seconds since the deploy started).
@@ -100,6 +102,17 @@ def deploy(model: list[str], profile: str, out: Path, cache: Path, budget: str |
     }
 
 
+def same_code(a: Path, b: Path) -> bool:
+    """Whether two packages hold the same files, byte for byte, but their manifests
+    (which differ in build times): then their latency ratio is the measurement's noise."""
+    files = sorted(f.relative_to(a) for f in a.rglob("*") if f.is_file())
+    if files != sorted(f.relative_to(b) for f in b.rglob("*") if f.is_file()):
+        return False
+    return all(
+        (a / f).read_bytes() == (b / f).read_bytes() for f in files if f.name != "manifest.json"
+    )
+
+
 def plan_of(package: Path) -> dict[str, tuple[str, int | None]]:
     """Each convolution's (layout, Winograd tile side or None) in a package's plan."""
     layouts = json.loads((package / "manifest.json").read_text())["build"]["layouts"]
@@ -131,6 +144,7 @@ def measure(model: str, device: str, repeat: int, work: Path) -> dict:
     }
     first_plan, full_plan = plan_of(first_pkg), plan_of(full_pkg)
     row["plan_differs"] = sum(first_plan[c] != full_plan.get(c) for c in first_plan)
+    row["same_code"] = same_code(first_pkg, full_pkg)
     shape = loaded["first"].input_shape
     x = np.random.RandomState(0).normal(size=shape).astype(np.float32)
     runs = {k: (lambda m=m: m.run(x)) for k, m in loaded.items()}
