@@ -24,6 +24,23 @@ from .errors import EdgecvError, ShapeError, foreign_message, missing_extra
 from .outputs import check_image_path, check_output_folder, save_arrays, save_image
 
 
+def _deploy_device(args) -> str:
+    """``deploy --on``: the device named, checked to be here; else ``auto`` (the
+    profile's own choice)."""
+    if not args.on:
+        return "auto"
+    from .runtime.opencl_devices import opencl_devices
+
+    found = opencl_devices()
+    if not any(d.matches(args.on) for d in found):
+        here = ", ".join(f"`{d.label}`" for d in found) or "none"
+        raise EdgecvError(
+            f"--on {args.on}: no OpenCL device here matches it (devices here: {here}); "
+            "name part of one's platform or device name, or leave --on out"
+        )
+    return args.on
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     from .deploy import deploy
     from .pipelines import BuildOptions
@@ -42,7 +59,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     options = BuildOptions(
         cpu_ops=[op.strip() for op in (args.cpu_ops or "").split(",") if op.strip()],
         gpu_only=args.gpu_only,
-        check_on=None if args.no_device_check else "auto",
+        check_on=None if args.no_device_check else _deploy_device(args),
         tuning=None if args.no_tuning else tuning_folders(args.device, args.db),
         kernel_time_limit_s=args.kernel_time_limit,
         layout=args.layout,
@@ -358,6 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-device-check",
         action="store_true",
         help="do not compile the OpenCL program on a local device at deploy time",
+    )
+    d.add_argument(
+        "--on",
+        metavar="DEVICE",
+        help="the local OpenCL device to check the program on and time layout candidates "
+        "on: part of its platform/device name (intel, pocl; default: the profile's)",
     )
     d.add_argument(
         "--kernel-time-limit",

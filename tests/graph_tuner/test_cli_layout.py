@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import mxnet_forward
+from conftest import mxnet_forward, needs_pocl
 from small_model import SHAPE, export_small_model
 
 from edgecv.testing import assert_close, run_cli
@@ -62,3 +62,30 @@ def test_a_spent_budget_is_explained_as_predicted(tmp_path, monkeypatch, capsys)
         for line in out.splitlines()
         if line.startswith("  lv")
     ), out
+
+
+@needs_pocl()
+def test_deploy_on_names_the_device_that_times_the_layouts_and_checks_the_program(
+    tmp_path, monkeypatch
+):
+    """`--on portable`: a profile without Intel subgroups (aisage) is measured and
+    checked on PoCL, not on the first device found (Intel's runtime)."""
+    monkeypatch.setenv("EDGECV_TUNING_DIR", str(tmp_path / "tuning"))
+    symbol, _ = export_small_model(tmp_path / "small")
+    shape = ",".join(map(str, SHAPE))
+    argv = ["deploy", symbol, "--input-shape", shape, "--device", "aisage", "--on", "portable"]
+    done = run_cli(*argv, "-o", tmp_path / "pkg")
+    assert done.returncode == 0, done.stderr
+    assert "graph tuner: measuring" in done.stderr, done.stderr
+    measuring = [line for line in done.stderr.splitlines() if "graph tuner: measuring" in line]
+    assert all(":Portable Computing Language:" in line for line in measuring), measuring
+    assert "compiling the OpenCL program on `portable`" in done.stderr, done.stderr
+
+
+def test_deploy_on_a_device_that_is_not_here_is_refused(tmp_path):
+    done = run_cli(
+        "deploy", "mobilenet", "--device", "aisage", "--on", "no-such-gpu", "-o", tmp_path / "p"
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--on no-such-gpu: no OpenCL device here matches it" in done.stderr, done.stderr
+    assert not (tmp_path / "p").exists()
