@@ -7,8 +7,10 @@ reachable; users' models with the weights they were exported with):
 1. ``edgecv deploy`` in a subprocess with an empty ``EDGECV_CACHE_DIR`` (in a folder of
    its own, so no measurement of another row's is read) and
    ``--no-tuning`` (no shipped database or layout costs is read: a machine kind with
-   nothing shipped), the default ``--layout-budget``; its wall time (the goal: 240 s on
-   2 cores) and where its layout costs came from (measured, predicted);
+   nothing shipped), the default ``--layout-budget``, ``--on`` the device of
+   ``PROFILE:DEVICE`` (layout costs are measured where the package is timed); its wall
+   time (the goal: 240 s on 2 cores) and where its layout costs came from (measured,
+   predicted);
 2. the same deploy again with ``--layout-budget none`` on the same cache: the costs the
    first left unmeasured are measured, so its layouts are the fully measured plan;
 3. both packages loaded in this process and timed in alternating turns
@@ -73,11 +75,14 @@ def export_user_model(name: str, folder: Path) -> list[str]:
     return [str(symbol), "--params", str(params), "--input-shape", ",".join(map(str, shape))]
 
 
-def deploy(model: list[str], profile: str, out: Path, cache: Path, budget: str | None) -> dict:
-    """One ``edgecv deploy`` in a subprocess; its wall time and layout facts. Its progress
-    lines go to ``OUT.log``, each with the seconds since the start."""
+def deploy(
+    model: list[str], profile: str, on: str, out: Path, cache: Path, budget: str | None
+) -> dict:
+    """One ``edgecv deploy`` in a subprocess (``--on`` the device its package is timed
+    on); its wall time and layout facts. Its progress lines go to ``OUT.log``, each with
+    the seconds since the start."""
     command = [sys.executable, "-m", "edgecv.cli", "deploy", *model, "--device", profile]
-    command += ["--no-tuning", "-o", str(out), "--force"]
+    command += ["--no-tuning", "-o", str(out), "--force"] + (["--on", on] if on else [])
     if budget is not None:
         command += ["--layout-budget", budget]
     env = dict(os.environ, EDGECV_CACHE_DIR=str(cache), EDGECV_PROGRESS="0")
@@ -136,8 +141,8 @@ def measure(model: str, device: str, repeat: int, work: Path) -> dict:
     else:
         named = [model, "--random-weights"]
     row = {"model": model, "device": device}
-    row["first"] = deploy(named, profile, first_pkg, cache, None)
-    row["full"] = deploy(named, profile, full_pkg, cache, "none")
+    row["first"] = deploy(named, profile, on, first_pkg, cache, None)
+    row["full"] = deploy(named, profile, on, full_pkg, cache, "none")
     loaded = {
         "first": edgecv.load(first_pkg, on=on or None),
         "full": edgecv.load(full_pkg, on=on or None),
