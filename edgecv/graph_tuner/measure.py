@@ -106,8 +106,9 @@ def measure_costs(
     is its fastest algorithm's (:attr:`MeasuredCosts.algorithms` keeps each one's).
 
     ``budget_s``: seconds the measuring may take (None: no limit). Kernels are measured
-    in batches, the most work first (:func:`_batches`); once the budget is spent the
-    rest are predicted from what was measured (:mod:`.predict`) and not cached."""
+    in batches, the most work first (:func:`_batches`), then what the plan so far is in
+    doubt about (:func:`_in_doubt_first`); once the budget is spent the rest are
+    predicted from what was measured (:mod:`.predict`) and not cached."""
     wanted: dict[str, tirx.PrimFunc | None] = {}
     convs: list[tuple[str, str, str, str]] = []  # name, layout, algorithm, kernel key
     variants = [(plain(4), None)] + [(p, side) for p in packings for side in (None, *winograd)]
@@ -248,9 +249,9 @@ def _in_doubt_first(
     SSD-512 MobileNet's 169 kernels 1.146x / 1.07x / 1.005x at N = 32 / 48 / 64, where
     the fixed order gave 1.266x / 1.19x / 1.127x; SSD-512 ResNet-50's 179 1.004x /
     1.004x / 1.007x, where it gave 1.016x at each."""
-    keys_of: dict[str, list[tuple[str, str]]] = {}
+    names_of: dict[str, list[str]] = {}  # a kernel key -> the convolutions it runs
     for name, _, _, key in convs:
-        keys_of.setdefault(key, []).append((name, key))
+        names_of.setdefault(key, []).append(name)
     where = {node.name: index for index, node in enumerate(graph.nodes) if node.kind == "conv"}
     transform_of = {key: t for t, key in transforms.items()}
 
@@ -271,7 +272,7 @@ def _in_doubt_first(
                 (
                     chosen[name]
                     for key in group
-                    for name, _ in keys_of.get(key, [])
+                    for name in names_of.get(key, [])
                     if name in chosen and estimate[key] <= chosen[name] * DOUBT_MARGIN
                 ),
                 default=0.0,
