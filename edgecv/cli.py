@@ -25,19 +25,14 @@ from .outputs import check_image_path, check_output_folder, save_arrays, save_im
 
 
 def _deploy_device(args) -> str:
-    """``deploy --on``: the device named, checked to be here; else ``auto`` (the
-    profile's own choice)."""
+    """``deploy --on``: the device named, checked to be here (as ``tune --on``); else
+    ``auto`` (the profile's own choice)."""
     if not args.on:
         return "auto"
-    from .runtime.opencl_devices import opencl_devices
+    from .profiles import load_profile
+    from .schedules.device_class import find_device
 
-    found = opencl_devices()
-    if not any(d.matches(args.on) for d in found):
-        here = ", ".join(f"`{d.label}`" for d in found) or "none"
-        raise EdgecvError(
-            f"--on {args.on}: no OpenCL device here matches it (devices here: {here}); "
-            "name part of one's platform or device name, or leave --on out"
-        )
+    find_device(load_profile(args.device), args.on)
     return args.on
 
 

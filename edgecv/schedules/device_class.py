@@ -137,7 +137,7 @@ def find_device(profile: Profile, on: str | None):
     if not found:
         names = "; ".join(f"{p.name.strip()} / {d.name.strip()}" for p, d in every) or "none"
         raise EdgecvError(
-            f"no OpenCL device matches `{query or 'any'}` to tune {profile.name} on "
+            f"no OpenCL device matches `{query or 'any'}` to build or tune {profile.name} on "
             f"(devices here: {names}); pick one with --on"
         )
     return found[0][1]
