@@ -39,6 +39,7 @@ Not a test: the times vary with the machine and its load.
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import os
 import subprocess
@@ -110,12 +111,12 @@ def deploy(
 def same_code(a: Path, b: Path) -> bool:
     """Whether two packages hold the same files, byte for byte, but their manifests
     (which differ in build times): then their latency ratio is the measurement's noise."""
-    files = sorted(f.relative_to(a) for f in a.rglob("*") if f.is_file())
-    if files != sorted(f.relative_to(b) for f in b.rglob("*") if f.is_file()):
+    files = sorted(str(f.relative_to(a)) for f in a.rglob("*") if f.is_file())
+    if files != sorted(str(f.relative_to(b)) for f in b.rglob("*") if f.is_file()):
         return False
-    return all(
-        (a / f).read_bytes() == (b / f).read_bytes() for f in files if f.name != "manifest.json"
-    )
+    compared = [f for f in files if Path(f).name != "manifest.json"]
+    _, differ, errors = filecmp.cmpfiles(a, b, compared, shallow=False)
+    return not differ and not errors
 
 
 def plan_of(package: Path) -> dict[str, tuple[str, int | None]]:
