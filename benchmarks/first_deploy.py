@@ -62,7 +62,8 @@ TESTS = Path(__file__).resolve().parent.parent / "tests"
 
 def export_user_model(name: str, folder: Path) -> list[str]:
     """Export one of the tests' users' models; the ``deploy`` arguments that name it."""
-    sys.path.insert(0, str(TESTS))
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
     from digits import train_digits
     from user_models import efficient_lite, tiny_yolo
 
