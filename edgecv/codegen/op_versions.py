@@ -53,6 +53,15 @@ def _row_argsort(spec: dict, target: tvm.target.Target, threads: int, subgroup=N
     return row_argsort_gpu_version(spec, target, threads, subgroup)
 
 
+def _top_class_rows(spec: dict, target: tvm.target.Target, threads: int, subgroup=None):
+    from ..ops.class_rows import top_class_rows_gpu
+
+    # counts and compaction share nothing between work-items: no subgroup variant
+    shapes, dtype = (spec.pop("scores_shape"), spec.pop("boxes_shape")), spec.pop("dtype")
+    threads = max(16, 1 << (min(threads, 256).bit_length() - 1))  # a power of two
+    return top_class_rows_gpu(*shapes, dtype=dtype, threads=threads, **spec)
+
+
 def _box_nms_naive(spec: dict, target: tvm.target.Target, threads: int, subgroup=None):
     from ..ops.naive import naive_box_nms_gpu
 
@@ -66,6 +75,7 @@ VERSIONS: Mapping[tuple[str, str], MakeGpuVersion] = {
     ("roi_align", "default"): _roi_align,
     ("multibox_detection", "default"): _multibox_detection,
     ("row_argsort", "default"): _row_argsort,
+    ("top_class_rows", "default"): _top_class_rows,
     ("box_nms", "naive"): _box_nms_naive,  # one work-item per batch row (benchmarks)
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 from tvm import relax
 
 from ...errors import EdgecvError
@@ -30,7 +31,9 @@ def contrib_box_nms(ctx: Context, inputs: list, attrs: Attrs) -> list:
     )
     shape = ctx.shape(inputs[0])
     kwargs["out_rows"] = _rows_kept(ctx, shape)
-    out = ctx.bb.emit_te(box_nms_op.box_nms, inputs[0], primfunc_name_hint="box_nms", **kwargs)
+    data = _top_class_rows_first(ctx, inputs[0], kwargs)
+    shape = ctx.shape(data)
+    out = ctx.bb.emit_te(box_nms_op.box_nms, data, primfunc_name_hint="box_nms", **kwargs)
     _tag(ctx, out, op="box_nms", shape=list(shape), dtype=ctx.dtype(inputs[0]), **kwargs)
     return [out]
 
@@ -54,6 +57,140 @@ def _rows_kept(ctx: Context, shape: tuple[int, ...]) -> int:
     if axis not in (-2, len(shape) - 2) or begin not in (0, -n) or end is None:
         return -1
     return end if 0 < end < n else -1
+
+
+def _top_class_rows_first(ctx: Context, data: relax.Expr, nms: dict) -> relax.Expr:
+    """``data``, or where it is GluonCV's per-class rows (below), the same NMS input
+    made of only the rows ``box_nms`` can keep (:mod:`edgecv.ops.class_rows`).
+
+    GluonCV's YOLOv3 output layer makes, per scale, one row per anchor and class:
+    ``reshape(permute_dims(concat((ids, scores, tile(boxes))), [1, 0, ...]), (B, -1, 6))``
+    with ``scores`` its class scores ``(B, ..., C)`` moved class-first and ``ids`` the
+    class numbers; the scales' rows are concatenated before the NMS. Where ``box_nms``
+    keeps at most ``topk`` rows, reads ``(id, score, box)`` at positions 0, 1, 2 and a
+    following slice keeps at most its first ``out_rows`` rows, each such piece of more
+    than ``topk`` rows becomes its first ``topk`` rows by the NMS's own sort key, in
+    their order: the NMS then gives the same rows (yolo3_mobilenet1.0_coco: 1.29M rows,
+    31 MB, become 1,200). Anything else is left as it is."""
+    from ...ops import class_rows
+
+    topk, out_rows = nms["topk"], nms["out_rows"]
+    layout = (nms["id_index"], nms["score_index"], nms["coord_start"]) == (0, 1, 2)
+    if topk <= 0 or out_rows <= 0 or not layout or len(ctx.shape(data)) != 3:
+        return data
+    call = _bound(ctx, data, "relax.concat")
+    pieces = list(_tuple_fields(ctx, call.args[0])) if call is not None else [data]
+    if call is not None and int(call.attrs.axis) not in (1, -2):
+        return data
+    made, changed = [], False
+    for piece in pieces:
+        found = _class_rows_of(ctx, piece)
+        if found is None or ctx.shape(piece)[1] <= topk:
+            made.append(piece)
+            continue
+        scores, boxes = found
+        rows = ctx.bb.emit_te(
+            class_rows.top_class_rows,
+            scores,
+            boxes,
+            topk,
+            nms["valid_thresh"],
+            nms["background_id"],
+            primfunc_name_hint="top_class_rows",
+        )
+        _tag(
+            ctx,
+            rows,
+            op="top_class_rows",
+            scores_shape=list(ctx.shape(scores)),
+            boxes_shape=list(ctx.shape(boxes)),
+            dtype=ctx.dtype(scores),
+            k=topk,
+            valid_thresh=nms["valid_thresh"],
+            background_id=nms["background_id"],
+        )
+        made.append(rows)
+        changed = True
+    if not changed or sum(ctx.shape(p)[1] for p in made) < out_rows:
+        return data
+    return made[0] if len(made) == 1 else ctx.emit(relax.op.concat(made, axis=1))
+
+
+def _bound(ctx: Context, expr: relax.Expr, op: str) -> relax.Call | None:
+    """The call of ``op`` bound to the variable ``expr``, else None."""
+    if not isinstance(expr, relax.Var):
+        return None
+    value = ctx.bb.lookup_binding(expr)
+    if isinstance(value, relax.Call) and getattr(value.op, "name", None) == op:
+        return value
+    return None
+
+
+def _tuple_fields(ctx: Context, expr: relax.Expr) -> list:
+    if isinstance(expr, relax.Var):
+        expr = ctx.bb.lookup_binding(expr)
+    return list(expr.fields) if isinstance(expr, relax.Tuple) else []
+
+
+def _class_rows_of(ctx: Context, piece: relax.Expr) -> tuple[relax.Expr, relax.Expr] | None:
+    """(scores ``(B, N, C)``, boxes ``(B, N, 4)``) when ``piece`` is one scale's rows as
+    GluonCV's YOLOv3 makes them (see :func:`_top_class_rows_first`), else None."""
+    reshape = _bound(ctx, piece, "relax.reshape")
+    moved = None if reshape is None else _bound(ctx, reshape.args[0], "relax.permute_dims")
+    rows = None if moved is None else _bound(ctx, moved.args[0], "relax.concat")
+    if rows is None:
+        return None
+    shape = ctx.shape(rows)  # (C, B, ..., 6)
+    rank = len(shape)
+    if rank < 3 or shape[-1] != 6 or int(rows.attrs.axis) not in (-1, rank - 1):
+        return None
+    if [int(a) for a in moved.attrs.axes] != [1, 0, *range(2, rank)]:
+        return None
+    fields = _tuple_fields(ctx, rows.args[0])
+    if len(fields) != 3 or [ctx.shape(f)[-1] for f in fields] != [1, 1, 4]:
+        return None
+    ids, scores5, tiled = fields
+    classes, batch, middle = shape[0], shape[1], shape[2:-1]
+    n = int(np.prod(middle, dtype=np.int64))
+    # scores: expand_dims(permute_dims(S, [k, 0, 1, ..., k-1]), -1), S (B, ..., C)
+    expanded = _bound(ctx, scores5, "relax.expand_dims")
+    back = None if expanded is None else _bound(ctx, expanded.args[0], "relax.permute_dims")
+    if back is None or [int(a) for a in expanded.attrs.axis] not in ([rank - 1], [-1]):
+        return None
+    source = back.args[0]
+    k = len(ctx.shape(source)) - 1
+    if [int(a) for a in back.attrs.axes] != [k, *range(k)]:
+        return None
+    # boxes: tile(X, [C, 1, ...]), X (B, ..., 4)
+    tile = _bound(ctx, tiled, "relax.tile")
+    if tile is None or [int(r) for r in tile.attrs.repeats] != [classes] + [1] * (rank - 1):
+        return None
+    if ctx.shape(tile.args[0]) != (batch, *middle, 4) or not _are_class_ids(ctx, ids, scores5):
+        return None
+    scores = ctx.emit(relax.op.reshape(source, (batch, n, classes)))
+    boxes = ctx.emit(relax.op.reshape(tile.args[0], (batch, n, 4)))
+    return scores, boxes
+
+
+def _are_class_ids(ctx: Context, ids: relax.Expr, scores5: relax.Expr) -> bool:
+    """Whether ``ids`` is ``scores5 * 0 + c`` for class ``c`` along the first axis:
+    GluonCV's ``broadcast_add(scores * 0, arange(C).reshape(C, 1, ...))``."""
+    add = _bound(ctx, ids, "relax.add")
+    if add is None:
+        return False
+    for zeros, numbers in (add.args, add.args[::-1]):
+        times = _bound(ctx, zeros, "relax.multiply")
+        if times is None or not times.args[0].same_as(scores5):
+            continue
+        zero = ctx.const_value(times.args[1])
+        shaped = _bound(ctx, numbers, "relax.reshape")
+        value = ctx.const_value(shaped.args[0]) if shaped is not None else None
+        if zero is None or zero.size != 1 or float(zero.reshape(-1)[0]) != 0.0 or value is None:
+            continue
+        classes = ctx.shape(ids)[0]
+        if value.size == classes and np.array_equal(value.reshape(-1), np.arange(classes)):
+            return True
+    return False
 
 
 def _tag(ctx: Context, out: relax.Expr, **spec) -> None:
