@@ -10,8 +10,9 @@ For each model, device profile and matching local OpenCL device, one table row:
   enqueueing the recorded launches (``clEnqueueNDRangeKernel`` calls, arguments bound at
   load time) divided by their number, measured with the queue drained before and after;
 - device memory: every byte edgecv allocates on the device (intermediate slots after the
-  memory plan, parameters, inputs) against the lower bound ``parameters + inputs + the
-  largest set of activations live at once``;
+  memory plan, GPU kernels' workspaces among them, parameters, inputs) against the lower
+  bound ``parameters + inputs + the largest set of activations and workspaces live at
+  once``;
 - start-up: ``edgecv.load`` with an empty program cache (the OpenCL compiler runs) and
   again with the cache filled by the first load.
 

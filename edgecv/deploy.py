@@ -189,8 +189,14 @@ def deploy(
                 "launches": sum(not step.elided for step in plan.steps),
                 "kernel_ops": built.kernel_ops,  # fused MXNet-level ops per kernel
                 "tuning_databases": [str(f) for f in database.folders] if database else [],
+                # the plan's storage and the most of it live at one launch, GPU
+                # kernels' device workspaces included (Step.workspaces); those alone,
+                # as they would take unshared
                 "intermediate_bytes": sum(plan.storage_sizes),
                 "live_bytes_lower_bound": plan.live_bytes_lower_bound(),
+                "workspace_bytes": sum(
+                    plan.buffers[w].nbytes for step in plan.steps for w in step.workspaces
+                ),
                 "launches_in_place": sum(
                     plan.written_over(i) is not None for i in range(len(plan.steps))
                 ),

@@ -60,6 +60,14 @@ class Step:
     ``pieces`` are the byte offsets of a concatenation's inputs in its output (see
     :func:`edgecv.lowering.in_place.concat_pieces`); where the memory plan places the
     inputs there, the launch is ``elided``: nothing runs for it.
+
+    ``workspaces`` are the buffers of a GPU kernel's device workspaces (the global
+    scratch memory its launches share: :attr:`Launch.workspaces`, in that order), added
+    by :meth:`Plan.add_workspaces`: temp buffers of ``uint8`` bytes this launch alone
+    reads and writes, never its outputs, so the memory plan places them like any
+    intermediate live at this launch only (sharing bytes with tensors dead there).
+    Empty for CPU launches, copies and plans made before workspaces were planned (the
+    runtime then allocates them per launch, outside the plan).
     """
 
     kernel: str
@@ -70,6 +78,7 @@ class Step:
     elementwise_inputs: list[int] = field(default_factory=list)
     pieces: list[int] = field(default_factory=list)
     elided: bool = False
+    workspaces: list[int] = field(default_factory=list)
 
 
 # A concatenation's input is written in place only at an offset that is a multiple of
@@ -160,6 +169,28 @@ class Plan:
                 step.elided = True
         return pieces
 
+    def add_workspaces(
+        self, sizes: dict[str, list[int]], alignments: dict[str, int] | None = None
+    ) -> list[int]:
+        """Give every GPU kernel launch that runs (not a concatenation :meth:`plan_memory`
+        elides with ``alignments``) a temp buffer for each of its kernel's device
+        workspaces, of ``sizes[kernel]`` bytes (:attr:`Launch.workspaces`), recorded in
+        :attr:`Step.workspaces`; :meth:`plan_memory` then places them. Launches that
+        already have theirs keep them. Returns the new buffers' ids."""
+        self._write_pieces_in_place(alignments or PIECE_ALIGNMENT)  # which launches run
+        added: list[int] = []
+        for step in self.steps:
+            if step.kind != "kernel" or step.device != "gpu" or step.elided or step.workspaces:
+                continue
+            ids = []  # a new list: steps copied with dataclasses.replace share the old one
+            for i, size in enumerate(sizes.get(step.kernel, [])):
+                name = f"{step.kernel}:workspace{i}"
+                ids.append(len(self.buffers))
+                self.buffers.append(Buffer(ids[-1], (size,), "uint8", "temp", name, device="gpu"))
+            step.workspaces = ids
+            added += ids
+        return added
+
     def plan_memory(self, alignments: dict[str, int] | None = None) -> None:
         """Assign every temp buffer a storage slot, reusing slots of dead buffers.
 
@@ -179,7 +210,8 @@ class Plan:
         first: each input (a piece) lives in the output's slot at its offset, and that
         slot from the first piece's launch to the last read of the output or a piece,
         where the input's offset is a multiple of its device's ``alignments`` (bytes,
-        default :data:`PIECE_ALIGNMENT`).
+        default :data:`PIECE_ALIGNMENT`). A launch's workspaces (:attr:`Step.workspaces`)
+        live at that launch alone, placed like its outputs but never over an input.
         """
         alignments = alignments or PIECE_ALIGNMENT
         pieces = self._write_pieces_in_place(alignments)
@@ -286,14 +318,16 @@ class Plan:
         free: list[int] = []
         storage: dict[int, int] = {}
         for index, step in enumerate(self.steps):
-            if step.elided:
-                continue
-            for arg in step.args[len(step.args) - step.num_outputs :]:
+            # the buffers this launch makes: its outputs (unless elided), its workspaces
+            outputs = [] if step.elided else step.args[len(step.args) - step.num_outputs :]
+            for arg, output in [(a, True) for a in outputs] + [(w, False) for w in step.workspaces]:
                 buf = self.buffers[self.owner(arg)]
                 if buf.kind != "temp" or buf.id in storage:
                     continue
                 need = _aligned(buf.nbytes)
-                donor = None if buf.id != arg else self._donor(step, index, buf, last_use, sizes)
+                donor = None
+                if output and buf.id == arg:
+                    donor = self._donor(step, index, buf, last_use, sizes)
                 if donor is not None:
                     buf.storage = storage[buf.id] = donor.storage
                     last_use[donor.id] = end + 1  # its slot passes on, not to the free list
@@ -318,7 +352,7 @@ class Plan:
                 if slot in free:
                     free.remove(slot)
                 buf.storage = storage[buf.id] = slot
-            for arg in set(step.args):
+            for arg in set(step.workspaces if step.elided else step.args + step.workspaces):
                 root = self.buffers[self.owner(arg)]
                 if root.kind == "temp" and last_use.get(root.id, index) <= index:
                     if root.storage is not None and root.storage not in free:
@@ -371,13 +405,12 @@ class Plan:
 
     def _lifetimes(self) -> tuple[dict[int, int], dict[int, int]]:
         """(first, last): per buffer owning bytes (:meth:`owner`), the first and the
-        last launch that runs and reads or writes it; a graph output lives to the end."""
+        last launch that runs and reads or writes it; a graph output lives to the end,
+        a workspace at its launch only (an elided one's too: it still has a place)."""
         first: dict[int, int] = {}
         last: dict[int, int] = {}
         for index, step in enumerate(self.steps):
-            if step.elided:
-                continue
-            for arg in step.args:
+            for arg in step.workspaces if step.elided else step.args + step.workspaces:
                 root = self.owner(arg)
                 first.setdefault(root, index)
                 last[root] = index
@@ -415,7 +448,12 @@ class Plan:
         return json.dumps(
             {
                 "buffers": [asdict(b) for b in self.buffers],
-                "steps": [asdict(s) for s in self.steps],
+                # a launch without workspaces (every one of a CPU plan) is written as
+                # before they were planned, so earlier runtimes still read its plan
+                "steps": [
+                    {k: v for k, v in asdict(s).items() if k != "workspaces" or v}
+                    for s in self.steps
+                ],
                 "inputs": self.inputs,
                 "outputs": self.outputs,
                 "storage_sizes": self.storage_sizes,
@@ -502,6 +540,7 @@ class Plan:
                 piece = self.buffers[self.root(piece.piece_of)]
                 _require(piece.id not in seen, f"buffer {i}: piece_of", "no loop", buf.piece_of)
                 seen.add(piece.id)
+        owner_of: dict[int, int] = {}  # workspace -> the step it belongs to
         for i, step in enumerate(self.steps):
             at = f"step {i}"
             _require(isinstance(step.kernel, str), f"{at}: kernel", "a name", step.kernel)
@@ -542,6 +581,28 @@ class Plan:
             )
             _require(_ints(step.pieces, 0), f"{at}: pieces", "byte offsets", step.pieces)
             _require(isinstance(step.elided, bool), f"{at}: elided", "true or false", step.elided)
+            _require(
+                isinstance(step.workspaces, list)
+                and all(_index(w, n) for w in step.workspaces)
+                and (step.kind == "kernel" or not step.workspaces),
+                f"{at}: workspaces",
+                "buffer ids (of a kernel launch)",
+                step.workspaces,
+            )
+            for w in step.workspaces:
+                buf = self.buffers[w]
+                _require(
+                    buf.kind == "temp" and buf.device == step.device and w not in step.args,
+                    f"{at}: workspace {w}",
+                    f"a temp buffer on the {step.device}, none of the launch's arguments",
+                    f"a {buf.kind} buffer on the {buf.device}",
+                )
+                _require(
+                    owner_of.setdefault(w, i) == i,
+                    f"{at}: workspace {w}",
+                    "a buffer of this launch alone",
+                    f"a workspace of step {owner_of[w]} too",
+                )
         for name in ("inputs", "outputs"):
             ids = getattr(self, name)
             _require(
@@ -623,7 +684,9 @@ class Launch:
     global_size: tuple[int, int, int]
     local_size: tuple[int, int, int]
     # bytes of each device workspace of the PrimFunc (the same list on each of its
-    # launches); ("workspace", i) arguments name them. The runtime allocates them once.
+    # launches); ("workspace", i) arguments name them. The build makes them temp buffers
+    # of the plan (Step.workspaces); the runtime allocates them once per step only for a
+    # plan without them (made before they were planned).
     workspaces: list[int] = field(default_factory=list)
 
 

@@ -95,6 +95,61 @@ def test_deploy_and_run_opencl_package(tmp_path, capsys):
     assert "no OpenCL device matches" in capsys.readouterr().err
 
 
+def test_gpu_workspaces_are_planned_per_stream_and_old_plans_still_run(tmp_path):
+    """box_nms's device workspaces are temp buffers of the deployed plan, counted by the
+    manifest's memory, in each stream's own storage (the device holds the plan's memory
+    and nothing more); the same model's plan made without them (as a package built
+    before they were planned) runs with workspaces the backend allocates per launch, to
+    the same outputs."""
+    import json
+
+    from test_demo import tiny_detector
+
+    from edgecv.deploy import deploy
+    from edgecv.model import _read_params, load
+    from edgecv.package_format import Plan, launches_from_json
+
+    device_or_skip("intel(r) opencl")
+    symbol = tmp_path / "det-symbol.json"
+    tiny_detector().save(str(symbol))
+    pkg = deploy(str(symbol), tmp_path / "pkg", "deeplens", input_shape=(1, 3, 64, 64))
+    build = json.loads((pkg / "manifest.json").read_text())["build"]
+    launches = launches_from_json((pkg / "kernels" / "opencl_launches.json").read_text())
+    model = load(pkg, on="intel", streams=2)
+    plan, backend = model.executor.plan, model.executor.backend
+    kernels = [s for s in plan.steps if s.kind == "kernel" and not s.elided]
+    assert kernels and all(s.device == "gpu" for s in kernels)
+    for step in kernels:
+        planned = [plan.buffers[w].nbytes for w in step.workspaces]
+        assert planned == launches[step.kernel][0].workspaces
+    workspaces = [plan.buffers[w] for s in plan.steps for w in s.workspaces]
+    assert any(s.kernel == "box_nms" and s.workspaces for s in plan.steps)
+    assert build["workspace_bytes"] == sum(b.nbytes for b in workspaces) > 0
+    assert build["intermediate_bytes"] == sum(plan.storage_sizes)
+    assert build["live_bytes_lower_bound"] == plan.live_bytes_lower_bound()
+    assert backend.allocated_bytes == model.executor.allocated_bytes
+    x = np.random.RandomState(0).normal(size=(1, 3, 64, 64)).astype(np.float32)
+    with model.executor.context() as first, model.executor.context() as second:
+        for w in workspaces:
+            assert first.tensors[w.id].buffer is not second.tensors[w.id].buffer
+        outputs = first.run([x])
+        for got, want in zip(second.run([x]), outputs, strict=True):
+            np.testing.assert_array_equal(got, want)
+    # the plan as the build made it before: no workspace buffers (added last), planned
+    old = Plan.from_json(plan.to_json())
+    old.buffers = old.buffers[: min(b.id for b in workspaces)]
+    for step in old.steps:
+        step.workspaces = []
+    old.plan_memory(load_profile("deeplens").piece_alignments)
+    old.check()
+    before = backend.allocated_bytes
+    executor = Executor(old, model.executor.backends, _read_params(pkg))
+    allocated = backend.allocated_bytes - before - executor.allocated_bytes
+    assert allocated >= build["workspace_bytes"]  # the backend's own, per launch
+    for got, want in zip(executor.run([x]), outputs, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_first_device_that_builds_is_used():
     """A package that names no device tries every device until one compiles it.
 

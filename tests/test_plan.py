@@ -14,12 +14,11 @@ from edgecv.package_format import SLOT_MATCH_RANGES, Buffer, Plan, Step
 def live_ranges(plan: Plan) -> dict[int, tuple[int, int]]:
     """From the launch writing each buffer to the last one reading it (through views);
     a concatenation written in place lives from its first piece's launch, and every
-    buffer as long as what it is a piece of is read (it is those bytes)."""
+    buffer as long as what it is a piece of is read (it is those bytes); a launch's
+    workspaces live at that launch."""
     ranges: dict[int, list[int]] = {}
     for index, step in enumerate(plan.steps):
-        if step.elided:
-            continue
-        for arg in step.args:
+        for arg in step.workspaces if step.elided else step.args + step.workspaces:
             root = plan.root(arg)
             ranges.setdefault(root, [index, index])[1] = index
     end = len(plan.steps)
@@ -176,8 +175,17 @@ def run_plan(plan: Plan, x: np.ndarray, planned: bool) -> list[np.ndarray]:
     """Execute a plan of made-up kernels: a ``k`` launch writes ``index + sum of its
     inputs`` (each input repeated to the output's length: element-wise where sizes
     match), a launch with ``pieces`` the concatenation of its inputs. ``planned``: in
-    the planned slots (elided launches skipped), else each buffer on its own."""
+    the planned slots (elided launches skipped), else each buffer on its own. A launch
+    scribbles over its workspaces before reading its inputs and after writing its
+    output, as a kernel using them as scratch may: bytes shared with a live tensor
+    change the result."""
     slots = [np.full(size // 4, np.nan, np.float32) for size in plan.storage_sizes]
+
+    def scribble(step: Step, value: int) -> None:
+        for w in step.workspaces if planned else []:
+            buf = plan.buffers[w]
+            slots[buf.storage].view(np.uint8)[buf.offset : buf.offset + buf.nbytes] = value
+
     own: dict[int, np.ndarray] = {}
 
     def array(buffer_id: int) -> np.ndarray:
@@ -192,12 +200,14 @@ def run_plan(plan: Plan, x: np.ndarray, planned: bool) -> list[np.ndarray]:
     for index, step in enumerate(plan.steps):
         if planned and step.elided:
             continue
+        scribble(step, 0xFF)  # a NaN pattern
         *inputs, out = [array(a).copy() for a in step.args]
         if step.pieces:
             value = np.concatenate(inputs)
         else:
             value = index + sum(np.resize(i, out.shape) for i in inputs)
         array(step.args[-1])[:] = value
+        scribble(step, 0x7F)
     return [array(o).copy() for o in plan.outputs]
 
 
@@ -239,6 +249,10 @@ def test_random_plans_with_concats_compute_what_they_compute_unplanned(data):
             steps.append(Step("k", ins + [out.id], device=device, elementwise_inputs=elementwise))
         buffers.append(out)
     outputs = sorted({buffers[-1].id, data.draw(st.integers(1, len(buffers) - 1))})
+    for step in steps:  # device workspaces (a few bytes to past an alignment), after the rest
+        for nbytes in data.draw(st.lists(st.sampled_from([4, 64, 200, 1028]), max_size=2)):
+            buffers.append(Buffer(len(buffers), (nbytes,), "uint8", "temp", device=step.device))
+            step.workspaces.append(buffers[-1].id)
     plan = Plan(buffers, steps, [0], outputs)
     plan.plan_memory()
     assert_no_overlap(plan)
@@ -315,3 +329,155 @@ def test_an_arena_past_a_gpu_allocation_limit_is_not_chosen():
     plan.plan_memory()
     assert sorted(plan.storage_sizes)[-2:] == [80 << 20, 80 << 20]
     assert_no_overlap(plan)
+
+
+def workspace_plan() -> Plan:
+    """On the GPU: a = p(x) (256 KB, read once), b = q(a) (4 KB), c = r(b) with a 256 KB
+    device workspace (added from the launches' sizes, as the build does): a is dead at
+    r, so the workspace can take its bytes."""
+    kb = 1024
+    buffers = [
+        Buffer(0, (1,), "float32", "input", "x", device="gpu"),
+        Buffer(1, (64 * kb,), "float32", "temp", device="gpu"),  # a
+        Buffer(2, (kb,), "float32", "temp", device="gpu"),  # b
+        Buffer(3, (kb,), "float32", "temp", device="gpu"),  # c
+    ]
+    steps = [Step(k, args, device="gpu") for k, args in (("p", [0, 1]), ("q", [1, 2]))]
+    steps.append(Step("r", [2, 3], device="gpu"))
+    plan = Plan(buffers, steps, inputs=[0], outputs=[3])
+    assert plan.add_workspaces({"r": [256 * kb], "q": []}) == [4]
+    return plan
+
+
+def test_a_workspace_is_a_temp_of_its_launch_sharing_the_bytes_of_a_dead_tensor():
+    plan = workspace_plan()
+    workspace = plan.buffers[4]
+    assert plan.steps[2].workspaces == [4] and plan.steps[0].workspaces == []
+    assert (workspace.kind, workspace.dtype, workspace.shape) == ("temp", "uint8", (256 << 10,))
+    assert workspace.device == "gpu"
+    first, last = plan._lifetimes()
+    assert first[4] == last[4] == 2  # live at its launch alone
+    plan.plan_memory()
+    assert workspace.storage is not None
+    assert_no_overlap(plan)
+    a = plan.buffers[1]
+    shared = a.storage == workspace.storage and a.offset < workspace.offset + workspace.nbytes
+    assert shared and workspace.offset < a.offset + a.nbytes  # in a's bytes: a is dead there
+    # at r: b, c and the workspace live; at q: a and b. The plan is that peak, where the
+    # workspace on its own (as the runtime allocated it before) would add 256 KB
+    peak = (256 + 4 + 4) << 10
+    assert plan.live_bytes_lower_bound() == plan.live_bytes_lower_bound("gpu") == peak
+    assert sum(plan.storage_sizes) == peak
+    assert plan.live_bytes_lower_bound("cpu") == 0
+    for match_range in SLOT_MATCH_RANGES:  # the slot plans too give it a slot of a's
+        sizes, _, storage = plan._assign_slots(match_range)
+        assert 4 in storage and sizes[storage[4]] >= 256 << 10
+        assert len(sizes) == 3 or storage[4] == storage[1]
+
+
+def test_a_workspace_is_never_an_output_donor_or_piece():
+    """A launch whose input dies there writes its output over it; its workspace takes
+    other bytes. A concatenation's launch that is elided gets no workspaces, and a
+    concatenation of a workspace-using kernel's output still writes it in place."""
+    buffers = [Buffer(0, (16,), "float32", "input", "x", device="gpu")]
+    buffers += [Buffer(i, (n,), "float32", "temp", device="gpu") for i, n in ((1, 16), (2, 16))]
+    buffers += [Buffer(i, (128,), "float32", "temp", device="gpu") for i in (3, 4)]
+    buffers.append(Buffer(5, (256,), "float32", "temp", device="gpu"))
+    steps = [
+        Step("k", [0, 1], device="gpu"),
+        Step("add", [1, 2], device="gpu", elementwise_inputs=[0]),  # 2 over 1
+        Step("k", [0, 3], device="gpu"),
+        Step("k", [0, 4], device="gpu"),
+        Step("concat", [3, 4, 5], device="gpu", pieces=[0, 512]),  # GPU-aligned pieces
+    ]
+    plan = Plan(buffers, steps, [0], [2, 5])
+    added = plan.add_workspaces({"add": [64], "k": [128], "concat": [1024]})
+    assert [s.workspaces for s in plan.steps] == [[6], [7], [8], [9], []]
+    assert added == [6, 7, 8, 9]
+    plan.plan_memory()
+    assert plan.steps[4].elided and plan.buffers[3].piece_of == 5
+    assert plan.written_over(1) == 1  # the output took the dying input's bytes
+    for w in added:
+        assert plan.buffers[w].piece_of is None
+        assert all(w not in (plan.written_over(i),) for i in range(len(plan.steps)))
+    assert_no_overlap(plan)
+    again = plan.add_workspaces({"add": [64]})  # launches that have theirs keep them
+    assert again == [] and plan.steps[1].workspaces == [7]
+
+
+def test_workspaces_go_only_to_gpu_kernel_launches():
+    buffers = [Buffer(0, (4,), "float32", "input", "x")]
+    buffers.append(Buffer(1, (4,), "float32", "temp"))
+    buffers += [Buffer(i, (4,), "float32", "temp", device="gpu") for i in (2, 3)]
+    steps = [
+        Step("k", [0, 1]),  # on the CPU: TVM's runtime gives its kernels scratch memory
+        Step("copy", [1, 2], device="gpu", kind="copy"),
+        Step("k", [2, 3], device="gpu"),
+    ]
+    plan = Plan(buffers, steps, [0], [3])
+    assert plan.add_workspaces({"k": [8], "copy": [8]}) == [4]
+    assert [s.workspaces for s in plan.steps] == [[], [], [4]]
+
+
+def test_workspaces_survive_a_json_round_trip_and_an_old_plan_loads_without_them():
+    import json
+
+    plan = workspace_plan()
+    plan.plan_memory()
+    again = Plan.from_json(plan.to_json())
+    assert again.steps == plan.steps and again.buffers == plan.buffers
+    assert again.storage_sizes == plan.storage_sizes
+    assert again.steps[2].workspaces == [4]
+    assert again.live_bytes_lower_bound() == plan.live_bytes_lower_bound()
+    raw = json.loads(plan.to_json())
+    # launches without workspaces are written as before (earlier runtimes read them)
+    assert ["workspaces" in s for s in raw["steps"]] == [False, False, True]
+    del raw["steps"][2]["workspaces"]  # a plan written before workspaces were planned
+    old = Plan.from_json(json.dumps(raw))
+    assert [s.workspaces for s in old.steps] == [[], [], []]
+
+
+def test_a_plan_whose_workspaces_are_not_its_launchs_temps_is_refused():
+    import json
+
+    import pytest
+
+    from edgecv.package_format import FormatError
+
+    plan = workspace_plan()
+    plan.plan_memory()
+    good = json.loads(plan.to_json())
+    cases = {
+        "an input": ([0], "workspace 0"),
+        "a launch argument": ([3], "workspace 3"),
+        "no buffer": ([9], "workspaces"),
+        "not a list": (4, "workspaces"),
+    }
+    for what, (workspaces, field) in cases.items():
+        raw = json.loads(json.dumps(good))
+        raw["steps"][2]["workspaces"] = workspaces
+        with pytest.raises(FormatError, match=f"step 2: {field}"):
+            Plan.from_json(json.dumps(raw))
+        assert what
+    raw = json.loads(json.dumps(good))
+    raw["steps"][1]["workspaces"] = [4]  # one workspace of two launches
+    with pytest.raises(FormatError, match="step 2: workspace 4 should be a buffer of this"):
+        Plan.from_json(json.dumps(raw))
+    raw = json.loads(json.dumps(good))
+    raw["steps"][2]["device"] = "cpu"  # its launch on another device than it
+    with pytest.raises(FormatError, match="step 2: workspace 4 should be a temp buffer on the cpu"):
+        Plan.from_json(json.dumps(raw))
+
+
+def test_the_runtime_refuses_plan_workspaces_its_launches_do_not_fit():
+    import pytest
+
+    from edgecv.errors import PackageError
+    from edgecv.runtime.backend import planned_workspaces
+    from edgecv.runtime.opencl import CLTensor
+
+    views = [CLTensor(None, (n,), "uint8") for n in (64, 128)]  # views of plan storage
+    assert planned_workspaces("k", views, [64, 100]) == views
+    for sizes in ([64], [64, 200], [64, 100, 4]):
+        with pytest.raises(PackageError, match="different builds"):
+            planned_workspaces("k", views, sizes)

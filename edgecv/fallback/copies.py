@@ -54,10 +54,15 @@ def insert_copies(
     placement: Placement,
     alignments: dict[str, int] | None = None,
     widen_on_cpu: bool = False,
+    workspaces: dict[str, list[int]] | None = None,
 ) -> tuple[Plan, list[Copy]]:
     """A new plan with devices on every step and buffer, and the copies it needed;
     memory planned with the devices' ``alignments`` (see :meth:`Plan.plan_memory`).
-    ``widen_on_cpu``: float16 tensors on the CPU become float32 (see the module)."""
+    ``widen_on_cpu``: float16 tensors on the CPU become float32 (see the module).
+    ``workspaces``: the bytes of each GPU kernel's device workspaces, by kernel name
+    (:attr:`~edgecv.package_format.Launch.workspaces`): the plan holds them as temp
+    buffers of the GPU launches (:meth:`Plan.add_workspaces`), memory planned with the
+    rest."""
     buffers = [replace(b, storage=None) for b in plan.buffers]
     dtypes = [b.dtype for b in plan.buffers]  # as the GPU kernels take them
     steps = [replace(s, device=d) for s, d in zip(plan.steps, placement.devices, strict=True)]
@@ -148,6 +153,8 @@ def insert_copies(
             args[position] = made[key]
         new_steps.append(replace(step, args=args))
     result = Plan(buffers, new_steps, list(plan.inputs), list(plan.outputs))
+    if workspaces:
+        result.add_workspaces(workspaces, alignments)
     result.plan_memory(alignments)
     return result, copies
 

@@ -10,7 +10,8 @@
    nvcc supports the profile's architecture (else the source ships, compiled on the
    device).
 5. Placement, pass 2: kernels without a GPU kernel go to the CPU.
-6. Device copies; the CPU launches compiled for the profile's host CPU.
+6. Device copies; the memory plan, with each GPU launch's workspaces among its
+   buffers; the CPU launches compiled for the profile's host CPU.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     placement = g.place_launches(lowered, profile, options, no_kernel)  # 5
     g.warn_fallbacks(placement)
     plan, facts, write_cpu = g.copies_and_cpu_kernels(
-        lowered, placement, profile, options, progress
+        lowered, placement, profile, options, progress, launches
     )  # 6
     facts["cuda"] = {
         "arch": code.arch,

@@ -104,12 +104,18 @@ def copies_and_cpu_kernels(
     profile: Profile,
     options: BuildOptions,
     progress: Progress,
+    launches: dict[str, list[Launch]],
 ) -> tuple[Plan, dict, object]:
-    """Insert the device copies; compile the CPU launches for the profile's host CPU (in
-    float32 in a float16 build: the copies convert). Returns the plan, the placement facts
-    and how to write the CPU library (or None)."""
+    """Insert the device copies and the GPU kernels' workspaces (from their
+    ``launches``: temp buffers of the memory plan); compile the CPU launches for the
+    profile's host CPU (in float32 in a float16 build: the copies convert). Returns the
+    plan, the placement facts and how to write the CPU library (or None)."""
     half = options.precision == "fp16"
-    plan, copies = insert_copies(lowered.plan, placement, profile.piece_alignments, half)
+    # every launch of a kernel shares the workspaces of its first (gpu_lowering._read_host)
+    workspaces = {name: items[0].workspaces for name, items in launches.items() if items}
+    plan, copies = insert_copies(
+        lowered.plan, placement, profile.piece_alignments, half, workspaces
+    )
     progress(
         f"placement: {placement.on('gpu')} launches on the GPU, {placement.on('cpu')} on the "
         f"CPU, {len(copies)} device copies ({sum(c.nbytes for c in copies):,} bytes per run)"

@@ -14,7 +14,8 @@
 5. The program compiled on a local device of the profile's kind (when there is one);
    kernels its compiler rejects leave the program.
 6. Placement, pass 2: kernels without a GPU kernel after 3-5 go to the CPU.
-7. Device copies on every edge between devices.
+7. Device copies on every edge between devices; the memory plan, with each GPU
+   launch's workspaces (its kernel's global scratch buffers) among its buffers.
 8. The CPU launches scheduled and compiled for the profile's host CPU.
 """
 
@@ -63,7 +64,7 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     placement = g.place_launches(lowered, profile, options, no_kernel, failed)  # 6
     g.warn_fallbacks(placement)
     plan, facts, write_cpu = g.copies_and_cpu_kernels(
-        lowered, placement, profile, options, progress
+        lowered, placement, profile, options, progress, launches
     )  # 7, 8
     facts["requires"] = requires
     facts["layouts"] = layouts

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import PackageError
+
 
 class Backend:
     """Memory and kernels of one device. Subclasses implement every method."""
@@ -43,11 +45,17 @@ class Backend:
         """The compiled kernel ``name``, called with tensors in plan order."""
         raise NotImplementedError("need kernel")
 
-    def bind(self, name: str, tensors: list[Any]) -> Callable[[], None]:
+    def bind(
+        self, name: str, tensors: list[Any], workspaces: list[Any] | None = None
+    ) -> Callable[[], None]:
         """Kernel ``name`` bound to its argument tensors once, at load time.
 
         Backends whose launches can be prepared (arguments set) override this so an
         inference only enqueues; the default calls :meth:`kernel` each time.
+        ``workspaces``: tensors for the kernel's device workspaces, in order (the plan's
+        :attr:`~edgecv.package_format.Step.workspaces`, views of a context's storage);
+        None where the plan has none for the launch: a GPU backend then allocates those
+        its launches need itself (packages built before workspaces were planned).
         """
         kernel = self.kernel(name)
         return lambda: kernel(*tensors)
@@ -67,3 +75,16 @@ class Backend:
     def make_current(self) -> None:
         """Ready the calling thread to use this backend (CUDA keeps the current context
         per thread); called at the start of every inference, so it must stay cheap."""
+
+
+def planned_workspaces(name: str, workspaces: list[Any], sizes: list[int]) -> list[Any]:
+    """The plan's workspace tensors of kernel ``name`` (:meth:`Backend.bind`), checked
+    against the bytes of each that its launches need, ``sizes``: a plan and launches of
+    two builds do not mix."""
+    if len(workspaces) != len(sizes) or any(t.nbytes < n for t, n in zip(workspaces, sizes)):
+        raise PackageError(
+            f"kernel `{name}`: the plan gives it workspaces of "
+            f"{[t.nbytes for t in workspaces]} bytes, its launches need {sizes}: the "
+            "package's plan and kernels come from different builds; redeploy the model"
+        )
+    return workspaces

@@ -4,13 +4,14 @@ A static plan writes every activation into storage slots fixed at load time, so 
 inferences replaying it on the same slots overwrite each other's tensors: two threads
 sharing one set got wrong outputs, silently (mobilenet1.0, 37 of 40). A context
 therefore owns everything an inference writes: the storage slots with the temp
-buffers viewing them, the input buffers, the kernel launches bound to those, and,
-through :meth:`~.backend.Backend.stream`, its own command queue on a device that
-queues work (OpenCL kernels with their arguments set are bound per context too: such
-a kernel object cannot serve two enqueues at once). The constants, the kernels and
-the plan stay shared, read-only: :class:`~.executor.Executor` uploads the constants
-once and hands each context their tensors. A context runs one inference at a time;
-the executor lends idle ones to its callers.
+buffers viewing them (GPU kernels' device workspaces among them), the input buffers,
+the kernel launches bound to those, and, through :meth:`~.backend.Backend.stream`, its
+own command queue on a device that queues work (OpenCL kernels with their arguments
+set are bound per context too: such a kernel object cannot serve two enqueues at once).
+The constants, the kernels and the plan stay shared, read-only:
+:class:`~.executor.Executor` uploads the constants once and hands each context their
+tensors. A context runs one inference at a time; the executor lends idle ones to its
+callers.
 
 What a caller passes is checked before anything is written (:func:`prepare_inputs`):
 an array the model can take without changing its values' meaning is converted (other
@@ -209,11 +210,19 @@ class ExecutionContext:
         self.steps = [step for step in plan.steps if not step.elided]
         # one per step that runs (an elided one's inputs were written in place)
         self.launches = [
-            self._bind_copy(step)
-            if step.kind == "copy"
-            else backends[step.device].bind(step.kernel, [tensors[a] for a in step.args])
+            self._bind_copy(step) if step.kind == "copy" else self._bind_kernel(step)
             for step in self.steps
         ]
+
+    def _bind_kernel(self, step) -> Callable[[], None]:
+        """The step's kernel bound to its tensors and, where the plan places its device
+        workspaces, to those (views of this context's storage, so each context has its
+        own); a plan without them leaves the backend to allocate them."""
+        backend, tensors = self.backends[step.device], self.tensors
+        args = [tensors[a] for a in step.args]
+        if step.workspaces:
+            return backend.bind(step.kernel, args, [tensors[w] for w in step.workspaces])
+        return backend.bind(step.kernel, args)
 
     def _bind_copy(self, step) -> Callable[[], None]:
         source, destination = (self.plan.buffers[a] for a in step.args)

@@ -225,7 +225,10 @@ class CPUBackend(Backend):
         function = self._function(name)
         return lambda *tensors: function(*(t.handle for t in tensors))
 
-    def bind(self, name: str, tensors: list[Any]) -> Callable[[], None]:
+    def bind(
+        self, name: str, tensors: list[Any], workspaces: list[Any] | None = None
+    ) -> Callable[[], None]:
+        # CPU kernels have no device workspaces: TVM's runtime gives them scratch memory
         function, handles = self._function(name), [t.handle for t in tensors]
         return lambda: function(*handles)
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import EdgecvError
 from ..package_format import Launch
-from .backend import Backend
+from .backend import Backend, planned_workspaces
 
 _CUDA_SUCCESS = 0
 _CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -250,13 +250,21 @@ class CUDABackend(Backend):
     def kernel(self, name: str) -> Callable[..., None]:
         return lambda *tensors: self.bind(name, list(tensors))()
 
-    def bind(self, name: str, tensors: list[CudaTensor]) -> Callable[[], None]:
+    def bind(
+        self, name: str, tensors: list[CudaTensor], workspaces: list[CudaTensor] | None = None
+    ) -> Callable[[], None]:
+        """The launches of kernel ``name`` with their argument arrays made now; device
+        workspaces are the plan's ``workspaces`` tensors, or allocated here for the step
+        when the plan has none (see :meth:`Backend.bind`)."""
         if name not in self.launches:
             raise EdgecvError(f"kernel `{name}` has no CUDA launches in this package")
         prepared = []
         launches = self.launches[name]
         sizes = launches[0].workspaces if launches else []
-        workspaces = [self.alloc(size) for size in sizes]  # once per step, at load
+        if workspaces is None:  # a plan made before workspaces were planned
+            workspaces = [self.alloc(size) for size in sizes]  # once per step, at load
+        else:
+            workspaces = planned_workspaces(name, workspaces, sizes)
         for launch in launches:
             values = [
                 ctypes.c_uint64(tensors[int(value)].pointer)

@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import EdgecvError, PackageError
 from ..package_format import Launch
 from . import compiler_process, kernel_cache
-from .backend import Backend
+from .backend import Backend, planned_workspaces
 from .opencl_devices import register_pip_runtimes
 from .opencl_pieces import split_program
 
@@ -274,30 +274,36 @@ class OpenCLBackend(Backend):
             raise EdgecvError(f"no OpenCL kernel `{name}` in this package's program") from None
         return self.cl.Kernel(program, own)
 
-    def bind(self, name: str, tensors: list[CLTensor]) -> Callable[[], None]:
+    def bind(
+        self, name: str, tensors: list[CLTensor], workspaces: list[CLTensor] | None = None
+    ) -> Callable[[], None]:
         """One ``cl.Kernel`` per recorded launch with its arguments set now, so running
         the step only enqueues (a kernel name shared by several steps gets its own
-        objects per step)."""
+        objects per step). Device workspaces are the plan's ``workspaces`` tensors, or
+        allocated here for the step when the plan has none (see :meth:`Backend.bind`)."""
         if name not in self.launches:
             raise EdgecvError(f"kernel `{name}` has no OpenCL launches in this package")
         prepared = []
         launches = self.launches[name]
         sizes = launches[0].workspaces if launches else []
-        workspaces = [self.alloc(size) for size in sizes]  # once per step, at load
+        if workspaces is None:  # a plan made before workspaces were planned
+            scratch = [self.alloc(size) for size in sizes]  # once per step, at load
+        else:
+            scratch = [t.buffer for t in planned_workspaces(name, workspaces, sizes)]
         for launch in launches:
             kernel = self.cl_kernel(launch.kernel)
             for i, (kind, value, ctype) in enumerate(launch.args):
                 if kind == "buffer":
                     kernel.set_arg(i, tensors[int(value)].buffer)
                 elif kind == "workspace":
-                    kernel.set_arg(i, workspaces[int(value)])
+                    kernel.set_arg(i, scratch[int(value)])
                 else:
                     kernel.set_arg(i, _SCALARS[ctype](value))
             prepared.append((kernel, launch.global_size, launch.local_size))
         enqueue = self.cl.enqueue_nd_range_kernel
 
         # set_arg holds no reference to a buffer: run() holds the step's own
-        def run(_keep=(workspaces, [t.buffer for t in tensors])) -> None:
+        def run(_keep=(scratch, [t.buffer for t in tensors])) -> None:
             queue, events = self.queue, self.events  # the queue changes when profiling
             for kernel, global_size, local_size in prepared:
                 event = enqueue(queue, kernel, global_size, local_size)
