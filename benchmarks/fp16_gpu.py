@@ -11,7 +11,8 @@ tuning databases (so both get the same default rules); then
 
 - size: the weights (``params.npz``) and the whole package folder, and the plan's
   activation memory (``build.intermediate_bytes``: every storage slot of the static plan,
-  the peak the executor allocates) and its live lower bound;
+  GPU kernels' workspaces included, the peak the executor allocates) and its live lower
+  bound;
 - latency: median of ``--repeat`` runs on ``--on`` (default ``intel``), the packages taking
   turns (:func:`edgecv.bench.harness.alternate`). A CPU runtime emulates float16 in
   float32 arithmetic with conversions: fp16 may run slower here than on the iGPU it
@@ -57,6 +58,9 @@ def measure(model: str, device: str, on: str, repeat: int, latency: bool, work: 
             "package_bytes": folder_bytes(packages[precision]),
             "activation_bytes": build["intermediate_bytes"],
             "live_lower_bound": build["live_bytes_lower_bound"],
+            # GPU kernels' workspaces: inside activation_bytes (the memory plan places
+            # them), summed here as they would take unshared
+            "workspace_bytes": build.get("workspace_bytes", 0),
         }
     for key in ("params_bytes", "package_bytes", "activation_bytes"):
         row[f"{key}_ratio"] = round(row["fp16"][key] / row["fp32"][key], 3)
