@@ -136,11 +136,12 @@ def test_classifier_on_cuda_matches_mxnet(exported):
 @needs_nvcc
 def test_vision_operator_kernels_compile_with_nvcc():
     """The same TIR that runs on OpenCL lowers to CUDA: every kernel of edgecv's own
-    operators (the sort, the scan, NMS, ROIAlign) compiles for the Orin's sm_87."""
+    operators (the sort, the scan, NMS, ROIAlign, the class rows) compiles for the Orin's sm_87."""
     import tvm
 
     from edgecv.ops.argsort import segmented_argsort_gpu
     from edgecv.ops.box_nms import box_nms_gpu
+    from edgecv.ops.class_rows import top_class_rows_gpu
     from edgecv.ops.multibox import multibox_detection_gpu
     from edgecv.ops.roi_align import roi_align_gpu
     from edgecv.ops.scan import scan_gpu
@@ -155,6 +156,7 @@ def test_vision_operator_kernels_compile_with_nvcc():
         "multibox_detection": multibox_detection_gpu(
             (1, 21, 1000), (1, 4000), (1, 1000, 4), "float32", "cuda", 256
         ),
+        "top_class_rows": top_class_rows_gpu((1, 12288, 80), (1, 12288, 4), 400, 0.01),
     }
     kernels = build_cuda(tvm.IRModule(funcs), load_profile("jetson_orin_nano").tvm_target())
     assert not kernels.unsupported
