@@ -320,6 +320,62 @@ def test_an_operator_no_integer_kernel_speeds_up_stays_float32():
     assert [(r["name"], r["arithmetic"]) for r in records] == [("conv2d_1", "int32")]
 
 
+def test_a_dense_layer_on_the_dot_product_is_its_1x1_convolution():
+    """On a CPU with a dot product, a dense layer of uint8 inputs in fours and outputs in
+    the instruction's lanes runs as the 1x1 convolution it is, on the INT8 convolution
+    kernels (7-bit weights there): the int32 sums bit for bit those of the generic
+    integer dense layer. One whose outputs do not fit the lanes and whose sums float32
+    cannot hold stays float32."""
+    from tvm import relax
+
+    from edgecv.codegen.llvm import build_cpu
+    from edgecv.pipelines.int8 import _arithmetic, _dense_on_dot, _weight_limits
+    from edgecv.runtime.cpu import CPUBackend
+    from edgecv.runtime.executor import Executor
+
+    target = load_profile("cpu").tvm_target()
+    dot = dot_product_of(target)
+    if dot is None:
+        pytest.skip("this CPU has no int8 dot-product instruction edgecv uses")
+    rng = np.random.RandomState(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 1024), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = relax.op.nn.relu(x)
+            heads = [
+                relax.op.add(
+                    relax.op.matmul(y, relax.const(rng.normal(size=(1024, o)).astype("float32"))),
+                    relax.const(rng.normal(size=(o,)).astype("float32")),
+                )
+                for o in (20, 24)
+            ]
+            out = bb.emit_output(relax.op.concat(heads, axis=1))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    quants = {k: TensorQuant(0.05, "uint8") for k in find_sites(mod).tensors}
+    limits, arithmetic = _weight_limits(target), _arithmetic(target)
+
+    def dense_as_conv(site, quant):
+        return _dense_on_dot(site, quant, dot)
+
+    conv, records = quantize(
+        mod, quants, limits, arithmetic=arithmetic, dense_as_conv=dense_as_conv
+    )
+    assert [(r["name"], r["arithmetic"], r.get("as"), r["weight_max"]) for r in records] == [
+        ("dense_1", "int32", "conv2d 1x1", dot.weight_max)
+    ]
+    plain, _ = quantize(mod, quants, limits, arithmetic=arithmetic)  # int32 by matmul
+    lowered = [lower(m) for m in (conv, plain)]
+    assert any(ops[0] == "conv2d" for ops in lowered[0].kernel_ops.values())
+    x = np.abs(rng.normal(size=(2, 1024))).astype("float32")
+    results = [
+        Executor(low.plan, CPUBackend(build_cpu(low.kernels, target)), low.constants).run([x])[0]
+        for low in lowered
+    ]
+    np.testing.assert_array_equal(results[0], results[1])
+
+
 def test_float32_arithmetic_on_integer_values_is_the_int32_result(small):
     """Operators whose integer sums stay below 2**24 may compute in float32 kernels:
     bit for bit what the int32 kernels give, for the whole network."""

@@ -399,6 +399,7 @@ def quantize(
     weight_max: int | Callable[[Site, TensorQuant], int] = WEIGHT_MAX,
     skip: frozenset[str] = frozenset(),
     arithmetic: Callable[[Site, TensorQuant, int], str] | None = None,
+    dense_as_conv: Callable[[Site, TensorQuant], bool] | None = None,
 ) -> tuple[tvm.IRModule, list[dict]]:
     """``mod`` with every site of :func:`find_sites` whose input tensor has a
     quantization in ``quants`` (by tensor key) and whose name is not in ``skip``
@@ -412,7 +413,9 @@ def quantize(
     int32 result where :func:`exact_in_float32` holds, for operators the CPU has no
     faster integer kernel for (a depthwise convolution runs as fast as in float32
     instead of 2x slower in int32 lanes), or None: the operator stays float32, not
-    quantized (no record)."""
+    quantized (no record). ``dense_as_conv(site, quant)``: whether an ``int32`` dense
+    layer of 2-D data is written as the 1x1 convolution it is (``(N, K)`` as
+    ``(N, K, 1, 1)``), for a CPU whose dot-product kernels are convolution kernels."""
     found = find_sites(mod)
     func = mod["main"]
     bindings = _bindings(func)
@@ -431,11 +434,20 @@ def quantize(
         q_weight, w_scales = quantize_weights(site.weight, limit)
         axis = 1 if site.op == "conv2d" else len(site.call.ty.shape) - 1
         epilogue = _fold_epilogue(site, quant.scale * w_scales, bindings, uses, users, axis)
-        if site.op == "dense":
+        as_conv = (
+            site.op == "dense"
+            and kind == "int32"
+            and len(site.call.args[0].ty.shape) == 2
+            and dense_as_conv is not None
+            and dense_as_conv(site, quant)
+        )
+        if as_conv:
+            q_weight = q_weight.reshape(*q_weight.shape, 1, 1)  # [out, in, 1, 1]
+        elif site.op == "dense":
             q_weight = np.ascontiguousarray(q_weight.T)  # back to [in, out]
         if kind == "float32" and not exact_in_float32(site, quant, limit):
             raise ValueError(f"{site.name}: its sums exceed float32's exact integers")
-        plans[site.var] = (site, epilogue, q_weight, kind)
+        plans[site.var] = (site, epilogue, q_weight, kind, as_conv)
         absorbed.update(epilogue.absorbed)
         records.append(
             {
@@ -450,6 +462,7 @@ def quantize(
                 "weight_scale_max": float(w_scales.max()),
                 "epilogue": epilogue.ops,
                 "arithmetic": kind,
+                **({"as": "conv2d 1x1"} if as_conv else {}),
             }
         )
     if not plans:
@@ -487,7 +500,7 @@ def quantize(
             if var not in plans:
                 super().visit_var_binding_(binding)
                 return
-            site, epilogue, q_weight, kind = plans[var]
+            site, epilogue, q_weight, kind, as_conv = plans[var]
             data = self.quantized(site.tensor, site.call.args[0], _input_dtype(site, kind))
             if kind == "int32":
                 weight = relax.const(q_weight, "int8")
@@ -508,6 +521,12 @@ def quantize(
                     out_dtype=kind,
                 )
                 shape = (1, -1, 1, 1)
+            elif as_conv:  # (N, K) x [O, K] as a 1x1 convolution of (N, K, 1, 1)
+                batch, depth = (int(d) for d in site.call.args[0].ty.shape)
+                image = self.builder_.emit(R.reshape(data, (batch, depth, 1, 1)))
+                acc = R.nn.conv2d(image, weight, out_dtype=kind)
+                acc = R.reshape(self.builder_.emit(acc), (batch, int(q_weight.shape[0])))
+                shape = (-1,)
             else:
                 acc = R.matmul(data, weight, out_dtype=kind)
                 shape = (-1,)

@@ -282,7 +282,11 @@ def quantize_model(
     target = profile.tvm_target()
     dot = dot_product_of(target)
     quantized, records = quantize(
-        mod, quants, _weight_limits(target), arithmetic=_arithmetic(target)
+        mod,
+        quants,
+        _weight_limits(target),
+        arithmetic=_arithmetic(target),
+        dense_as_conv=(lambda site, quant: _dense_on_dot(site, quant, dot)) if dot else None,
     )
     counts: dict[str, int] = {}
     for record in records:
@@ -337,8 +341,10 @@ def _weight_limits(target: tvm.target.Target):
     dot = dot_product_of(target)
 
     def limit(site, quant: TensorQuant) -> int:
-        if dot is None or site.op != "conv2d":
+        if dot is None:
             return WEIGHT_MAX
+        if site.op == "dense":
+            return dot.weight_max if _dense_on_dot(site, quant, dot) else WEIGHT_MAX
         groups = int(site.call.attrs.groups)
         if runs_on_dot_product(site.weight.shape, groups, quant.dtype, dot):
             return dot.weight_max
@@ -358,6 +364,8 @@ def _arithmetic(target: tvm.target.Target):
     dot = dot_product_of(target)
 
     def arithmetic(site, quant: TensorQuant, weight_max: int) -> str | None:
+        if dot is not None and site.op == "dense" and _dense_on_dot(site, quant, dot):
+            return "int32"
         if dot is not None and site.op == "conv2d":
             groups = int(site.call.attrs.groups)
             if runs_on_dot_product(site.weight.shape, groups, quant.dtype, dot):
@@ -371,6 +379,18 @@ def _arithmetic(target: tvm.target.Target):
         return None if dot is not None else "int32"
 
     return arithmetic
+
+
+def _dense_on_dot(site, quant: TensorQuant, dot) -> bool:
+    """Whether a dense layer runs on the dot product as the 1x1 convolution it is (the
+    INT8 convolution kernels: ``uint8`` data of 2 dimensions, output channels in the
+    instruction's lanes, inputs in fours). In float32 a dense layer reads its float32
+    weights once per inference: MobileNet1.0's 1024 x 1000, 4 MB, took 0.59 ms of its
+    INT8 package's 11.7 (loaded); in 8 bits a quarter of the bytes."""
+    out_channels, in_channels = site.weight.shape
+    return len(site.call.args[0].ty.shape) == 2 and runs_on_dot_product(
+        (out_channels, in_channels, 1, 1), 1, quant.dtype, dot
+    )
 
 
 def read_previous(package: Path) -> dict | None:
