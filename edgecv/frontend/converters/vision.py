@@ -84,8 +84,8 @@ def _top_class_rows_first(ctx: Context, data: relax.Expr, nms: dict) -> relax.Ex
         return data
     made, changed = [], False
     for piece in pieces:
-        found = _class_rows_of(ctx, piece)
-        if found is None or ctx.shape(piece)[1] <= topk:
+        found = _class_rows_of(ctx, piece) if ctx.shape(piece)[1] > topk else None
+        if found is None:
             made.append(piece)
             continue
         scores, boxes = found
