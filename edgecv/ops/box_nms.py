@@ -65,13 +65,18 @@ def gpu_setup(shape, attrs: dict) -> tuple[dict, int, int, int]:
 
 
 def sort_key(data, b, i, attrs: dict, dtype: str):
-    """Box ``(b, i)``'s sort key: its score when valid (above ``valid_thresh``, not the
-    background class), else the lowest float, so invalid boxes sort last."""
-    score = data[b, i, attrs["score_index"]]
+    """Box ``(b, i)``'s sort key (:func:`key_of`)."""
+    class_id = data[b, i, attrs["id_index"]] if attrs["id_index"] >= 0 else None
+    return key_of(data[b, i, attrs["score_index"]], class_id, attrs, dtype)
+
+
+def key_of(score, class_id, attrs: dict, dtype: str):
+    """The sort key of a box with ``score`` and ``class_id`` (None: boxes without
+    ids): its score when valid (above ``valid_thresh``, not the background class), else
+    the lowest float, so invalid boxes sort last."""
     valid = score > tirx.const(float(np.float32(attrs["valid_thresh"])), dtype)
-    if attrs["id_index"] >= 0:
-        background = tirx.const(attrs["background_id"], dtype)
-        valid = tirx.all(valid, data[b, i, attrs["id_index"]] != background)
+    if class_id is not None:
+        valid = tirx.all(valid, class_id != tirx.const(attrs["background_id"], dtype))
     return tirx.Select(valid, score, tirx.const(float(np.finfo(dtype).min), dtype))
 
 
@@ -302,6 +307,7 @@ def box_nms_gpu(
     """
     from .argsort import emit_row_topk_sort, emit_segmented_sort, topk_pad_key, topk_row_stride
     from .greedy_nms import emit_greedy_suppression
+    from .launch import launch
     from .scan import emit_scan
     from .subgroup import check_subgroup
 
@@ -320,10 +326,6 @@ def box_nms_gpu(
     block = max(2, min(threads, 256))  # the sort's block (a power of two >= 2)
     # with topk well below N only the first topk of each sorted row are needed
     top_only = 0 < topk and topk * 2 <= n
-
-    def launch(groups: int, items: int):
-        bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-        return T.launch_thread(bx, groups), T.launch_thread(tx, items), bx, tx
 
     with IRBuilder() as ib:
         with T.prim_func():

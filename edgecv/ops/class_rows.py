@@ -39,6 +39,9 @@ from tvm import te, tirx, topi
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
+from .box_nms import key_of
+from .launch import launch
+
 __all__ = ["top_class_rows", "top_class_rows_gpu", "top_class_rows_reference"]
 
 ROW = 6  # class, score, four box coordinates
@@ -93,14 +96,12 @@ def top_class_rows_reference(
 
 
 def _key(score, c, valid_thresh: float, background_id: int, dtype: str):
-    """:func:`.box_nms.sort_key` of the row of class ``c`` with ``score``; a zero key
-    is +0 (the unsigned order would put -0 below +0, which compare equal)."""
+    """``box_nms``'s sort key (:func:`.box_nms.key_of`) of the row of class ``c`` with
+    ``score``; a zero key is +0 (the unsigned order would put -0 below +0, which
+    compare equal)."""
+    attrs = {"valid_thresh": valid_thresh, "background_id": background_id}
+    key = key_of(score, tirx.Cast(dtype, c), attrs, dtype)
     zero = tirx.const(0.0, dtype)
-    valid = tirx.all(
-        score > tirx.const(float(np.float32(valid_thresh)), dtype),
-        tirx.Cast(dtype, c) != tirx.const(float(background_id), dtype),
-    )
-    key = tirx.Select(valid, score, tirx.const(float(np.finfo(dtype).min), dtype))
     return tirx.Select(key == zero, zero, key)
 
 
@@ -174,17 +175,13 @@ def top_class_rows_gpu(
         ordered[0] = _ordered(value[1])
         return ordered[0]
 
-    def key_of(b, r):  # virtual row r = c * n + a
+    def row_key(b, r):  # virtual row r = c * n + a
         c, a = r // n, r % n
         return ordered_key(scores[b, a, c], c)
 
     def key_in_memory_order(b, m):  # m = a * classes + c: neighbours read neighbours
         a, c = m // classes, m % classes
         return ordered_key(scores[b, a, c], c)
-
-    def launch(blocks: int, items: int):
-        bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-        return T.launch_thread(bx, blocks), T.launch_thread(tx, items), bx, tx
 
     def sync():
         T.evaluate(T.tvm_storage_sync("shared"))
@@ -232,7 +229,7 @@ def top_class_rows_gpu(
                         m = g * span + i * threads + tx
                         with T.If(m < total):
                             with T.Then():
-                                u = key_in_memory_order(b, tirx.min(m, total - 1))
+                                u = key_in_memory_order(b, m)
                                 with T.If((u & prefix[b, 1]) == prefix[b, 0]):
                                     with T.Then():
                                         d = tirx.Cast(
@@ -289,7 +286,7 @@ def top_class_rows_gpu(
                     r = g * span + tx * ITEMS + i
                     with T.If(r < total):
                         with T.Then():
-                            u = key_of(b, tirx.min(r, total - 1))
+                            u = row_key(b, r)
                             tally[0] = tally[0] + tirx.Select(u > prefix[b, 0], 1, 0)
                             tally[1] = tally[1] + tirx.Select(u == prefix[b, 0], 1, 0)
 
@@ -346,14 +343,13 @@ def top_class_rows_gpu(
                     r = g * span + tx * ITEMS + i
                     with T.If(r < total):
                         with T.Then():
-                            rr = tirx.min(r, total - 1)
-                            u = key_of(b, rr)
+                            u = row_key(b, r)
                             above, equal = u > prefix[b, 0], u == prefix[b, 0]
                             chosen = tirx.Or(above, tirx.And(equal, tally[3] < remaining[b]))
                             with T.If(chosen):
                                 with T.Then():
                                     at = tally[2] + tirx.min(tally[3], remaining[b])
-                                    c, a = rr // n, rr % n
+                                    c, a = r // n, r % n
                                     out[b, at, 0] = tirx.Cast(dtype, c)
                                     out[b, at, 1] = scores[b, a, c]
                                     for f in range(4):

@@ -406,6 +406,7 @@ def multibox_detection_gpu(
     """
     from .argsort import emit_row_topk_sort, emit_segmented_sort, topk_pad_key, topk_row_stride
     from .greedy_nms import emit_greedy_suppression
+    from .launch import launch
     from .scan import emit_scan
     from .subgroup import check_subgroup
 
@@ -427,10 +428,6 @@ def multibox_detection_gpu(
     thresh = tirx.const(attrs["nms_threshold"], dtype)
     block = max(2, min(threads, 256))  # the sort's block (a power of two >= 2)
     top_only = nms and 0 < topk and topk * 2 <= n
-
-    def launch(groups: int, items: int):
-        bx, tx = T.env_thread("blockIdx.x"), T.env_thread("threadIdx.x")
-        return T.launch_thread(bx, max(1, groups)), T.launch_thread(tx, items), bx, tx
 
     with IRBuilder() as ib:
         with T.prim_func():
