@@ -318,8 +318,10 @@ class Plan:
         free: list[int] = []
         storage: dict[int, int] = {}
         for index, step in enumerate(self.steps):
-            # the buffers this launch makes: its outputs (unless elided), its workspaces
-            outputs = [] if step.elided else step.args[len(step.args) - step.num_outputs :]
+            if step.elided:
+                continue
+            # the buffers this launch makes: its outputs, its workspaces
+            outputs = step.args[len(step.args) - step.num_outputs :]
             for arg, output in [(a, True) for a in outputs] + [(w, False) for w in step.workspaces]:
                 buf = self.buffers[self.owner(arg)]
                 if buf.kind != "temp" or buf.id in storage:
@@ -352,7 +354,7 @@ class Plan:
                 if slot in free:
                     free.remove(slot)
                 buf.storage = storage[buf.id] = slot
-            for arg in set(step.workspaces if step.elided else step.args + step.workspaces):
+            for arg in set(step.args + step.workspaces):
                 root = self.buffers[self.owner(arg)]
                 if root.kind == "temp" and last_use.get(root.id, index) <= index:
                     if root.storage is not None and root.storage not in free:
@@ -406,11 +408,13 @@ class Plan:
     def _lifetimes(self) -> tuple[dict[int, int], dict[int, int]]:
         """(first, last): per buffer owning bytes (:meth:`owner`), the first and the
         last launch that runs and reads or writes it; a graph output lives to the end,
-        a workspace at its launch only (an elided one's too: it still has a place)."""
+        a workspace at its launch only."""
         first: dict[int, int] = {}
         last: dict[int, int] = {}
         for index, step in enumerate(self.steps):
-            for arg in step.workspaces if step.elided else step.args + step.workspaces:
+            if step.elided:
+                continue
+            for arg in step.args + step.workspaces:
                 root = self.owner(arg)
                 first.setdefault(root, index)
                 last[root] = index

@@ -329,7 +329,7 @@ def test_a_dense_layer_on_the_dot_product_is_its_1x1_convolution():
     from tvm import relax
 
     from edgecv.codegen.llvm import build_cpu
-    from edgecv.pipelines.int8 import _arithmetic, _dense_on_dot, _weight_limits
+    from edgecv.pipelines.int8 import _arithmetic, _weight_limits
     from edgecv.runtime.cpu import CPUBackend
     from edgecv.runtime.executor import Executor
 
@@ -356,12 +356,7 @@ def test_a_dense_layer_on_the_dot_product_is_its_1x1_convolution():
     quants = {k: TensorQuant(0.05, "uint8") for k in find_sites(mod).tensors}
     limits, arithmetic = _weight_limits(target), _arithmetic(target)
 
-    def dense_as_conv(site, quant):
-        return _dense_on_dot(site, quant, dot)
-
-    conv, records = quantize(
-        mod, quants, limits, arithmetic=arithmetic, dense_as_conv=dense_as_conv
-    )
+    conv, records = quantize(mod, quants, limits, arithmetic=arithmetic, dense_as_conv=True)
     assert [(r["name"], r["arithmetic"], r.get("as"), r["weight_max"]) for r in records] == [
         ("dense_1", "int32", "conv2d 1x1", dot.weight_max)
     ]

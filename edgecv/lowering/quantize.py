@@ -399,7 +399,7 @@ def quantize(
     weight_max: int | Callable[[Site, TensorQuant], int] = WEIGHT_MAX,
     skip: frozenset[str] = frozenset(),
     arithmetic: Callable[[Site, TensorQuant, int], str] | None = None,
-    dense_as_conv: Callable[[Site, TensorQuant], bool] | None = None,
+    dense_as_conv: bool = False,
 ) -> tuple[tvm.IRModule, list[dict]]:
     """``mod`` with every site of :func:`find_sites` whose input tensor has a
     quantization in ``quants`` (by tensor key) and whose name is not in ``skip``
@@ -413,9 +413,9 @@ def quantize(
     int32 result where :func:`exact_in_float32` holds, for operators the CPU has no
     faster integer kernel for (a depthwise convolution runs as fast as in float32
     instead of 2x slower in int32 lanes), or None: the operator stays float32, not
-    quantized (no record). ``dense_as_conv(site, quant)``: whether an ``int32`` dense
-    layer of 2-D data is written as the 1x1 convolution it is (``(N, K)`` as
-    ``(N, K, 1, 1)``), for a CPU whose dot-product kernels are convolution kernels."""
+    quantized (no record). ``dense_as_conv``: ``int32`` dense layers of 2-D data are
+    written as the 1x1 convolutions they are (``(N, K)`` as ``(N, K, 1, 1)``), for a CPU
+    whose dot-product kernels are convolution kernels."""
     found = find_sites(mod)
     func = mod["main"]
     bindings = _bindings(func)
@@ -438,8 +438,7 @@ def quantize(
             site.op == "dense"
             and kind == "int32"
             and len(site.call.args[0].ty.shape) == 2
-            and dense_as_conv is not None
-            and dense_as_conv(site, quant)
+            and dense_as_conv
         )
         if as_conv:
             q_weight = q_weight.reshape(*q_weight.shape, 1, 1)  # [out, in, 1, 1]

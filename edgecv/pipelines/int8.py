@@ -286,7 +286,7 @@ def quantize_model(
         quants,
         _weight_limits(target),
         arithmetic=_arithmetic(target),
-        dense_as_conv=(lambda site, quant: _dense_on_dot(site, quant, dot)) if dot else None,
+        dense_as_conv=dot is not None,  # an int32 dense layer there is on the dot product
     )
     counts: dict[str, int] = {}
     for record in records:
