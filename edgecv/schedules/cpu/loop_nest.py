@@ -26,6 +26,22 @@ PARALLEL_MIN_ELEMENTS = 1 << 14
 PARALLEL_CHUNKS = 8
 
 
+def _vectorizable_nearbyint() -> None:
+    """Let TVM's vectorizer keep ``nearbyint`` (the rounding of every INT8
+    quantization) in vectors. TVM 0.27 marks ``round``, ``floor`` and ``trunc``
+    vectorizable but not ``nearbyint``, so a vectorized loop holding one became scalar
+    code: LLVM re-vectorized some of it and not the rest (ResNet-50's last INT8 block of
+    a stage, residual add + ReLU + the next layer's quantization: 1.42 -> 0.57 ms).
+    ``llvm.nearbyint`` takes vectors (``vroundps``); OpenCL's ``rint`` too; TVM's CUDA
+    code calls ``nearbyintf`` per lane."""
+    op = tvm.ir.Op.get("tirx.nearbyint")
+    if not op.get_attr("TVectorizable"):
+        tvm.ir.register_op_attr("tirx.nearbyint", "TVectorizable", True)
+
+
+_vectorizable_nearbyint()
+
+
 class NotApplicable(Exception):
     """The schedule does not fit this kernel; the caller tries another one."""
 
