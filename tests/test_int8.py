@@ -224,6 +224,36 @@ def test_the_pass_folds_batchnorm_and_passes_uint8_between_convolutions(small):
     assert sum(o[0] == "conv2d" for o in ops) == 4
 
 
+def test_a_residual_add_reads_the_8_bit_tensor_the_next_convolution_reads(small):
+    """The residual block's input is read by its 3x3 convolution and by the add. With
+    ``residual_adds`` the add reads the uint8 tensor (dequantized in its own kernel):
+    the 1x1 that makes it writes 8 bits only, and no kernel of its own quantizes it."""
+    mod = _imported(small[0])
+    found = find_sites(mod)
+    quants = {k: TensorQuant(0.05, "int8" if k == "t0" else "uint8") for k in found.tensors}
+    lowered = {}
+    for residual_adds in (False, True):
+        quantized, records = quantize(mod, quants, residual_adds=residual_adds)
+        adds = [r for r in records if r["op"] == "add"]
+        assert [(r["input"], r["input_dtype"]) for r in adds] == (
+            [("t3", "uint8")] if residual_adds else []
+        )
+        lowered[residual_adds] = lower(quantized)
+    quantizing = ["multiply", "tir_round", "tir_clip", "cast"]
+    for residual_adds, low in lowered.items():
+        plan, ops = low.plan, low.kernel_ops
+        alone = [  # kernels that only quantize a tensor, by its shape
+            tuple(plan.buffers[s.args[0]].shape) for s in plan.steps if ops[s.kernel] == quantizing
+        ]
+        assert ((1, 16, 24, 24) in alone) != residual_adds, alone
+        add = next(s for s in plan.steps if ops[s.kernel].count("add") == 2)  # bias + residual
+        reads = sorted(
+            plan.buffers[a].dtype for a in add.args[:-1] if plan.buffers[a].kind != "const"
+        )
+        # with the 8-bit residual, the convolution and the add read the same uint8 tensor
+        assert reads == (["uint8"] if residual_adds else ["float32", "uint8"]), reads
+
+
 def test_a_concatenation_only_quantized_operators_read_is_made_in_8_bits(tmp_path):
     """A fire module: two convolutions concatenated and read only by the next
     convolution. The pieces are quantized in their own kernels and concatenated as
@@ -624,6 +654,7 @@ def test_int8_package_matches_fp32_within_the_quantization_step(small, tmp_path)
     assert build["precision"] == "int8" and fp32.manifest["build"]["precision"] == "fp32"
     facts = build["quantization"]
     assert facts["quantized"] == {"conv2d": 4, "dense": 1} and facts["method"] == "minmax"
+    assert [a["input"] for a in facts["adds_reading_8_bits"]] == ["t3"]  # the residual
     assert facts["calibration"]["inputs"] == 16 and not facts["calibration"]["reused"]
     files = int8.manifest["files"]
     assert files["calibration.json"] == sha256(Path(int8_path) / "calibration.json")

@@ -26,7 +26,13 @@ imported module before the graph tuner and the Relax passes (see
   (``round(x / s)``, clipped, cast), right where it is made: FuseOps puts that into the
   epilogue of the kernel that produces it, so consecutive quantized convolutions pass
   ``uint8``/``int8`` tensors between them, and the float32 value exists only where a
-  float32 operator (a residual add, pooling) reads it too.
+  float32 operator (pooling, an output) reads it too.
+- **residual adds** (``residual_adds=True``, the CPU pipeline's choice): an ``add`` that
+  reads such a tensor reads its 8-bit values, dequantized (``q * s``) inside the add's
+  own kernel, when adds and quantized operators are all that read it. The tensor is
+  then never written in float32: the kernel that makes it writes 8 bits, a quarter of
+  the bytes, and no separate kernel quantizes it (ResNet-50's residual blocks). The add
+  sees the value the next convolution sees, clipped and rounded like it.
 
 The statistics come from running the float32 model with every quantized operator's
 input as an extra output (:func:`with_taps`).
@@ -52,6 +58,7 @@ _AFFINE = {
     tvm.ir.Op.get("relax.divide"): "divide",
 }
 _CONCAT = tvm.ir.Op.get("relax.concat")
+_ADD = tvm.ir.Op.get("relax.add")
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 
@@ -204,7 +211,7 @@ def with_taps(mod: tvm.IRModule, tensors: list[relax.Var]) -> tvm.IRModule:
                 taps[binding.var] = self.builder_.emit_output(self.visit_expr(binding.var))
 
     rewritten = Tapper(mod).visit_expr(func)
-    missing = [v.name_hint for v in wanted if v not in taps]
+    missing = [v.name for v in wanted if v not in taps]
     if missing:
         raise ValueError(f"tensors {missing} are not bound in a dataflow block of main")
     body = rewritten.body
@@ -355,6 +362,46 @@ def quantize_tensor(x: relax.Expr, quant: TensorQuant, dtype: str | None = None)
     return R.astype(rounded, dtype or quant.dtype)
 
 
+def _eight_bit_adds(func, found: Sites, plans: dict, quants: dict, bindings: dict) -> dict:
+    """The adds that may read a quantized tensor's 8-bit values: ``{add's var: (the
+    tensor's key, its var)}`` for every tensor that quantized operators read in its own
+    integer dtype and that nothing but them and float32 adds of its shape reads (not
+    an output of the function, not read twice by one add)."""
+    integer_reads = {
+        site.tensor
+        for site, _, _, kind, _ in plans.values()
+        if _input_dtype(site, kind) is None  # the quantization's uint8/int8
+    }
+    readers: dict[relax.Var, list[tuple[relax.Var, relax.Expr]]] = {}
+    for var, value in bindings.items():
+        for used in _reads(value):
+            readers.setdefault(used, []).append((var, value))
+    outputs = set(_reads(func.body.body))
+    chosen = {}
+    for key in integer_reads:
+        tensor = found.tensors[key]
+        if tensor in outputs or _concatenated(tensor, bindings) is not None:
+            continue
+        shape = [int(d) for d in tensor.ty.shape]
+        adds = []
+        for var, value in readers.get(tensor, []):
+            if var in plans and plans[var][0].tensor == key:
+                continue
+            is_add = (
+                isinstance(value, relax.Call)
+                and value.op.same_as(_ADD)
+                and _float32(value)
+                and [int(d) for d in value.ty.shape] == shape
+                and sum(a.same_as(tensor) for a in value.args) == 1
+            )
+            if not is_add:
+                break
+            adds.append(var)
+        else:
+            chosen.update({add: (key, tensor) for add in adds})
+    return chosen
+
+
 def _concatenated(tensor: relax.Expr, bindings: dict) -> list[relax.Expr] | None:
     """The pieces of ``tensor`` when it is bound to a ``concat`` of a tuple written out
     (a fire module's or an inception block's output), else None."""
@@ -400,6 +447,7 @@ def quantize(
     skip: frozenset[str] = frozenset(),
     arithmetic: Callable[[Site, TensorQuant, int], str] | None = None,
     dense_as_conv: bool = False,
+    residual_adds: bool = False,
 ) -> tuple[tvm.IRModule, list[dict]]:
     """``mod`` with every site of :func:`find_sites` whose input tensor has a
     quantization in ``quants`` (by tensor key) and whose name is not in ``skip``
@@ -415,7 +463,9 @@ def quantize(
     instead of 2x slower in int32 lanes), or None: the operator stays float32, not
     quantized (no record). ``dense_as_conv``: ``int32`` dense layers of 2-D data are
     written as the 1x1 convolutions they are (``(N, K)`` as ``(N, K, 1, 1)``), for a CPU
-    whose dot-product kernels are convolution kernels."""
+    whose dot-product kernels are convolution kernels. ``residual_adds``: adds read the
+    8-bit values of a quantized tensor (the module docstring; one record each, ``op``
+    ``add``)."""
     found = find_sites(mod)
     func = mod["main"]
     bindings = _bindings(func)
@@ -467,6 +517,18 @@ def quantize(
     if not plans:
         return mod, records
     made: dict[tuple[str, str], relax.Var] = {}
+    eight_bit_adds = _eight_bit_adds(func, found, plans, quants, bindings) if residual_adds else {}
+    for add_var, (key, _) in eight_bit_adds.items():
+        records.append(
+            {
+                "name": add_var.name,
+                "op": "add",
+                "input": key,
+                "input_dtype": quants[key].dtype,
+                "input_scale": quants[key].scale,
+                "arithmetic": "float32",
+            }
+        )
 
     @relax.expr_functor.mutator
     class Quantizer(relax.PyExprMutator):
@@ -492,10 +554,27 @@ def quantize(
                     made[key, dtype] = self.builder_.emit(quantize_tensor(data, quants[key], dtype))
             return made[key, dtype]
 
+        def dequantized(self, key: str, tensor: relax.Var) -> relax.Expr:
+            q = self.quantized(key, tensor)
+            return R.multiply(R.astype(q, "float32"), relax.const(quants[key].scale, "float32"))
+
         def visit_var_binding_(self, binding):
             var = binding.var
             if var in absorbed:
                 return  # folded into the epilogue of its site
+            if var in eight_bit_adds:
+                key, tensor = eight_bit_adds[var]
+                args = [
+                    self.dequantized(key, tensor) if a.same_as(tensor) else self.visit_expr(a)
+                    for a in binding.value.args
+                ]
+                emit = (
+                    self.builder_.emit
+                    if isinstance(var, relax.DataflowVar)
+                    else self.builder_.emit_output
+                )
+                self.set_var_remap(var, emit(R.add(*args)))
+                return
             if var not in plans:
                 super().visit_var_binding_(binding)
                 return

@@ -287,7 +287,10 @@ def quantize_model(
         _weight_limits(target),
         arithmetic=_arithmetic(target),
         dense_as_conv=dot is not None,  # an int32 dense layer there is on the dot product
+        residual_adds=True,
     )
+    adds = [r for r in records if r["op"] == "add"]
+    records = [r for r in records if r["op"] != "add"]
     counts: dict[str, int] = {}
     for record in records:
         counts[record["op"]] = counts.get(record["op"], 0) + 1
@@ -319,6 +322,7 @@ def quantize_model(
         "quantized": counts,
         "float32_arithmetic": sum(r["arithmetic"] == "float32" for r in records),
         "not_quantized": len(found.sites) - len(records),
+        "adds_reading_8_bits": [{"add": r["name"], "input": r["input"]} for r in adds],
         "calibration": {
             "file": CALIBRATION_FILE,
             **inputs.to_json(),
