@@ -438,13 +438,22 @@ def test_float32_arithmetic_on_integer_values_is_the_int32_result(small):
 
 
 def _int8_conv_kernel(
-    channels, outputs, size, kernel, stride, int8_block=None, block=None, residual=False
+    channels,
+    outputs,
+    size,
+    kernel,
+    stride,
+    int8_block=None,
+    block=None,
+    residual=False,
+    pairs=False,
 ):
     """The fused kernel of conv2d(uint8, int8) + requantization, BatchNorm-like affine,
     ReLU and the next layer's uint8 quantization, as the INT8 step leaves it; with
     ``block``, in the graph tuner's packed layout ``NCHW{block}c`` (weights
     ``OIHW{block}i{block}o``, per-channel constants packed alike); ``residual``: a
-    float32 input added before the ReLU (a residual block's last convolution)."""
+    float32 input added before the ReLU (a residual block's last convolution); ``pairs``:
+    lowered for 7-bit data (``int8_pairs``: packed weights in pairs of steps)."""
     from tvm import relax
 
     from edgecv.lowering.quantize import quantize_tensor
@@ -482,7 +491,7 @@ def _int8_conv_kernel(
             y = R.nn.relu(R.add(y, params[1]) if residual else y)
             out = bb.emit_output(bb.emit(quantize_tensor(y, TensorQuant(0.02, "uint8"))))
         bb.emit_func_output(out)
-    return lower(bb.get(), int8_block=int8_block)
+    return lower(bb.get(), int8_block=int8_block, int8_pairs=pairs)
 
 
 def _pack(x: np.ndarray, block: int) -> np.ndarray:
@@ -503,6 +512,10 @@ def _pack(x: np.ndarray, block: int) -> np.ndarray:
         (16, 32, 14, 3, 1, "data"),
         (32, 64, 7, 1, 1, "data"),
         (32, 16, 15, 3, 2, "data"),
+        (16, 32, 14, 3, 1, "pairs"),
+        (32, 64, 7, 1, 1, "pairs"),
+        (64, 64, 7, 3, 1, "pairs"),
+        (32, 16, 15, 3, 2, "pairs"),
     ],
 )
 def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
@@ -512,7 +525,9 @@ def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
     fused kernel: integer sums are exact, so the uint8 outputs must be equal; 7-bit
     weights and full-range uint8 data never saturate the int16 pair sums. ``packed``:
     the weights packed for the instruction at build time (the deploy's way), else
-    repacked as the kernel runs."""
+    repacked as the kernel runs; ``pairs``: packed data of 7 bits (0..127) and weights
+    packed in pairs of steps, summed in int16 two steps at a time where the CPU's dot
+    product is ``vpmaddubsw`` (up to 2 x 2 x 127 x 63)."""
     import tvm
 
     from edgecv.runtime.cpu import CPUBackend
@@ -523,18 +538,24 @@ def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
     target = load_profile("cpu").tvm_target()
     if dot_product_of(target) is None:
         pytest.skip("this CPU has no int8 dot-product instruction edgecv uses")
-    lanes = dot_product_of(target).lanes
-    block = lanes if packed == "data" else None
+    dot = dot_product_of(target)
+    lanes = dot.lanes
+    block = lanes if packed in ("data", "pairs") else None
+    pairs = packed == "pairs" and dot.pairs is not None
     lowered = _int8_conv_kernel(
-        channels, outputs, size, kernel, stride, lanes if packed else None, block
+        channels, outputs, size, kernel, stride, lanes if packed else None, block, pairs=pairs
     )
+    weights = [b.shape for b in lowered.plan.buffers if b.kind == "const" and b.dtype == "int8"]
+    in_pairs = pairs and kernel > 1  # a 1x1 keeps one step (sums_in_pairs)
+    assert len(weights[0]) == (7 if in_pairs else 6 if packed else 4), weights
     order = ScheduleOrder(target, default_rules(target), safe_rule())
     ((name, func),) = [(gv.name_hint, f) for gv, f in lowered.kernels.functions.items()]
     chosen = next(c for c in order.attempts(func) if c.func is not None)
     assert chosen.rule == "cpu.Conv2DInt8"
     generic = [r for r in default_rules(target) if not isinstance(r, Conv2DInt8)]
-    x = np.random.RandomState(1).randint(0, 256, (1, channels, size, size)).astype(np.uint8)
-    x[0, 0, 0, :] = 255  # the largest pair sums: 2 x 255 x 63
+    top = dot.data_max if packed == "pairs" else 255
+    x = np.random.RandomState(1).randint(0, top + 1, (1, channels, size, size)).astype(np.uint8)
+    x[0, 0, 0, :] = top  # the largest pair sums: 2 x 255 x 63 (2 x 2 x 127 x 63 in pairs)
     if block:
         x = _pack(x, block)
         assert name.startswith("fused_conv2d_int8_NCHWc"), name
@@ -551,7 +572,7 @@ def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
     np.testing.assert_array_equal(outputs_[0], outputs_[1])
 
 
-@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("packed", [False, True, "pairs"])
 @pytest.mark.parametrize(
     "cpu, instructions",
     [
@@ -571,8 +592,12 @@ def test_dot_product_instruction_is_chosen_from_the_target_features(cpu, instruc
     from edgecv.schedules.stage import ScheduleOrder
 
     target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "mtriple": "x86_64-linux-gnu"})
-    lanes = dot_product_of(target).lanes
-    lowered = _int8_conv_kernel(32, 32, 8, 3, 1, *((lanes, lanes) if packed else ()))
+    dot = dot_product_of(target)
+    lanes = dot.lanes
+    pairs = packed == "pairs" and dot.pairs is not None
+    lowered = _int8_conv_kernel(
+        32, 32, 8, 3, 1, *((lanes, lanes) if packed else (None, None)), pairs=pairs
+    )
     ((name, func),) = [(gv.name_hint, f) for gv, f in lowered.kernels.functions.items()]
     chosen = next(
         c
@@ -580,11 +605,13 @@ def test_dot_product_instruction_is_chosen_from_the_target_features(cpu, instruc
         if c.func is not None
     )
     assert chosen.rule == "cpu.Conv2DInt8"
-    assert name.startswith("fused_conv2d_int8_NCHWc") == packed
+    assert name.startswith("fused_conv2d_int8_NCHWc") == bool(packed)
     module = tvm.IRModule({name: chosen.func.with_attr("global_symbol", name)})
     assembly = tvm.tirx.build(module, target=target).inspect_source("asm")
     found = {i for i in ("vpdpbusd", "vpmaddubsw", "vpmaddwd") if i in assembly}
     assert found == instructions
+    # two steps' int16 pair sums added before one vpmaddwd (VNNI has no int16 step)
+    assert ("vpaddw" in assembly) == pairs
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -643,6 +670,9 @@ def test_int8_package_matches_fp32_within_the_quantization_step(small, tmp_path)
         }
         # the first (signed input), the depthwise and the small dense layer: their
         # integer sums held exactly in float32 kernels
+        # 7-bit data for the 3x3 that sums two steps in int16 (vpmaddubsw), 8 for the 1x1
+        input_max = {op["name"]: op["input_max"] for op in build["quantization"]["operators"]}
+        assert (input_max["conv2d_2"], input_max["conv2d_3"]) == (255, dot.data_max)
         arithmetic = {op["name"]: op["arithmetic"] for op in build["quantization"]["operators"]}
         assert arithmetic == {
             "conv2d_0": "float32",

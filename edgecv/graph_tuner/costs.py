@@ -218,7 +218,9 @@ def conv_kernels(
         }
         if not chosen:
             return {}
-    lowered = lower(convert_layouts(extracted, layouts), chosen, extracted.int8_block)
+    lowered = lower(
+        convert_layouts(extracted, layouts), chosen, extracted.int8_block, extracted.int8_pairs
+    )
     functions = {gv.name_hint: f for gv, f in lowered.kernels.functions.items()}
     steps = [
         s.kernel

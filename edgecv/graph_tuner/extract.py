@@ -50,6 +50,8 @@ class Extracted:
     # the int32 lanes of the CPU's int8 dot product in an INT8 build (its uint8 x int8
     # convolutions are lowered for it, packed or not), else None
     int8_block: int | None = None
+    # whether its packed ones sum two steps in int16 (7-bit data: lowering's int8_pairs)
+    int8_pairs: bool = False
 
 
 Candidates = Callable[[relax.Call], tuple[str, ...]]

@@ -151,6 +151,7 @@ def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule
     int8_block = _int8_block(profile, options)
     extracted = extract(prepared, conv_candidates(packings, int8_block))
     extracted.int8_block = int8_block
+    extracted.int8_pairs = _int8_pairs(profile, options)
     graph = extracted.graph
     facts: dict = {"mode": mode, "packings": packings}
     if all(len(graph.choices(i)) < 2 for i in graph.convs()):
@@ -185,6 +186,14 @@ def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule
             f"the plan predicted {len(plan.transforms)} transforms, Relax inserted {len(found)}"
         )
     return converted, facts
+
+
+def _int8_pairs(profile: Profile, options) -> bool:
+    if profile.runtime != "cpu":
+        return False
+    from ..schedules.cpu.conv2d_int8 import int8_pairs
+
+    return int8_pairs(profile.tvm_target(), getattr(options, "precision", "fp32"))
 
 
 def _int8_block(profile: Profile, options) -> int | None:

@@ -70,10 +70,12 @@ WEIGHT_MAX = 127
 @dataclass(frozen=True)
 class TensorQuant:
     """How one float32 tensor is quantized: ``x ~ scale * q``, ``q`` of ``dtype`` in
-    ``[qmin, qmax]`` (zero point 0)."""
+    ``[qmin, qmax]`` (zero point 0). ``levels``: the largest ``q`` of an unsigned one,
+    255, or 127 where a kernel sums two steps of products in int16 (7-bit data)."""
 
     scale: float
     dtype: str  # "uint8" or "int8"
+    levels: int = 255
 
     @property
     def qmin(self) -> int:
@@ -81,17 +83,17 @@ class TensorQuant:
 
     @property
     def qmax(self) -> int:
-        return 255 if self.dtype == "uint8" else 127
+        return self.levels if self.dtype == "uint8" else 127
 
     @classmethod
-    def of(cls, threshold: float, nonnegative: bool) -> TensorQuant:
-        """The quantization that maps ``[0, threshold]`` (unsigned) or
-        ``[-threshold, threshold]`` (signed) onto the integer range; values beyond are
+    def of(cls, threshold: float, nonnegative: bool, levels: int = 255) -> TensorQuant:
+        """The quantization that maps ``[0, threshold]`` onto ``0..levels`` (unsigned)
+        or ``[-threshold, threshold]`` onto ``-127..127`` (signed); values beyond are
         clipped. A tensor that was 0 everywhere gets scale 1 (any scale is exact)."""
         dtype = "uint8" if nonnegative else "int8"
-        levels = 255 if nonnegative else 127
+        top = levels if nonnegative else 127
         threshold = float(threshold)
-        return cls(threshold / levels if threshold > 0 else 1.0, dtype)
+        return cls(threshold / top if threshold > 0 else 1.0, dtype, top if nonnegative else 255)
 
 
 @dataclass
@@ -507,6 +509,7 @@ def quantize(
                 "input": site.tensor,
                 "input_dtype": quant.dtype,
                 "input_scale": quant.scale,
+                "input_max": quant.qmax,
                 "weight_scale_min": float(w_scales.min()),
                 "weight_scale_max": float(w_scales.max()),
                 "epilogue": epilogue.ops,

@@ -48,14 +48,16 @@ def relax_passes() -> tvm.transform.Pass:
 
 
 def fusion_passes(
-    winograd: dict | None = None, int8_block: int | None = None
+    winograd: dict | None = None, int8_block: int | None = None, int8_pairs: bool = False
 ) -> tvm.transform.Pass:
     """Legalize every op to a PrimFunc (convolutions the graph tuner packed by edgecv's
     legalization, :mod:`.legalize`; those in ``winograd`` by Winograd's algorithm), then
     group them (FuseOps) into kernels-to-be."""
     return tvm.transform.Sequential(
         [
-            relax.transform.LegalizeOps(customize_legalize_map=legalize_map(winograd, int8_block)),
+            relax.transform.LegalizeOps(
+                customize_legalize_map=legalize_map(winograd, int8_block, int8_pairs)
+            ),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             fuse_ops_keeping_concat_pieces,
@@ -176,15 +178,20 @@ MAX_FUSION_DEPTH = 16
 
 
 def lower(
-    mod: tvm.IRModule, winograd: dict | None = None, int8_block: int | None = None
+    mod: tvm.IRModule,
+    winograd: dict | None = None,
+    int8_block: int | None = None,
+    int8_pairs: bool = False,
 ) -> Lowered:
     """Run the Relax passes and extract the static plan (target independent but for
     ``winograd``: the packed convolutions the graph tuner chose to run by Winograd's
-    algorithm, and ``int8_block``: the lanes of the CPU's int8 dot product, whose
-    convolutions take their weights packed for it; see :func:`fusion_passes`)."""
+    algorithm, ``int8_block``: the lanes of the CPU's int8 dot product, whose
+    convolutions take their weights packed for it, and ``int8_pairs``: whether its
+    packed convolutions sum two steps in int16 (7-bit data and weights; see
+    :func:`.legalize.legalize_map`))."""
     start = time.perf_counter()
     with tvm.transform.PassContext(config={"relax.FuseOps.max_depth": MAX_FUSION_DEPTH}):
-        mod = fusion_passes(winograd, int8_block)(mod)
+        mod = fusion_passes(winograd, int8_block, int8_pairs)(mod)
     groups = _fused_ops(mod)
     mod = kernel_passes()(mod)
     passes_s = time.perf_counter() - start

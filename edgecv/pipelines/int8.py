@@ -42,6 +42,7 @@ from ..errors import EdgecvError
 from ..imaging import preprocess, read_image
 from ..lowering import lower
 from ..lowering.calibration import METHODS, PERCENTILE, STATS_VERSION, TensorStats
+from ..lowering.legalize import sums_in_pairs
 from ..lowering.quantize import (
     WEIGHT_MAX,
     TensorQuant,
@@ -281,6 +282,9 @@ def quantize_model(
     quants = {k: TensorQuant.of(thresholds[k][method], s.nonnegative) for k, s in stats.items()}
     target = profile.tvm_target()
     dot = dot_product_of(target)
+    if dot is not None and dot.pairs:  # 7-bit data for the kernels that sum in int16
+        for tensor in _pairs_inputs(found, quants, dot):
+            quants[tensor] = TensorQuant.of(thresholds[tensor][method], True, dot.data_max)
     quantized, records = quantize(
         mod,
         quants,
@@ -301,6 +305,7 @@ def quantize_model(
             "dtype": quants[k].dtype,
             "thresholds": thresholds[k],
             "scale": quants[k].scale,
+            "levels": quants[k].qmax,
         }
         for k in keys
     }
@@ -318,7 +323,8 @@ def quantize_model(
         "weights": "int8, symmetric, per output channel (|q| <= weight_max of each "
         "operator: 63 where the CPU's instruction adds two products in int16)",
         "dot_product": dot.intrinsic if dot else None,
-        "activations": "uint8 where never negative, else int8 symmetric; zero point 0",
+        "activations": "uint8 where never negative (0..127 where a spatial convolution on "
+        "the dot product sums two steps in int16), else int8 symmetric; zero point 0",
         "quantized": counts,
         "float32_arithmetic": sum(r["arithmetic"] == "float32" for r in records),
         "not_quantized": len(found.sites) - len(records),
@@ -336,6 +342,22 @@ def quantize_model(
         f"({method} calibration on {len(inputs.arrays)} inputs)"
     )
     return quantized, facts, {CALIBRATION_FILE: json.dumps(document, separators=(",", ":"))}
+
+
+def _pairs_inputs(found, quants: dict, dot) -> set[str]:
+    """The uint8 tensors a convolution on the dot product that sums two steps in int16
+    reads (:func:`edgecv.lowering.legalize.sums_in_pairs`): they get 7-bit data."""
+    keys = set()
+    for site in found.sites:
+        quant = quants.get(site.tensor)
+        if site.op != "conv2d" or quant is None or quant.dtype != "uint8":
+            continue
+        groups = int(site.call.attrs.groups)
+        if sums_in_pairs(*site.weight.shape[2:]) and runs_on_dot_product(
+            site.weight.shape, groups, quant.dtype, dot
+        ):
+            keys.add(site.tensor)
+    return keys
 
 
 def _weight_limits(target: tvm.target.Target):
