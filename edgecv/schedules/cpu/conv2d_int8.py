@@ -167,11 +167,39 @@ def _description(lanes: int):
     return description
 
 
+def _quad(A, offset: int, lanes: int):
+    """The four data bytes at ``offset`` of ``A`` in every int32 lane, as bytes (what
+    each step multiplies with ``lanes x 4`` weights; called while TVMScript parses)."""
+    return T.reinterpret(
+        T.broadcast(T.reinterpret(A.vload([offset], "uint8x4"), dtype="int32"), lanes),
+        dtype=f"uint8x{4 * lanes}",
+    )
+
+
+def _madd_bytes(intrinsic: str, quad, B, index: list, lanes: int):
+    """``vpmaddubsw``: u8 x s8 products of ``quad`` and the weights at ``index``, pairs
+    of them summed in int16."""
+    return T.call_llvm_pure_intrin(
+        T.llvm_lookup_intrinsic_id(intrinsic),
+        quad,
+        B.vload(index, dtype=f"int8x{4 * lanes}"),
+        dtype=f"int16x{2 * lanes}",
+    )
+
+
+def _widen(intrinsic: str, pairs, lanes: int):
+    """``vpmaddwd`` by ones: each two int16 pair sums added into an int32 lane."""
+    return T.call_llvm_pure_intrin(
+        T.llvm_lookup_intrinsic_id(intrinsic),
+        pairs,
+        T.broadcast(T.int16(1), 2 * lanes),
+        dtype=f"int32x{lanes}",
+    )
+
+
 def _pmaddubsw(lanes: int, madd_bytes: str, madd_words: str):
     """u8 x s8 pairs summed in int16 (``vpmaddubsw``), int16 pairs summed into int32
     with a multiply by ones (``vpmaddwd``), added to the accumulator."""
-    bytes_, words = f"int8x{4 * lanes}", f"int16x{2 * lanes}"
-    u8, i32 = f"uint8x{4 * lanes}", f"int32x{lanes}"
 
     @T.prim_func(s_tir=True)
     def implementation(
@@ -182,21 +210,8 @@ def _pmaddubsw(lanes: int, madd_bytes: str, madd_words: str):
         with T.sblock("root"):
             T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
             T.writes(C[0:lanes])
-            a = T.reinterpret(
-                T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), lanes), dtype=u8
-            )
-            pairs = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(madd_bytes),
-                a,
-                B.vload([0, 0], dtype=bytes_),
-                dtype=words,
-            )
-            C[T.ramp(T.int32(0), 1, lanes)] += T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(madd_words),
-                pairs,
-                T.broadcast(T.int16(1), 2 * lanes),
-                dtype=i32,
-            )
+            pairs = _madd_bytes(madd_bytes, _quad(A, 0, lanes), B, [0, 0], lanes)
+            C[T.ramp(T.int32(0), 1, lanes)] += _widen(madd_words, pairs, lanes)
 
     return implementation
 
@@ -213,14 +228,10 @@ def _vnni():
             T.writes(C[0:16])
             # LLVM 22 (TVM 0.27's) takes the bytes as <64 x i8>; TVM's own VNNI intrinsic
             # still passes <16 x i32> and fails LLVM's verifier
-            a = T.reinterpret(
-                T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16),
-                dtype="uint8x64",
-            )
             C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
                 C.vload([0], dtype="int32x16"),
-                a,
+                _quad(A, 0, 16),
                 B.vload([0, 0], dtype="int8x64"),
                 dtype="int32x16",
             )
@@ -254,8 +265,6 @@ def _pairs(lanes: int, madd_bytes: str, madd_words: str):
     """Two steps of :func:`_pmaddubsw` whose int16 pair sums are added in int16 before
     one ``vpmaddwd`` widens them: 3 multiplies per 8 input channels instead of 4. Exact
     when data <= 127 and weights <= 63 (2 x 2 x 127 x 63 = 32,004)."""
-    bytes_, words = f"int8x{4 * lanes}", f"int16x{2 * lanes}"
-    u8, i32 = f"uint8x{4 * lanes}", f"int32x{lanes}"
 
     @T.prim_func(s_tir=True)
     def implementation(
@@ -266,29 +275,10 @@ def _pairs(lanes: int, madd_bytes: str, madd_words: str):
         with T.sblock("root"):
             T.reads(C[0:lanes], A[0:8], B[0:2, 0:lanes, 0:4])
             T.writes(C[0:lanes])
-            first = T.reinterpret(
-                T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), lanes), dtype=u8
+            pairs = _madd_bytes(madd_bytes, _quad(A, 0, lanes), B, [0, 0, 0], lanes) + _madd_bytes(
+                madd_bytes, _quad(A, 4, lanes), B, [1, 0, 0], lanes
             )
-            second = T.reinterpret(
-                T.broadcast(T.reinterpret(A.vload([4], "uint8x4"), dtype="int32"), lanes), dtype=u8
-            )
-            pairs = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(madd_bytes),
-                first,
-                B.vload([0, 0, 0], dtype=bytes_),
-                dtype=words,
-            ) + T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(madd_bytes),
-                second,
-                B.vload([1, 0, 0], dtype=bytes_),
-                dtype=words,
-            )
-            C[T.ramp(T.int32(0), 1, lanes)] += T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(madd_words),
-                pairs,
-                T.broadcast(T.int16(1), 2 * lanes),
-                dtype=i32,
-            )
+            C[T.ramp(T.int32(0), 1, lanes)] += _widen(madd_words, pairs, lanes)
 
     return implementation
 
