@@ -148,10 +148,9 @@ def choose_layouts(
 def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule, dict]:
     block = max(block_of(p) for p in packings)
     prepared = relax.transform.FoldConstant()(pad_output_channels(rewrite_activations(mod), block))
-    int8_block = _int8_block(profile, options)
+    int8_block, int8_pairs = _int8_lowering(profile, options)
     extracted = extract(prepared, conv_candidates(packings, int8_block))
-    extracted.int8_block = int8_block
-    extracted.int8_pairs = _int8_pairs(profile, options)
+    extracted.int8_block, extracted.int8_pairs = int8_block, int8_pairs
     graph = extracted.graph
     facts: dict = {"mode": mode, "packings": packings}
     if all(len(graph.choices(i)) < 2 for i in graph.convs()):
@@ -188,20 +187,14 @@ def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule
     return converted, facts
 
 
-def _int8_pairs(profile: Profile, options) -> bool:
+def _int8_lowering(profile: Profile, options) -> tuple[int | None, bool]:
+    """The lowering's ``int8_block`` and ``int8_pairs`` for this build (CPU INT8 only)."""
     if profile.runtime != "cpu":
-        return False
-    from ..schedules.cpu.conv2d_int8 import int8_pairs
+        return None, False
+    from ..schedules.cpu.conv2d_int8 import int8_block, int8_pairs
 
-    return int8_pairs(profile.tvm_target(), getattr(options, "precision", "fp32"))
-
-
-def _int8_block(profile: Profile, options) -> int | None:
-    if profile.runtime != "cpu":
-        return None
-    from ..schedules.cpu.conv2d_int8 import int8_block
-
-    return int8_block(profile.tvm_target(), getattr(options, "precision", "fp32"))
+    target, precision = profile.tvm_target(), getattr(options, "precision", "fp32")
+    return int8_block(target, precision), int8_pairs(target, precision)
 
 
 def _summary(graph, layouts: dict[int, str]) -> str:

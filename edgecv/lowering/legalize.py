@@ -229,49 +229,36 @@ def conv2d_int8_nchwc(data, kernel, strides, padding, dilation) -> te.Tensor:
     the quad): the four bytes one dot-product step reads are contiguous in the data.
     Weights packed in pairs of steps, ``[O/L, C/8, KH, KW, 2, L, 4]``
     (:func:`legalize_conv2d_int8`), make it four: block, pair, step of the pair, lane."""
-    if len(kernel.shape) == 7:
-        return _conv2d_int8_nchwc_pairs(data, kernel, strides, padding, dilation)
+    pairs = len(kernel.shape) == 7
+    out_blocks, kh, kw, block = (int(kernel.shape[i]) for i in (0, 2, 3, -2))
     n, chunks, height, width, in_block = (int(d) for d in data.shape)
     (sh, sw), (dh, dw) = strides, dilation
-    out_blocks, _, kh, kw, block, _ = (int(d) for d in kernel.shape)
     oh, ow, ry, rx = _window(height, width, kh, kw, strides, padding, dilation)
     padded = _pad(data, padding, True)
     quads = in_block // 4
     rco = te.reduce_axis((0, chunks), name="rco")
-    rcq = te.reduce_axis((0, quads), name="rcq")
     rc4 = te.reduce_axis((0, 4), name="rc4")
+    if pairs:
+        rcp = te.reduce_axis((0, quads // 2), name="rcp")
+        rq = te.reduce_axis((0, 2), name="rq")
+        steps, quad = [rcp, rq], rcp * 2 + rq
+
+        def weight(co, ry, rx, c):
+            return kernel[co, rco * (quads // 2) + rcp, ry, rx, rq, c, rc4]
+
+    else:
+        rcq = te.reduce_axis((0, quads), name="rcq")
+        steps, quad = [rcq], rcq
+
+        def weight(co, ry, rx, c):
+            return kernel[co, rco * quads + rcq, ry, rx, c, rc4]
+
     return te.compute(
         (n, out_blocks, oh, ow, block),
         lambda b, co, y, x, c: te.sum(
-            padded[b, rco, y * sh + ry * dh, x * sw + rx * dw, rcq * 4 + rc4].astype("int32")
-            * kernel[co, rco * quads + rcq, ry, rx, c, rc4].astype("int32"),
-            axis=[rco, ry, rx, rcq, rc4],
-        ),
-        name=CONV2D_INT8_PACKED,
-        tag=CONV2D_INT8_PACKED,
-    )
-
-
-def _conv2d_int8_nchwc_pairs(data, kernel, strides, padding, dilation) -> te.Tensor:
-    """:func:`conv2d_int8_nchwc` with weights ``[O/L, C/8, KH, KW, 2, L, 4]``."""
-    out_blocks, _, kh, kw, _, block, _ = (int(d) for d in kernel.shape)
-    n, chunks, height, width, in_block = (int(d) for d in data.shape)
-    (sh, sw), (dh, dw) = strides, dilation
-    oh, ow, ry, rx = _window(height, width, kh, kw, strides, padding, dilation)
-    padded = _pad(data, padding, True)
-    pairs = in_block // 8
-    rco = te.reduce_axis((0, chunks), name="rco")
-    rcp = te.reduce_axis((0, pairs), name="rcp")
-    rq = te.reduce_axis((0, 2), name="rq")
-    rc4 = te.reduce_axis((0, 4), name="rc4")
-    return te.compute(
-        (n, out_blocks, oh, ow, block),
-        lambda b, co, y, x, c: te.sum(
-            padded[b, rco, y * sh + ry * dh, x * sw + rx * dw, (rcp * 2 + rq) * 4 + rc4].astype(
-                "int32"
-            )
-            * kernel[co, rco * pairs + rcp, ry, rx, rq, c, rc4].astype("int32"),
-            axis=[rco, ry, rx, rcp, rq, rc4],
+            padded[b, rco, y * sh + ry * dh, x * sw + rx * dw, quad * 4 + rc4].astype("int32")
+            * weight(co, ry, rx, c).astype("int32"),
+            axis=[rco, ry, rx, *steps, rc4],
         ),
         name=CONV2D_INT8_PACKED,
         tag=CONV2D_INT8_PACKED,

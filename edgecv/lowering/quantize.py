@@ -93,7 +93,7 @@ class TensorQuant:
         dtype = "uint8" if nonnegative else "int8"
         top = levels if nonnegative else 127
         threshold = float(threshold)
-        return cls(threshold / top if threshold > 0 else 1.0, dtype, top if nonnegative else 255)
+        return cls(threshold / top if threshold > 0 else 1.0, dtype, levels)
 
 
 @dataclass

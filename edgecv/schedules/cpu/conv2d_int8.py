@@ -475,19 +475,17 @@ def schedule_conv2d_int8_nchwc(
     kinds = iter_kinds(sch, conv)
     if kinds not in ("SSSSSRRRRR", "SSSSSRRRRRR"):
         raise NotApplicable("not a conv2d_int8_NCHWc nest")
-    pairs = len(kinds) == 11  # weights packed in pairs of steps (int8_pairs)
-    if pairs and dot.pairs is None:
-        raise NotApplicable("weights packed in pairs: this CPU's dot product has no int16 step")
+
     stmt = sch.get(conv)
     dtypes = tuple(str(r.source.dtype) for r in stmt.reads[-2:]) + (
         str(stmt.writes[0].source.dtype),
     )
     if dtypes != ("uint8", "int8", "int32"):
         raise NotApplicable(f"operands {dtypes}, not uint8 x int8 -> int32")
-    if pairs:
-        n, co, h, w, lane, rco, ry, rx, rcq, step, rc4 = sch.get_loops(conv)
-    else:
-        n, co, h, w, lane, rco, ry, rx, rcq, rc4 = sch.get_loops(conv)
+    # weights packed in pairs of steps (int8_pairs) add the step of the pair
+    n, co, h, w, lane, rco, ry, rx, rcq, *step, rc4 = sch.get_loops(conv)
+    if step and dot.pairs is None:
+        raise NotApplicable("weights packed in pairs: this CPU's dot product has no int16 step")
     if extent(sch, lane) != dot.lanes or extent(sch, rc4) != 4:
         raise NotApplicable(f"a block of {extent(sch, lane)} channels, not {dot.lanes}")
     write_back = accumulate_locally(sch, conv, epilogue)
@@ -497,7 +495,7 @@ def schedule_conv2d_int8_nchwc(
     h_o, h_i = sch.split(h, [None, rows])
     w_o, w_i = sch.split(w, [None, columns])
     outer = [n, h_o, co_o] if rows_outer else [n, co_o, h_o]
-    inner = [step, lane, rc4] if pairs else [lane, rc4]
+    inner = [*step, lane, rc4]
     sch.reorder(*outer, w_o, rco, ry, rx, rcq, h_i, w_i, co_i, *inner)
     parallel = sch.fuse(*outer)
     sch.parallel(parallel)
@@ -509,7 +507,7 @@ def schedule_conv2d_int8_nchwc(
     _store_vectors(sch, write_back, simd)
     placed = _pad_rows(sch, conv)
     # last: the loops it replaces are gone after it
-    sch.tensorize(inner[0], dot.pairs if pairs else dot.intrinsic)
+    sch.tensorize(inner[0], dot.pairs if step else dot.intrinsic)
     return placed
 
 
