@@ -579,19 +579,23 @@ def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
         ("znver3", {"vpmaddubsw", "vpmaddwd"}),
         ("skylake-avx512", {"vpmaddubsw", "vpmaddwd"}),
         ("znver4", {"vpdpbusd"}),
+        ("cortex-a78", {"sdot"}),
     ],
 )
 def test_dot_product_instruction_is_chosen_from_the_target_features(cpu, instructions, packed):
-    """Compiled (not run: this machine may lack them) for each CPU, the kernel uses the
-    dot product of its features: AVX2 and AVX-512 without VNNI pair bytes into int16
-    and words into int32, VNNI does both in one instruction. ``packed``: the kernel in
-    ``NCHW{lanes}c`` (``NCHW16c`` on the AVX-512 CPUs)."""
+    """Compiled (not run: this machine may lack them; the Cortex-A78's kernels run on
+    the emulated board, tests/emulation) for each CPU, the kernel uses the dot product of
+    its features: AVX2 and AVX-512 without VNNI pair bytes into int16 and words into
+    int32, VNNI does both in one instruction, ARM's ``sdot`` too (signed bytes: the data
+    is 7-bit). ``packed``: the kernel in ``NCHW{lanes}c`` (``NCHW16c`` on the AVX-512
+    CPUs, ``NCHW4c`` on ARM)."""
     import tvm
 
     from edgecv.schedules.cpu import default_rules, safe_rule
     from edgecv.schedules.stage import ScheduleOrder
 
-    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "mtriple": "x86_64-linux-gnu"})
+    triple = "aarch64-linux-gnu" if cpu.startswith("cortex") else "x86_64-linux-gnu"
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "mtriple": triple})
     dot = dot_product_of(target)
     lanes = dot.lanes
     pairs = packed == "pairs" and dot.pairs is not None
@@ -608,10 +612,22 @@ def test_dot_product_instruction_is_chosen_from_the_target_features(cpu, instruc
     assert name.startswith("fused_conv2d_int8_NCHWc") == bool(packed)
     module = tvm.IRModule({name: chosen.func.with_attr("global_symbol", name)})
     assembly = tvm.tirx.build(module, target=target).inspect_source("asm")
-    found = {i for i in ("vpdpbusd", "vpmaddubsw", "vpmaddwd") if i in assembly}
+    found = {i for i in ("vpdpbusd", "vpmaddubsw", "vpmaddwd", "sdot") if i in assembly}
     assert found == instructions
     # two steps' int16 pair sums added before one vpmaddwd (VNNI has no int16 step)
     assert ("vpaddw" in assembly) == pairs
+
+
+@pytest.mark.parametrize("cpu", ["cortex-a57", "cortex-a72"])
+def test_arm_cores_without_the_dot_product_keep_the_generic_rules(cpu):
+    """The Jetson Nano's and the AI-Sage board's cores (ARMv8.0) have no ``sdot``: no
+    dot product, so their INT8 convolutions keep the generic rules and 8-bit data."""
+    import tvm
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "mtriple": "aarch64-linux-gnu"})
+    assert dot_product_of(target) is None
+    a78 = tvm.target.Target({"kind": "llvm", "mcpu": "cortex-a78", "mtriple": "aarch64-linux-gnu"})
+    assert dot_product_of(a78).lanes == 4 and dot_product_of(a78).data_max == 127
 
 
 @pytest.mark.parametrize("packed", [False, True])

@@ -282,8 +282,8 @@ def quantize_model(
     quants = {k: TensorQuant.of(thresholds[k][method], s.nonnegative) for k, s in stats.items()}
     target = profile.tvm_target()
     dot = dot_product_of(target)
-    if dot is not None and dot.pairs:  # 7-bit data for the kernels that sum in int16
-        for tensor in _pairs_inputs(found, quants, dot):
+    if dot is not None and dot.data_max < 255:  # 7-bit data where the kernels need it
+        for tensor in _seven_bit_inputs(found, quants, dot):
             quants[tensor] = TensorQuant.of(thresholds[tensor][method], True, dot.data_max)
     quantized, records = quantize(
         mod,
@@ -324,7 +324,8 @@ def quantize_model(
         "operator: 63 where the CPU's instruction adds two products in int16)",
         "dot_product": dot.intrinsic if dot else None,
         "activations": "uint8 where never negative (0..127 where a spatial convolution on "
-        "the dot product sums two steps in int16), else int8 symmetric; zero point 0",
+        "the dot product sums two steps in int16, or any kernel on ARM's signed sdot reads "
+        "it), else int8 symmetric; zero point 0",
         "quantized": counts,
         "float32_arithmetic": sum(r["arithmetic"] == "float32" for r in records),
         "not_quantized": len(found.sites) - len(records),
@@ -344,17 +345,23 @@ def quantize_model(
     return quantized, facts, {CALIBRATION_FILE: json.dumps(document, separators=(",", ":"))}
 
 
-def _pairs_inputs(found, quants: dict, dot) -> set[str]:
-    """The uint8 tensors a convolution on the dot product that sums two steps in int16
-    reads (:func:`edgecv.lowering.legalize.sums_in_pairs`): they get 7-bit data."""
+def _seven_bit_inputs(found, quants: dict, dot) -> set[str]:
+    """The uint8 tensors that a kernel on the dot product reads as 7-bit data
+    (:meth:`~edgecv.schedules.cpu.conv2d_int8.DotProduct.seven_bit_data`: one that sums
+    two steps in int16, :func:`edgecv.lowering.legalize.sums_in_pairs`, or any on ARM's
+    signed ``sdot``): they get 7-bit data."""
     keys = set()
     for site in found.sites:
         quant = quants.get(site.tensor)
-        if site.op != "conv2d" or quant is None or quant.dtype != "uint8":
+        if quant is None or quant.dtype != "uint8":
+            continue
+        if site.op == "dense":
+            if _dense_on_dot(site, quant, dot) and dot.seven_bit_data(in_pairs=False):
+                keys.add(site.tensor)  # a 1x1 convolution on the dot product
             continue
         groups = int(site.call.attrs.groups)
-        if sums_in_pairs(*site.weight.shape[2:]) and runs_on_dot_product(
-            site.weight.shape, groups, quant.dtype, dot
+        if runs_on_dot_product(site.weight.shape, groups, quant.dtype, dot) and dot.seven_bit_data(
+            sums_in_pairs(*site.weight.shape[2:])
         ):
             keys.add(site.tensor)
     return keys

@@ -19,11 +19,16 @@ import pytest
 from conftest import mxnet_forward
 from emulation import aarch64
 from graph_tuner.small_model import SHAPE, export_small_model
+from test_int8 import SHAPE as INT8_SHAPE
+from test_int8 import _small_net
 from test_wheel import build_wheel
 from user_models import tiny_yolo
 
+import edgecv
 from edgecv.deploy import deploy
-from edgecv.testing import assert_close, match_detections, network_loosening
+from edgecv.pipelines import BuildOptions
+from edgecv.schedules.cpu.conv2d_int8 import NEON_SDOT
+from edgecv.testing import assert_close, assert_close_int8, match_detections, network_loosening
 
 pytestmark = pytest.mark.skipif(
     aarch64.unavailable_reason() is not None, reason=str(aarch64.unavailable_reason())
@@ -215,6 +220,56 @@ def test_device_runtime_cli_on_the_board(device_runtime, tmp_path):
     assert "compiler library mapped: False" in done.stdout
     with np.load(out) as npz:
         assert_close(npz["output0"], mxnet_forward(symbol, params, x)[0], name="edgecv run")
+
+
+def test_int8_package_on_arm_sdot_runs_on_the_board(device_runtime, tmp_path):
+    """(d) ``--precision int8`` for a CPU profile of the Jetson Orin's Cortex-A78 (a
+    profile file, as a user writes one): calibrated here, its uint8 x int8 convolutions
+    on ``sdot`` with 7-bit data, run on the emulated board (qemu's CPU has the dot
+    product). Against this machine's float32 package of the same weights: within the
+    quantization step, as on x86."""
+    symbol = _small_net(tmp_path / "export" / "small")
+    inputs = np.random.RandomState(1).normal(size=(16, *INT8_SHAPE[1:])).astype(np.float32)
+    np.save(tmp_path / "calibration.npy", inputs)
+    a78 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a78"}
+    profile = tmp_path / "orin_cpu.json"
+    profile.write_text(
+        json.dumps(
+            {
+                "name": "orin_cpu",
+                "description": "the Jetson Orin Nano's CPU alone",
+                "runtime": "cpu",
+                "target": a78,
+                "host": a78,
+                "gpu_ops": [],
+                "tuning_class": "cortex-a78",
+            }
+        )
+    )
+    options = dict(layout="NCHW", tuning=None, calibration_method="minmax")
+    path = deploy(
+        str(symbol),
+        tmp_path / "board" / "pkg",
+        str(profile),
+        input_shape=INT8_SHAPE,
+        options=BuildOptions(
+            precision="int8", calibrate=str(tmp_path / "calibration.npy"), **options
+        ),
+    )
+    build = json.loads((path / "manifest.json").read_text())["build"]
+    facts = build["quantization"]
+    assert facts["dot_product"] == NEON_SDOT
+    assert build["schedules"]["cpu"]["rules"].get("cpu.Conv2DInt8") == 2  # the 1x1, the 3x3
+    on_dot = {op["name"]: op for op in facts["operators"] if op["arithmetic"] == "int32"}
+    assert sorted(on_dot) == ["conv2d_2", "conv2d_3"]
+    # sdot multiplies signed bytes: 7-bit data for both, 8-bit weights
+    assert {(op["input_max"], op["weight_max"]) for op in on_dot.values()} == {(127, 127)}
+    fp32 = edgecv.load(deploy(str(symbol), tmp_path / "fp32", input_shape=INT8_SHAPE))
+    x = inputs[:1]  # one of the calibration inputs: min/max clips nothing of it
+    outputs, loaded = run_on_board(device_runtime, path, x, "load")
+    assert loaded["runtime_library"], loaded
+    error = assert_close_int8(outputs[0], fp32.run(x)[0], layers=5)
+    assert error > 0, "int8 gave exactly the float32 outputs: was anything quantized?"
 
 
 @pytest.mark.heavy

@@ -15,7 +15,14 @@ target features        instructions (one int32 lane += 4 pairs)   lanes (int32)
 avx512vnni             ``vpdpbusd`` (one instruction)             16
 avx512bw               ``vpmaddubsw`` + ``vpmaddwd`` (ones)        16
 avx2 (Zen 3)           ``vpmaddubsw`` + ``vpmaddwd`` (ones)        8
+aarch64 dotprod        ``sdot`` (one instruction, s8 x s8)         4
 =====================  =========================================  ==================
+
+ARM's ``sdot`` (Cortex-A76/A78, Neoverse N1 and later: the Jetson Orin's CPU; not the
+Cortex-A57/A72 of the Jetson Nano and the AI-Sage board, which keep the generic rules)
+multiplies signed bytes by signed bytes: the INT8 step gives every tensor such a kernel
+reads 7-bit data (0..127), whose bytes read the same as uint8 or int8, and the weights
+keep 8 bits (no int16 step to saturate).
 
 ``vpmaddubsw`` adds each two u8 x s8 products in int16 with saturation: with weights
 of 7 bits (|w| <= 63) two products stay within it (2 x 255 x 63 = 32130 < 32767), so on
@@ -83,6 +90,7 @@ AVX512_DOT = "edgecv_dot_16x4_u8i8i32_avx512"
 VNNI_DOT = "edgecv_dot_16x4_u8i8i32_vnni"
 AVX2_PAIRS = "edgecv_dot_8x2x4_u7i7i32_avx2"
 AVX512_PAIRS = "edgecv_dot_16x2x4_u7i7i32_avx512"
+NEON_SDOT = "edgecv_dot_4x4_u7i8i32_sdot"
 
 
 @dataclass(frozen=True)
@@ -90,17 +98,27 @@ class DotProduct:
     """The int8 dot-product instruction a target has: its tensor intrinsic, int32
     lanes, the largest weight magnitude it multiplies without saturating, and the
     intrinsic that sums two steps in int16 before widening them (``vpmaddubsw``
-    targets; None with VNNI), exact for data of 7 bits (0..127)."""
+    targets; None with VNNI), exact for data of 7 bits (0..127); ``signed_bytes``: the
+    instruction multiplies the data as int8 (``sdot``), so every kernel on it reads
+    7-bit data."""
 
     intrinsic: str
     lanes: int
     weight_max: int
     pairs: str | None = None
+    signed_bytes: bool = False
 
     @property
     def data_max(self) -> int:
-        """The largest uint8 value the INT8 step gives the data of these kernels."""
-        return 127 if self.pairs else 255
+        """The largest uint8 value the INT8 step gives the data of the kernels that need
+        7 bits (:meth:`seven_bit_data`); 255 when none does."""
+        return 127 if self.pairs or self.signed_bytes else 255
+
+    def seven_bit_data(self, in_pairs: bool) -> bool:
+        """Whether a kernel on this instruction reads data of 7 bits: every kernel where
+        the instruction multiplies signed bytes, those that sum two steps in int16
+        (``in_pairs``: :func:`edgecv.lowering.legalize.sums_in_pairs`) where it pairs."""
+        return self.signed_bytes or (self.pairs is not None and in_pairs)
 
 
 def dot_product_of(target: tvm.target.Target) -> DotProduct | None:
@@ -115,6 +133,8 @@ def dot_product_of(target: tvm.target.Target) -> DotProduct | None:
             return DotProduct(AVX512_DOT, 16, 63, AVX512_PAIRS)
         if target_has_features("avx2", target):
             return DotProduct(AVX2_DOT, 8, 63, AVX2_PAIRS)
+        if target_has_features("dotprod", target):  # AArch64 (ARMv8.2's optional sdot)
+            return DotProduct(NEON_SDOT, 4, 127, signed_bytes=True)
     return None
 
 
@@ -239,6 +259,30 @@ def _vnni():
     return implementation
 
 
+def _sdot():
+    """``sdot``: four s8 x s8 products added into each of four int32 lanes; the data's
+    bytes (uint8 of 7 bits) read as int8."""
+
+    @T.prim_func(s_tir=True)
+    def implementation(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((4, 4), "int8", offset_factor=1),
+        C: T.Buffer((4,), "int32", offset_factor=1, scope="local"),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:4], A[0:4], B[0:4, 0:4])
+            T.writes(C[0:4])
+            C[T.ramp(T.int32(0), 1, 4)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.sdot.v4i32.v16i8"),
+                C.vload([0], dtype="int32x4"),
+                B.vload([0, 0], dtype="int8x16"),
+                T.reinterpret(_quad(A, 0, 4), dtype="int8x16"),
+                dtype="int32x4",
+            )
+
+    return implementation
+
+
 def _pairs_description(lanes: int):
     @T.prim_func(s_tir=True)
     def description(
@@ -300,6 +344,7 @@ def register_intrinsics() -> None:
         _pmaddubsw(16, "llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512"),
     )
     s_tir.TensorIntrin.register(VNNI_DOT, _description(16), _vnni())
+    s_tir.TensorIntrin.register(NEON_SDOT, _description(4), _sdot())
     s_tir.TensorIntrin.register(
         AVX2_PAIRS,
         _pairs_description(8),
