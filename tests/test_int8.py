@@ -630,6 +630,40 @@ def test_arm_cores_without_the_dot_product_keep_the_generic_rules(cpu):
     assert dot_product_of(a78).lanes == 4 and dot_product_of(a78).data_max == 127
 
 
+def test_int8_for_a_cpu_without_a_dot_product_warns_that_it_is_slow(small, tmp_path):
+    """An INT8 build for a CPU with no dot product edgecv uses (a profile file for the
+    AI-Sage board's Cortex-A72) still builds, correct but in int32 lanes: the deploy
+    says so, and what to do."""
+    symbol, npy, _, _ = small
+    a72 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72"}
+    profile = tmp_path / "a72.json"
+    profile.write_text(
+        json.dumps(
+            {
+                "name": "a72",
+                "description": "a Cortex-A72 alone",
+                "runtime": "cpu",
+                "target": a72,
+                "host": a72,
+                "gpu_ops": [],
+                "tuning_class": "cortex-a72",
+            }
+        )
+    )
+    with pytest.warns(UserWarning, match=r"cortex-a72\) has no 8-bit dot-product") as caught:
+        path = deploy(
+            symbol,
+            tmp_path / "pkg",
+            str(profile),
+            input_shape=SHAPE,
+            options=_options(precision="int8", calibrate=npy),
+        )
+    assert "deploy without --precision int8" in str(caught[0].message)
+    build = json.loads((path / "manifest.json").read_text())["build"]
+    assert build["quantization"]["dot_product"] is None
+    assert "cpu.Conv2DInt8" not in build["schedules"]["cpu"]["rules"]
+
+
 @pytest.mark.parametrize("packed", [False, True])
 def test_the_quantization_epilogue_rounds_in_vectors(packed):
     """The next layer's quantization (round half to even, clip, cast) after a residual

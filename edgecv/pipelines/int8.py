@@ -31,6 +31,7 @@ import hashlib
 import json
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -282,6 +283,14 @@ def quantize_model(
     quants = {k: TensorQuant.of(thresholds[k][method], s.nonnegative) for k, s in stats.items()}
     target = profile.tvm_target()
     dot = dot_product_of(target)
+    if dot is None:
+        warnings.warn(
+            f"profile {profile.name}: its CPU ({target.attrs.get('mcpu', 'generic')}) has no "
+            "8-bit dot-product instruction edgecv uses (x86 AVX2 or AVX-512, ARM dotprod): "
+            "its INT8 convolutions compute in int32 lanes, about half float32's speed; "
+            "deploy without --precision int8 for speed (docs/int8.md)",
+            stacklevel=2,
+        )
     if dot is not None and dot.data_max < 255:  # 7-bit data where the kernels need it
         for tensor in _seven_bit_inputs(found, quants, dot):
             quants[tensor] = TensorQuant.of(thresholds[tensor][method], True, dot.data_max)
