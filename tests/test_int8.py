@@ -12,6 +12,7 @@ pass, and accuracy against the float32 package of the same weights.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -579,6 +580,7 @@ def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
         ("znver3", {"vpmaddubsw", "vpmaddwd"}),
         ("skylake-avx512", {"vpmaddubsw", "vpmaddwd"}),
         ("znver4", {"vpdpbusd"}),
+        ("alderlake", {"vpdpbusd"}),
         ("cortex-a78", {"sdot"}),
     ],
 )
@@ -614,6 +616,8 @@ def test_dot_product_instruction_is_chosen_from_the_target_features(cpu, instruc
     assembly = tvm.tirx.build(module, target=target).inspect_source("asm")
     found = {i for i in ("vpdpbusd", "vpmaddubsw", "vpmaddwd", "sdot") if i in assembly}
     assert found == instructions
+    if cpu == "alderlake":  # AVX-VNNI: the VEX form on ymm registers, no AVX-512
+        assert re.search(r"\{vex\}\s+vpdpbusd", assembly) and "zmm" not in assembly
     # two steps' int16 pair sums added before one vpmaddwd (VNNI has no int16 step)
     assert ("vpaddw" in assembly) == pairs
 

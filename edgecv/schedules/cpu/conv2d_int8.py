@@ -14,6 +14,7 @@ target features        instructions (one int32 lane += 4 pairs)   lanes (int32)
 =====================  =========================================  ==================
 avx512vnni             ``vpdpbusd`` (one instruction)             16
 avx512bw               ``vpmaddubsw`` + ``vpmaddwd`` (ones)        16
+avxvnni (Alder Lake)   ``vpdpbusd`` (VEX, 256 bits)               8
 avx2 (Zen 3)           ``vpmaddubsw`` + ``vpmaddwd`` (ones)        8
 aarch64 dotprod        ``sdot`` (one instruction, s8 x s8)         4
 =====================  =========================================  ==================
@@ -88,6 +89,7 @@ from .loop_nest import (
 AVX2_DOT = "edgecv_dot_8x4_u8i8i32_avx2"
 AVX512_DOT = "edgecv_dot_16x4_u8i8i32_avx512"
 VNNI_DOT = "edgecv_dot_16x4_u8i8i32_vnni"
+AVX_VNNI_DOT = "edgecv_dot_8x4_u8i8i32_avxvnni"
 AVX2_PAIRS = "edgecv_dot_8x2x4_u7i7i32_avx2"
 AVX512_PAIRS = "edgecv_dot_16x2x4_u7i7i32_avx512"
 NEON_SDOT = "edgecv_dot_4x4_u7i8i32_sdot"
@@ -131,6 +133,8 @@ def dot_product_of(target: tvm.target.Target) -> DotProduct | None:
             return DotProduct(VNNI_DOT, 16, 127)
         if target_has_features("avx512bw", target):
             return DotProduct(AVX512_DOT, 16, 63, AVX512_PAIRS)
+        if target_has_features("avxvnni", target):  # Alder Lake and its Atoms (N100)
+            return DotProduct(AVX_VNNI_DOT, 8, 127)
         if target_has_features("avx2", target):
             return DotProduct(AVX2_DOT, 8, 63, AVX2_PAIRS)
         if target_has_features("dotprod", target):  # AArch64 (ARMv8.2's optional sdot)
@@ -236,24 +240,29 @@ def _pmaddubsw(lanes: int, madd_bytes: str, madd_words: str):
     return implementation
 
 
-def _vnni():
+def _vnni(lanes: int):
+    """``vpdpbusd``: four u8 x s8 products added into each int32 lane, in 512 bits
+    (AVX-512 VNNI) or 256 (AVX-VNNI, whose VEX form LLVM emits for the 256-bit
+    intrinsic when the target has no AVX-512)."""
+    bits = 32 * lanes
+
     @T.prim_func(s_tir=True)
     def implementation(
         A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((16, 4), "int8", offset_factor=1),
-        C: T.Buffer((16,), "int32", offset_factor=1, scope="local"),
+        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local"),
     ) -> None:
         with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
             # LLVM 22 (TVM 0.27's) takes the bytes as <64 x i8>; TVM's own VNNI intrinsic
             # still passes <16 x i32> and fails LLVM's verifier
-            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-                C.vload([0], dtype="int32x16"),
-                _quad(A, 0, 16),
-                B.vload([0, 0], dtype="int8x64"),
-                dtype="int32x16",
+            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(f"llvm.x86.avx512.vpdpbusd.{bits}"),
+                C.vload([0], dtype=f"int32x{lanes}"),
+                _quad(A, 0, lanes),
+                B.vload([0, 0], dtype=f"int8x{4 * lanes}"),
+                dtype=f"int32x{lanes}",
             )
 
     return implementation
@@ -343,7 +352,8 @@ def register_intrinsics() -> None:
         _description(16),
         _pmaddubsw(16, "llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512"),
     )
-    s_tir.TensorIntrin.register(VNNI_DOT, _description(16), _vnni())
+    s_tir.TensorIntrin.register(VNNI_DOT, _description(16), _vnni(16))
+    s_tir.TensorIntrin.register(AVX_VNNI_DOT, _description(8), _vnni(8))
     s_tir.TensorIntrin.register(NEON_SDOT, _description(4), _sdot())
     s_tir.TensorIntrin.register(
         AVX2_PAIRS,
