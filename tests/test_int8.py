@@ -402,6 +402,72 @@ def test_a_dense_layer_on_the_dot_product_is_its_1x1_convolution():
     np.testing.assert_array_equal(results[0], results[1])
 
 
+def test_a_signed_input_without_padding_is_shifted_onto_the_dot_product():
+    """A linear bottleneck (MobileNetV2's: a 1x1 without ReLU) is signed, and the
+    ``u8 x s8`` dot product cannot read it as it is: the 1x1 that expands it reads
+    ``q + 128`` in uint8 and its epilogue takes ``128 * sum(w[o])`` back. Its output is
+    the generic int8 kernel's up to float32 rounding of the epilogue; the 3x3 with
+    padding beside it (whose border would be shifted too) keeps its int8 input."""
+    from tvm import relax
+
+    from edgecv.codegen.llvm import build_cpu
+    from edgecv.pipelines.int8 import _arithmetic, _shifted, _weight_limits
+    from edgecv.runtime.cpu import CPUBackend
+    from edgecv.runtime.executor import Executor
+
+    target = load_profile("cpu").tvm_target()
+    dot = dot_product_of(target)
+    if dot is None or dot.signed_bytes:
+        pytest.skip("this CPU has no u8 x s8 dot product")
+    rng = np.random.RandomState(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 32, 8, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            weights = [rng.normal(size=(32, 32, k, k)).astype("float32") for k in (1, 1, 3)]
+            bottleneck = relax.op.nn.conv2d(x, relax.const(weights[0]))
+            expand = relax.op.nn.conv2d(bottleneck, relax.const(weights[1]))
+            shift = relax.const(rng.normal(size=(1, 32, 1, 1)).astype("float32"))
+            spatial = relax.op.nn.conv2d(bottleneck, relax.const(weights[2]), padding=1)
+            out = bb.emit_output(
+                relax.op.concat([relax.op.nn.relu(relax.op.add(expand, shift)), spatial], 1)
+            )
+        bb.emit_func_output(out)
+    mod = bb.get()
+    found = find_sites(mod)
+    quants = {k: TensorQuant(0.05, "int8") for k in found.tensors}
+    limits = _weight_limits(target)
+    shifted, records = quantize(
+        mod,
+        quants,
+        limits,
+        arithmetic=_arithmetic(target),
+        shift_signed=lambda site, quant: _shifted(site, quant, dot),
+    )
+    kinds = {r["name"]: (r["arithmetic"], r["input_dtype"], r.get("input_shift")) for r in records}
+    assert kinds["conv2d_0"] == ("int32", "uint8", 128)
+    assert kinds["conv2d_1"] == ("int32", "uint8", 128)  # the expansion: same tensor
+    assert kinds.get("conv2d_2", (None, "int8", None))[1:] == ("int8", None)  # padded
+    # the same integers read as int8 by the generic int32 kernels
+    generic, _ = quantize(mod, quants, limits)
+    data = rng.normal(size=(1, 32, 8, 8)).astype("float32")
+    outputs = []
+    for quantized, block in ((shifted, dot.lanes), (generic, None)):
+        lowered = lower(quantized, int8_block=block)
+        reads = sorted(
+            lowered.plan.buffers[s.args[0]].dtype
+            for s in lowered.plan.steps
+            if lowered.kernel_ops[s.kernel][0].startswith("conv2d")
+        )
+        # the two 1x1s read uint8 (shifted) on the dot product, the 3x3 int8 values
+        assert reads == (["float32", "uint8", "uint8"] if block else ["int8", "int8", "int8"])
+        library = build_cpu(lowered.kernels, target)
+        executor = Executor(lowered.plan, CPUBackend(library), lowered.constants)
+        outputs.append(executor.run([data])[0])
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=0, atol=1e-4 * np.abs(outputs[1]).max())
+    assert np.abs(outputs[1]).max() > 0
+
+
 def test_float32_arithmetic_on_integer_values_is_the_int32_result(small):
     """Operators whose integer sums stay below 2**24 may compute in float32 kernels:
     bit for bit what the int32 kernels give, for the whole network."""

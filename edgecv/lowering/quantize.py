@@ -16,6 +16,13 @@ imported module before the graph tuner and the Relax passes (see
   (after a ReLU: all 256 levels carry magnitude, and ``u8 x s8`` is what AVX2's
   ``vpmaddubsw`` multiplies), else ``int8`` symmetric. Zero is always exactly 0, so the
   convolution's zero padding needs no correction.
+- **signed inputs on an unsigned dot product** (``shift_signed``): an ``int8`` input
+  of an operator with no padding (a 1x1 convolution, a dense layer) that the CPU's
+  ``u8 x s8`` instruction will multiply is read as ``q + 128`` in ``uint8`` (1..255);
+  the sum then carries ``128 * sum(w[o])`` more, a constant per output channel that the
+  epilogue's add takes back, so the shift costs nothing at run time (MobileNetV2's
+  expansion convolutions read its linear bottlenecks, which are signed). With padding
+  the border would add ``128 * w`` where zero was meant, so those stay as they are.
 - **accumulation** in int32 (``conv2d(..., out_dtype="int32")``).
 - **epilogue**: the int32 result is cast to float32 and multiplied by ``s_x * s_w[o]``;
   the per-channel affine operators that follow it (the bias ``add``, BatchNorm's folded
@@ -355,13 +362,27 @@ def _reads(expr: relax.Expr) -> list[relax.Var]:
     return list(relax.analysis.free_vars(expr))
 
 
-def quantize_tensor(x: relax.Expr, quant: TensorQuant, dtype: str | None = None) -> relax.Expr:
-    """``round(x / scale)`` clipped to the integer range and cast to ``dtype`` (default
-    the quantization's own; ``float32`` keeps the integer values in floats), elementwise:
-    it fuses into the kernel that produces ``x``."""
+# What a signed input read by an unsigned dot product is shifted by: -127..127 -> 1..255.
+SIGNED_SHIFT = 128
+
+
+def quantize_tensor(
+    x: relax.Expr, quant: TensorQuant, dtype: str | None = None, shift: int = 0
+) -> relax.Expr:
+    """``round(x / scale)`` clipped to the integer range, plus ``shift``, cast to
+    ``dtype`` (default the quantization's own; ``float32`` keeps the integer values in
+    floats), elementwise: it fuses into the kernel that produces ``x``."""
     scaled = R.multiply(x, relax.const(1.0 / quant.scale, "float32"))
     rounded = R.clip(R.round(scaled), quant.qmin, quant.qmax)
+    if shift:
+        rounded = R.add(rounded, relax.const(float(shift), "float32"))
     return R.astype(rounded, dtype or quant.dtype)
+
+
+def unpadded(site: Site) -> bool:
+    """Whether ``site`` reads no padding (a dense layer, a convolution with padding 0):
+    the operators a shifted input (``SIGNED_SHIFT``) gives exact sums."""
+    return site.op == "dense" or all(int(p) == 0 for p in site.call.attrs.padding)
 
 
 def _eight_bit_adds(func, found: Sites, plans: dict, quants: dict, bindings: dict) -> dict:
@@ -371,8 +392,8 @@ def _eight_bit_adds(func, found: Sites, plans: dict, quants: dict, bindings: dic
     an output of the function, not read twice by one add)."""
     integer_reads = {
         site.tensor
-        for site, _, _, kind, _ in plans.values()
-        if _input_dtype(site, kind) is None  # the quantization's uint8/int8
+        for site, _, _, kind, _, shift in plans.values()
+        if _input_dtype(site, kind) is None and not shift  # the quantization's uint8/int8
     }
     readers: dict[relax.Var, list[tuple[relax.Var, relax.Expr]]] = {}
     for var, value in bindings.items():
@@ -450,6 +471,7 @@ def quantize(
     arithmetic: Callable[[Site, TensorQuant, int], str] | None = None,
     dense_as_conv: bool = False,
     residual_adds: bool = False,
+    shift_signed: Callable[[Site, TensorQuant], bool] | None = None,
 ) -> tuple[tvm.IRModule, list[dict]]:
     """``mod`` with every site of :func:`find_sites` whose input tensor has a
     quantization in ``quants`` (by tensor key) and whose name is not in ``skip``
@@ -467,12 +489,14 @@ def quantize(
     written as the 1x1 convolutions they are (``(N, K)`` as ``(N, K, 1, 1)``), for a CPU
     whose dot-product kernels are convolution kernels. ``residual_adds``: adds read the
     8-bit values of a quantized tensor (the module docstring; one record each, ``op``
-    ``add``)."""
+    ``add``). ``shift_signed(site, quant)``: whether an ``int32`` operator without
+    padding reads its ``int8`` input as ``uint8`` shifted by :data:`SIGNED_SHIFT` (for a
+    CPU whose dot product multiplies unsigned data; the module docstring)."""
     found = find_sites(mod)
     func = mod["main"]
     bindings = _bindings(func)
     uses, users = _use_counts(func), _users(bindings)
-    plans: dict[relax.Var, tuple[Site, _Epilogue, np.ndarray, str]] = {}
+    plans: dict[relax.Var, tuple[Site, _Epilogue, np.ndarray, str, bool, int]] = {}
     absorbed: set[relax.Var] = set()
     records = []
     for site in found.sites:
@@ -498,7 +522,20 @@ def quantize(
             q_weight = np.ascontiguousarray(q_weight.T)  # back to [in, out]
         if kind == "float32" and not exact_in_float32(site, quant, limit):
             raise ValueError(f"{site.name}: its sums exceed float32's exact integers")
-        plans[site.var] = (site, epilogue, q_weight, kind, as_conv)
+        shift = 0
+        if (
+            shift_signed is not None
+            and kind == "int32"
+            and quant.dtype == "int8"
+            and unpadded(site)
+            and shift_signed(site, quant)
+        ):
+            shift = SIGNED_SHIFT  # the sums carry shift * sum(w[o]): taken back here
+            sums = q_weight.reshape(q_weight.shape[0], -1).sum(axis=1, dtype=np.int64)
+            if site.op == "dense" and not as_conv:
+                sums = q_weight.sum(axis=0, dtype=np.int64)  # [in, out]
+            epilogue.shift = epilogue.shift - shift * sums * epilogue.multiplier
+        plans[site.var] = (site, epilogue, q_weight, kind, as_conv, shift)
         absorbed.update(epilogue.absorbed)
         records.append(
             {
@@ -507,9 +544,10 @@ def quantize(
                 "weight_shape": list(site.weight.shape),
                 "weight_max": limit,
                 "input": site.tensor,
-                "input_dtype": quant.dtype,
+                "input_dtype": "uint8" if shift else quant.dtype,
                 "input_scale": quant.scale,
                 "input_max": quant.qmax,
+                **({"input_shift": shift} if shift else {}),
                 "weight_scale_min": float(w_scales.min()),
                 "weight_scale_max": float(w_scales.max()),
                 "epilogue": epilogue.ops,
@@ -519,7 +557,7 @@ def quantize(
         )
     if not plans:
         return mod, records
-    made: dict[tuple[str, str], relax.Var] = {}
+    made: dict[tuple[str, str, int], relax.Var] = {}
     eight_bit_adds = _eight_bit_adds(func, found, plans, quants, bindings) if residual_adds else {}
     for add_var, (key, _) in eight_bit_adds.items():
         records.append(
@@ -535,9 +573,11 @@ def quantize(
 
     @relax.expr_functor.mutator
     class Quantizer(relax.PyExprMutator):
-        def quantized(self, key: str, tensor: relax.Var, dtype: str | None = None) -> relax.Var:
+        def quantized(
+            self, key: str, tensor: relax.Var, dtype: str | None = None, shift: int = 0
+        ) -> relax.Var:
             dtype = dtype or quants[key].dtype
-            if (key, dtype) not in made:
+            if (key, dtype, shift) not in made:
                 pieces = _concatenated(tensor, bindings)
                 readers = sum(p[0].tensor == key for p in plans.values())
                 if pieces is not None and uses.get(tensor, 0) == readers:
@@ -546,16 +586,18 @@ def quantize(
                     # kernel that makes it, and concatenated in 8 bits
                     quantized_pieces = [
                         self.builder_.emit(
-                            quantize_tensor(self.visit_expr(piece), quants[key], dtype)
+                            quantize_tensor(self.visit_expr(piece), quants[key], dtype, shift)
                         )
                         for piece in pieces
                     ]
                     axis = int(bindings[tensor].attrs.axis)
-                    made[key, dtype] = self.builder_.emit(R.concat(quantized_pieces, axis))
+                    made[key, dtype, shift] = self.builder_.emit(R.concat(quantized_pieces, axis))
                 else:
                     data = self.visit_expr(tensor)
-                    made[key, dtype] = self.builder_.emit(quantize_tensor(data, quants[key], dtype))
-            return made[key, dtype]
+                    made[key, dtype, shift] = self.builder_.emit(
+                        quantize_tensor(data, quants[key], dtype, shift)
+                    )
+            return made[key, dtype, shift]
 
         def dequantized(self, key: str, tensor: relax.Var) -> relax.Expr:
             q = self.quantized(key, tensor)
@@ -581,8 +623,9 @@ def quantize(
             if var not in plans:
                 super().visit_var_binding_(binding)
                 return
-            site, epilogue, q_weight, kind, as_conv = plans[var]
-            data = self.quantized(site.tensor, site.call.args[0], _input_dtype(site, kind))
+            site, epilogue, q_weight, kind, as_conv, shift = plans[var]
+            dtype = "uint8" if shift else _input_dtype(site, kind)
+            data = self.quantized(site.tensor, site.call.args[0], dtype, shift)
             if kind == "int32":
                 weight = relax.const(q_weight, "int8")
             else:
@@ -642,5 +685,6 @@ __all__ = [
     "quantize",
     "quantize_tensor",
     "quantize_weights",
+    "unpadded",
     "with_taps",
 ]

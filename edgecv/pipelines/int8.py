@@ -50,6 +50,7 @@ from ..lowering.quantize import (
     exact_in_float32,
     find_sites,
     quantize,
+    unpadded,
     with_taps,
 )
 from ..profiles import Profile
@@ -301,6 +302,7 @@ def quantize_model(
         arithmetic=_arithmetic(target),
         dense_as_conv=dot is not None,  # an int32 dense layer there is on the dot product
         residual_adds=True,
+        shift_signed=lambda site, quant: _shifted(site, quant, dot),
     )
     adds = [r for r in records if r["op"] == "add"]
     records = [r for r in records if r["op"] != "add"]
@@ -376,6 +378,21 @@ def _seven_bit_inputs(found, quants: dict, dot) -> set[str]:
     return keys
 
 
+def _shifted(site, quant: TensorQuant, dot) -> bool:
+    """Whether ``site`` reads its signed input shifted into ``uint8``
+    (:data:`edgecv.lowering.quantize.SIGNED_SHIFT`) to run on ``dot``: an operator
+    without padding on an instruction that multiplies unsigned data, whose kernel does
+    not need 7-bit data (shifted values span 1..255)."""
+    if dot is None or dot.signed_bytes or quant.dtype != "int8" or not unpadded(site):
+        return False
+    return not (site.op == "conv2d" and dot.seven_bit_data(sums_in_pairs(*site.weight.shape[2:])))
+
+
+def _dot_dtype(site, quant: TensorQuant, dot) -> str:
+    """The dtype of ``site``'s input as ``dot``'s kernel would read it."""
+    return "uint8" if _shifted(site, quant, dot) else quant.dtype
+
+
 def _weight_limits(target: tvm.target.Target):
     """The largest weight magnitude per quantized operator: 7 bits for the convolutions
     the CPU's ``vpmaddubsw`` will multiply (two u8 x s8 products added in int16 saturate
@@ -388,7 +405,7 @@ def _weight_limits(target: tvm.target.Target):
         if site.op == "dense":
             return dot.weight_max if _dense_on_dot(site, quant, dot) else WEIGHT_MAX
         groups = int(site.call.attrs.groups)
-        if runs_on_dot_product(site.weight.shape, groups, quant.dtype, dot):
+        if runs_on_dot_product(site.weight.shape, groups, _dot_dtype(site, quant, dot), dot):
             return dot.weight_max
         return WEIGHT_MAX
 
@@ -410,14 +427,14 @@ def _arithmetic(target: tvm.target.Target):
             return "int32"
         if dot is not None and site.op == "conv2d":
             groups = int(site.call.attrs.groups)
-            if runs_on_dot_product(site.weight.shape, groups, quant.dtype, dot):
+            if runs_on_dot_product(site.weight.shape, groups, _dot_dtype(site, quant, dot), dot):
                 return "int32"
         if exact_in_float32(site, quant, weight_max):
             return "float32"
         # int32 lanes run at about half float32's speed: where the CPU has a dot
         # product but this operator cannot use it (SSD's 126-channel class heads, a
-        # signed input), it stays float32 (ssd_512_mobilenet1.0_voc: six such heads took
-        # 75 of its 129 ms in INT8)
+        # signed input read with padding), it stays float32 (ssd_512_mobilenet1.0_voc:
+        # six such heads took 75 of its 129 ms in INT8)
         return None if dot is not None else "int32"
 
     return arithmetic
@@ -431,7 +448,7 @@ def _dense_on_dot(site, quant: TensorQuant, dot) -> bool:
     INT8 package's 11.7 (loaded); in 8 bits a quarter of the bytes."""
     out_channels, in_channels = site.weight.shape
     return len(site.call.args[0].ty.shape) == 2 and runs_on_dot_product(
-        (out_channels, in_channels, 1, 1), 1, quant.dtype, dot
+        (out_channels, in_channels, 1, 1), 1, _dot_dtype(site, quant, dot), dot
     )
 
 
