@@ -183,7 +183,7 @@ def to_mxnet(config: dict, weights: dict[str, np.ndarray], prefix: Path) -> tupl
 TFJS = """
 const tf = require('@tensorflow/tfjs');
 const fs = require('fs');
-const [model, shard, input, count, output] = process.argv.slice(2);
+const [model, shard, input, count, output] = process.argv.slice(1);
 (async () => {
   await tf.setBackend('cpu');
   const m = require(model);
