@@ -336,7 +336,8 @@ def quantize_model(
         "dot_product": dot.intrinsic if dot else None,
         "activations": "uint8 where never negative (0..127 where a spatial convolution on "
         "the dot product sums two steps in int16, or any kernel on ARM's signed sdot reads "
-        "it), else int8 symmetric; zero point 0",
+        "it), else int8 symmetric; zero point 0 (an int8 input of an operator without "
+        "padding on x86's u8 x s8 dot product is read as q + 128: input_shift)",
         "quantized": counts,
         "float32_arithmetic": sum(r["arithmetic"] == "float32" for r in records),
         "not_quantized": len(found.sites) - len(records),
