@@ -700,26 +700,23 @@ def test_arm_cores_without_the_dot_product_keep_the_generic_rules(cpu):
     assert dot_product_of(a78).lanes == 4 and dot_product_of(a78).data_max == 127
 
 
+def arm_cpu_profile(folder: Path, mcpu: str) -> Path:
+    """A profile file, as a user writes one, for an aarch64 board's CPU alone
+    (``runtime: cpu``): the way to an INT8 package for it."""
+    cpu = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": mcpu}
+    fields = {"name": f"{mcpu}_cpu", "description": f"a {mcpu} alone", "runtime": "cpu"}
+    fields.update(target=cpu, host=cpu, gpu_ops=[], tuning_class=mcpu)
+    path = folder / f"{mcpu}_cpu.json"
+    path.write_text(json.dumps(fields))
+    return path
+
+
 def test_int8_for_a_cpu_without_a_dot_product_warns_that_it_is_slow(small, tmp_path):
     """An INT8 build for a CPU with no dot product edgecv uses (a profile file for the
     AI-Sage board's Cortex-A72) still builds, correct but in int32 lanes: the deploy
     says so, and what to do."""
     symbol, npy, _, _ = small
-    a72 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72"}
-    profile = tmp_path / "a72.json"
-    profile.write_text(
-        json.dumps(
-            {
-                "name": "a72",
-                "description": "a Cortex-A72 alone",
-                "runtime": "cpu",
-                "target": a72,
-                "host": a72,
-                "gpu_ops": [],
-                "tuning_class": "cortex-a72",
-            }
-        )
-    )
+    profile = arm_cpu_profile(tmp_path, "cortex-a72")
     with pytest.warns(UserWarning, match=r"cortex-a72\) has no 8-bit dot-product") as caught:
         path = deploy(
             symbol,

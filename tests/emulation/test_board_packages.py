@@ -20,7 +20,7 @@ from conftest import mxnet_forward
 from emulation import aarch64
 from graph_tuner.small_model import SHAPE, export_small_model
 from test_int8 import SHAPE as INT8_SHAPE
-from test_int8 import _small_net
+from test_int8 import _small_net, arm_cpu_profile
 from test_wheel import build_wheel
 from user_models import tiny_yolo
 
@@ -231,21 +231,7 @@ def test_int8_package_on_arm_sdot_runs_on_the_board(device_runtime, tmp_path):
     symbol = _small_net(tmp_path / "export" / "small")
     inputs = np.random.RandomState(1).normal(size=(16, *INT8_SHAPE[1:])).astype(np.float32)
     np.save(tmp_path / "calibration.npy", inputs)
-    a78 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a78"}
-    profile = tmp_path / "orin_cpu.json"
-    profile.write_text(
-        json.dumps(
-            {
-                "name": "orin_cpu",
-                "description": "the Jetson Orin Nano's CPU alone",
-                "runtime": "cpu",
-                "target": a78,
-                "host": a78,
-                "gpu_ops": [],
-                "tuning_class": "cortex-a78",
-            }
-        )
-    )
+    profile = arm_cpu_profile(tmp_path, "cortex-a78")  # the Jetson Orin Nano's CPU
     options = dict(layout="NCHW", tuning=None, calibration_method="minmax")
     path = deploy(
         str(symbol),
