@@ -4,10 +4,10 @@ far INT8's answers move from FP32's on real photos.
     python benchmarks/int8_cpu.py                                  # mobilenet1.0, resnet50_v1
     python benchmarks/int8_cpu.py mobilenet1.0 --methods minmax,percentile,entropy
 
-Per model (seeded random weights: no pretrained weights are reachable here), one FP32
-package (``--layout``, default auto: the graph tuner's choice, the FP32 package a user
-gets) and one INT8 package per calibration method, calibrated on crops of
-scikit-image's photos; then
+Per model (seeded random weights: GluonCV's are not reachable here;
+``int8_real_weights.py`` measures a trained network), one FP32 package (``--layout``,
+default auto: the graph tuner's choice, the FP32 package a user gets) and one INT8
+package per calibration method, calibrated on crops of scikit-image's photos; then
 
 - latency: median of ``--repeat`` runs, the packages taking turns
   (:func:`edgecv.bench.harness.alternate`);
