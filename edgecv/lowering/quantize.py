@@ -379,10 +379,12 @@ def quantize_tensor(
     return R.astype(rounded, dtype or quant.dtype)
 
 
-def unpadded(site: Site) -> bool:
-    """Whether ``site`` reads no padding (a dense layer, a convolution with padding 0):
-    the operators a shifted input (``SIGNED_SHIFT``) gives exact sums."""
-    return site.op == "dense" or all(int(p) == 0 for p in site.call.attrs.padding)
+def shiftable(site: Site, quant: TensorQuant) -> bool:
+    """Whether ``site`` may read its input shifted by :data:`SIGNED_SHIFT`: a signed
+    input and no padding (a dense layer, a convolution with padding 0), where the shift
+    adds ``SIGNED_SHIFT * sum(w[o])`` to every sum and nothing else."""
+    unpadded = site.op == "dense" or all(int(p) == 0 for p in site.call.attrs.padding)
+    return quant.dtype == "int8" and unpadded
 
 
 def _eight_bit_adds(func, found: Sites, plans: dict, quants: dict, bindings: dict) -> dict:
@@ -523,18 +525,14 @@ def quantize(
         if kind == "float32" and not exact_in_float32(site, quant, limit):
             raise ValueError(f"{site.name}: its sums exceed float32's exact integers")
         shift = 0
-        if (
-            shift_signed is not None
-            and kind == "int32"
-            and quant.dtype == "int8"
-            and unpadded(site)
-            and shift_signed(site, quant)
-        ):
+        if kind == "int32" and shift_signed is not None and shift_signed(site, quant):
+            if not shiftable(site, quant):
+                raise ValueError(f"{site.name}: a shifted input needs a signed one, no padding")
             shift = SIGNED_SHIFT  # the sums carry shift * sum(w[o]): taken back here
-            sums = q_weight.reshape(q_weight.shape[0], -1).sum(axis=1, dtype=np.int64)
-            if site.op == "dense" and not as_conv:
-                sums = q_weight.sum(axis=0, dtype=np.int64)  # [in, out]
-            epilogue.shift = epilogue.shift - shift * sums * epilogue.multiplier
+            # the weights' output channel: first (OIHW, dense as a 1x1), last (dense [in, out])
+            out_axis = 1 if site.op == "dense" and not as_conv else 0
+            sums = np.moveaxis(q_weight, out_axis, 0).reshape(q_weight.shape[out_axis], -1)
+            epilogue.shift = epilogue.shift - shift * sums.sum(axis=1) * epilogue.multiplier
         plans[site.var] = (site, epilogue, q_weight, kind, as_conv, shift)
         absorbed.update(epilogue.absorbed)
         records.append(
@@ -685,6 +683,6 @@ __all__ = [
     "quantize",
     "quantize_tensor",
     "quantize_weights",
-    "unpadded",
+    "shiftable",
     "with_taps",
 ]

@@ -50,7 +50,7 @@ from ..lowering.quantize import (
     exact_in_float32,
     find_sites,
     quantize,
-    unpadded,
+    shiftable,
     with_taps,
 )
 from ..profiles import Profile
@@ -384,7 +384,7 @@ def _shifted(site, quant: TensorQuant, dot) -> bool:
     (:data:`edgecv.lowering.quantize.SIGNED_SHIFT`) to run on ``dot``: an operator
     without padding on an instruction that multiplies unsigned data, whose kernel does
     not need 7-bit data (shifted values span 1..255)."""
-    if dot is None or dot.signed_bytes or quant.dtype != "int8" or not unpadded(site):
+    if dot is None or dot.signed_bytes or not shiftable(site, quant):
         return False
     return not (site.op == "conv2d" and dot.seven_bit_data(sums_in_pairs(*site.weight.shape[2:])))
 

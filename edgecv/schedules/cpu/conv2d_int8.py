@@ -240,11 +240,13 @@ def _pmaddubsw(lanes: int, madd_bytes: str, madd_words: str):
     return implementation
 
 
-def _vnni(lanes: int):
-    """``vpdpbusd``: four u8 x s8 products added into each int32 lane, in 512 bits
-    (AVX-512 VNNI) or 256 (AVX-VNNI, whose VEX form LLVM emits for the 256-bit
-    intrinsic when the target has no AVX-512)."""
-    bits = 32 * lanes
+def _one_instruction(lanes: int, intrinsic: str, data: str = "uint8"):
+    """One instruction that adds four byte products into each int32 lane of the
+    accumulator: ``vpdpbusd`` (u8 x s8) in 512 bits (AVX-512 VNNI) or 256 (AVX-VNNI,
+    whose VEX form LLVM emits for the 256-bit intrinsic when the target has no
+    AVX-512), ARM's ``sdot`` (s8 x s8: ``data`` ``int8``, the 7-bit data's bytes read as
+    int8)."""
+    i32 = f"int32x{lanes}"
 
     @T.prim_func(s_tir=True)
     def implementation(
@@ -258,35 +260,11 @@ def _vnni(lanes: int):
             # LLVM 22 (TVM 0.27's) takes the bytes as <64 x i8>; TVM's own VNNI intrinsic
             # still passes <16 x i32> and fails LLVM's verifier
             C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(f"llvm.x86.avx512.vpdpbusd.{bits}"),
-                C.vload([0], dtype=f"int32x{lanes}"),
-                _quad(A, 0, lanes),
+                T.llvm_lookup_intrinsic_id(intrinsic),
+                C.vload([0], dtype=i32),
+                T.reinterpret(_quad(A, 0, lanes), dtype=f"{data}x{4 * lanes}"),
                 B.vload([0, 0], dtype=f"int8x{4 * lanes}"),
-                dtype=f"int32x{lanes}",
-            )
-
-    return implementation
-
-
-def _sdot():
-    """``sdot``: four s8 x s8 products added into each of four int32 lanes; the data's
-    bytes (uint8 of 7 bits) read as int8."""
-
-    @T.prim_func(s_tir=True)
-    def implementation(
-        A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((4, 4), "int8", offset_factor=1),
-        C: T.Buffer((4,), "int32", offset_factor=1, scope="local"),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:4], A[0:4], B[0:4, 0:4])
-            T.writes(C[0:4])
-            C[T.ramp(T.int32(0), 1, 4)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.sdot.v4i32.v16i8"),
-                C.vload([0], dtype="int32x4"),
-                B.vload([0, 0], dtype="int8x16"),
-                T.reinterpret(_quad(A, 0, 4), dtype="int8x16"),
-                dtype="int32x4",
+                dtype=i32,
             )
 
     return implementation
@@ -352,9 +330,14 @@ def register_intrinsics() -> None:
         _description(16),
         _pmaddubsw(16, "llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512"),
     )
-    s_tir.TensorIntrin.register(VNNI_DOT, _description(16), _vnni(16))
-    s_tir.TensorIntrin.register(AVX_VNNI_DOT, _description(8), _vnni(8))
-    s_tir.TensorIntrin.register(NEON_SDOT, _description(4), _sdot())
+    for name, lanes, intrinsic, data in (
+        (VNNI_DOT, 16, "llvm.x86.avx512.vpdpbusd.512", "uint8"),
+        (AVX_VNNI_DOT, 8, "llvm.x86.avx512.vpdpbusd.256", "uint8"),
+        (NEON_SDOT, 4, "llvm.aarch64.neon.sdot.v4i32.v16i8", "int8"),
+    ):
+        s_tir.TensorIntrin.register(
+            name, _description(lanes), _one_instruction(lanes, intrinsic, data)
+        )
     s_tir.TensorIntrin.register(
         AVX2_PAIRS,
         _pairs_description(8),
