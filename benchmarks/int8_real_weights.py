@@ -209,21 +209,10 @@ def check_with_tfjs(folder: Path, symbol: Path, params: Path, x: np.ndarray, tfj
         args = [str(model), str(shard), str(nhwc), str(len(x)), str(out)]
         subprocess.run(["node", "-e", TFJS, *args], cwd=tfjs, check=True, capture_output=True)
         reference = np.fromfile(out, np.float32).reshape(len(x), len(CLASSES))
-    return float(np.abs(softmax(mxnet_logits(symbol, params, x)) - reference).max())
+    from edgecv.bench.baselines import mxnet_baseline
 
-
-def mxnet_logits(symbol: Path, params: Path, x: np.ndarray) -> np.ndarray:
-    """MXNet's forward pass of the converted model on the NCHW inputs ``x``."""
-    from edgecv._mxnet import import_mxnet
-
-    mx = import_mxnet()
-    net = mx.sym.load(str(symbol))
-    saved = mx.nd.load(str(params))
-    args = {k[4:]: v for k, v in saved.items() if k.startswith("arg:")}
-    auxs = {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}
-    args["data"] = mx.nd.array(x)
-    executor = net.bind(mx.cpu(), args, aux_states=auxs, grad_req="null")
-    return executor.forward()[0].asnumpy()
+    logits = mxnet_baseline(symbol, params, x.shape).run(x)[0]
+    return float(np.abs(softmax(logits) - reference).max())
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
