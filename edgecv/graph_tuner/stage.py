@@ -191,10 +191,9 @@ def _int8_lowering(profile: Profile, options) -> tuple[int | None, bool]:
     """The lowering's ``int8_block`` and ``int8_pairs`` for this build (CPU INT8 only)."""
     if profile.runtime != "cpu":
         return None, False
-    from ..schedules.cpu.conv2d_int8 import int8_block, int8_pairs
+    from ..schedules.cpu.conv2d_int8 import int8_lowering
 
-    target, precision = profile.tvm_target(), getattr(options, "precision", "fp32")
-    return int8_block(target, precision), int8_pairs(target, precision)
+    return int8_lowering(profile.tvm_target(), getattr(options, "precision", "fp32"))
 
 
 def _summary(graph, layouts: dict[int, str]) -> str:

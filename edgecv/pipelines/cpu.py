@@ -23,7 +23,7 @@ from ..graph_tuner import choose_layouts
 from ..graph_tuner.stage import winograd_plan
 from ..lowering import lower
 from ..profiles import Profile
-from ..schedules.cpu.conv2d_int8 import int8_block, int8_pairs
+from ..schedules.cpu.conv2d_int8 import int8_lowering
 from .int8 import quantize_model
 from .steps import BuildOptions, Built, Progress, compile_cpu_kernels
 
@@ -38,12 +38,7 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     mod, layouts = choose_layouts(mod, profile, options, progress)  # 1
     progress("lowering (Relax passes, fusion, memory plan)")
     target = profile.tvm_target()
-    lowered = lower(  # 2
-        mod,
-        winograd_plan(layouts),
-        int8_block(target, options.precision),
-        int8_pairs(target, options.precision),
-    )
+    lowered = lower(mod, winograd_plan(layouts), *int8_lowering(target, options.precision))  # 2
     progress(
         f"scheduling and compiling {len(lowered.kernels.functions)} kernels for "
         f"{target.attrs.get('mcpu', 'the CPU')}"

@@ -142,19 +142,14 @@ def dot_product_of(target: tvm.target.Target) -> DotProduct | None:
     return None
 
 
-def int8_block(target: tvm.target.Target, precision: str) -> int | None:
-    """The int32 lanes of ``target``'s dot product in an INT8 build (``precision``
-    ``int8``): the block its uint8 x int8 convolutions are lowered and laid out for;
-    None otherwise. One answer for the graph tuner and the lowering."""
+def int8_lowering(target: tvm.target.Target, precision: str) -> tuple[int | None, bool]:
+    """The lowering's ``int8_block`` and ``int8_pairs`` for a build of ``precision``:
+    the int32 lanes of ``target``'s dot product, the block its uint8 x int8
+    convolutions are lowered and laid out for (None but in an ``int8`` build on a CPU
+    with one), and whether their packed weights come in pairs of steps summed in int16
+    (7-bit data). One answer for the graph tuner and the lowering."""
     dot = dot_product_of(target) if precision == "int8" else None
-    return dot.lanes if dot else None
-
-
-def int8_pairs(target: tvm.target.Target, precision: str) -> bool:
-    """Whether an INT8 build for ``target`` gives its dot-product convolutions 7-bit
-    data and packs their weights in pairs of steps (the lowering's ``int8_pairs``)."""
-    dot = dot_product_of(target) if precision == "int8" else None
-    return bool(dot and dot.pairs)
+    return (dot.lanes, dot.pairs is not None) if dot else (None, False)
 
 
 def runs_on_dot_product(
