@@ -6,8 +6,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
-import tvm
-
 from ..codegen.contained import Compiled
 from ..codegen.gpu_lowering import device_module, lower_to_file
 from ..codegen.host import host_of
@@ -253,7 +251,3 @@ def _crashing(names: list[str], program: ProgramOf, query: str) -> list[str]:
             if err.crashed:
                 found += _crashing(part, program, query)
     return found or names
-
-
-def empty_module() -> tvm.IRModule:
-    return tvm.IRModule({})

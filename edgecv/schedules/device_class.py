@@ -18,7 +18,6 @@ An OpenCL class names the device that timed it: :func:`find_device` finds it her
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
@@ -108,12 +107,6 @@ def opencl_class(target: tvm.target.Target, subgroup: int | None, device) -> Dev
     return DeviceClass(key, "-".join(_slug(p) for p in parts if _slug(p)))
 
 
-def cuda_class(target: tvm.target.Target, device_name: str, driver: str) -> DeviceClass:
-    arch = str(target.attrs.get("arch", ""))
-    key = {"kind": "cuda", "arch": arch, "device_name": device_name, "driver": driver}
-    return DeviceClass(key, "-".join(_slug(p) for p in ("cuda", arch, device_name, driver)))
-
-
 def find_device(profile: Profile, on: str | None):
     """The pyopencl device ``--on`` names (part of its name), else the profile's default:
     Intel's runtime for a profile with Intel subgroups, else the first real device."""
@@ -178,10 +171,3 @@ def tuning_folders(profile: Profile, user_db: str | Path | None) -> list[str]:
         folders.append(str(device_class.shipped_folder()))
     return folders
 
-
-def read_class(folder: Path) -> dict | None:
-    """The class key recorded in a database folder (None when absent or unreadable)."""
-    try:
-        return json.loads((folder / "edgecv_database.json").read_text()).get("device")
-    except (OSError, ValueError, AttributeError):
-        return None
