@@ -170,4 +170,3 @@ def tuning_folders(profile: Profile, user_db: str | Path | None) -> list[str]:
             folders.append(str(device_class.user_folder()))
         folders.append(str(device_class.shipped_folder()))
     return folders
-
