@@ -26,12 +26,12 @@ import tvm
 from edgecv._mxnet import import_mxnet
 from edgecv.bench.harness import median_time  # one warm-up, then the median
 from edgecv.codegen.opencl import build_opencl
-from edgecv.ops.argsort import segmented_argsort_gpu, segmented_argsort_reference
 from edgecv.ops.box_nms import box_nms_gpu, box_nms_reference
 from edgecv.ops.multibox import multibox_detection_gpu, multibox_detection_reference
 from edgecv.ops.naive import naive_box_nms_gpu, naive_scan_gpu, naive_segmented_argsort_gpu
 from edgecv.ops.roi_align import roi_align_gpu, roi_align_reference
 from edgecv.ops.scan import scan_gpu, scan_reference
+from edgecv.ops.segmented_argsort import segmented_argsort_gpu, segmented_argsort_reference
 from edgecv.profiles import load_profile
 from edgecv.runtime.opencl import OpenCLBackend
 from edgecv.runtime.opencl_devices import opencl_devices

@@ -139,12 +139,12 @@ def test_vision_operator_kernels_compile_with_nvcc():
     operators (the sort, the scan, NMS, ROIAlign, the class rows) compiles for the Orin's sm_87."""
     import tvm
 
-    from edgecv.ops.argsort import segmented_argsort_gpu
     from edgecv.ops.box_nms import box_nms_gpu
     from edgecv.ops.class_rows import top_class_rows_gpu
     from edgecv.ops.multibox import multibox_detection_gpu
     from edgecv.ops.roi_align import roi_align_gpu
     from edgecv.ops.scan import scan_gpu
+    from edgecv.ops.segmented_argsort import segmented_argsort_gpu
 
     funcs = {
         "scan": scan_gpu(2, 1000, "int32", True, 256),

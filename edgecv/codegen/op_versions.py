@@ -48,7 +48,7 @@ def _multibox_detection(spec: dict, target: tvm.target.Target, threads: int, sub
 
 
 def _row_argsort(spec: dict, target: tvm.target.Target, threads: int, subgroup=None):
-    from ..ops.sort_gpu import row_argsort_gpu_version
+    from ..ops.row_argsort_gpu import row_argsort_gpu_version
 
     return row_argsort_gpu_version(spec, target, threads, subgroup)
 

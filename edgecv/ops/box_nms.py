@@ -285,7 +285,7 @@ def box_nms_gpu(
     The stages, each a launch (batch rows are the sort's segments):
 
     1. keys: the score of a valid box, else the lowest float (invalid sorts last);
-    2. segmented stable argsort of the keys, descending (:mod:`.argsort`); with
+    2. segmented stable argsort of the keys, descending (:mod:`.segmented_argsort`); with
        ``topk`` at most half the row, the top-k sort instead (rows padded to whole
        blocks, merge passes that keep only the first ``topk`` of each merged run);
     3. per row: the number of valid boxes (binary search in the sorted keys), cut to
@@ -305,10 +305,15 @@ def box_nms_gpu(
     Intel subgroup size (OpenCL) for the subgroup variants of the sort, the scan and
     the suppression.
     """
-    from .argsort import emit_row_topk_sort, emit_segmented_sort, topk_pad_key, topk_row_stride
     from .greedy_nms import emit_greedy_suppression
     from .launch import launch
     from .scan import emit_scan
+    from .segmented_argsort import (
+        emit_row_topk_sort,
+        emit_segmented_sort,
+        topk_pad_key,
+        topk_row_stride,
+    )
     from .subgroup import check_subgroup
 
     if subgroup is not None and target_kind != "opencl":

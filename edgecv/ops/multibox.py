@@ -404,10 +404,15 @@ def multibox_detection_gpu(
     and (4) run. ``subgroup``: the Intel subgroup size (OpenCL) for the subgroup
     variants of the scan, the sort and the suppression.
     """
-    from .argsort import emit_row_topk_sort, emit_segmented_sort, topk_pad_key, topk_row_stride
     from .greedy_nms import emit_greedy_suppression
     from .launch import launch
     from .scan import emit_scan
+    from .segmented_argsort import (
+        emit_row_topk_sort,
+        emit_segmented_sort,
+        topk_pad_key,
+        topk_row_stride,
+    )
     from .subgroup import check_subgroup
 
     if subgroup is not None and target_kind != "opencl":

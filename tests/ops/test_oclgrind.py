@@ -109,7 +109,7 @@ def test_scan_kernel_is_clean(rows, n, threads, exclusive):
 
 @pytest.mark.parametrize(("lengths", "block"), [([1], 2), ([0, 3, 5, 0, 9], 4), ([40, 1, 23], 16)])
 def test_segmented_argsort_kernels_are_clean(lengths, block):
-    from edgecv.ops.argsort import (
+    from edgecv.ops.segmented_argsort import (
         segmented_argsort_gpu,
         segmented_argsort_reference,
         workspace_shapes,

@@ -1,7 +1,7 @@
 """Converters for MXNet's ``argsort``, ``sort`` and ``topk``: one row sort each.
 
 The sorted axis is moved last and the rest flattened into rows; one tagged kernel
-(:func:`edgecv.ops.sort.row_argsort`) sorts every row, and values come from the
+(:func:`edgecv.ops.row_argsort.row_argsort`) sorts every row, and values come from the
 indices with a gather. MXNet gives indices in ``dtype`` (float32 by default).
 """
 
@@ -39,7 +39,7 @@ def _rows(ctx: Context, data: relax.Expr, axis: int | None):
 
 
 def _sorted_indices(ctx: Context, rows: relax.Expr, descending: bool, k: int = 0):
-    from ...ops import sort as sort_op  # the TIR ops import topi: load on first use
+    from ...ops import row_argsort as sort_op  # the TIR ops import topi: load on first use
 
     out = ctx.bb.emit_te(
         sort_op.row_argsort, rows, descending=descending, k=k, primfunc_name_hint="row_argsort"

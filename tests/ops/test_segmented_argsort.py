@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from matrix import each_once, examples
 
 from edgecv.codegen.opencl import build_opencl
-from edgecv.ops.argsort import (
+from edgecv.ops.segmented_argsort import (
     segmented_argsort_gpu,
     segmented_argsort_reference,
     workspace_shapes,
@@ -204,7 +204,7 @@ def test_row_topk_matches_the_stable_reference(rows, n, k, block, subgroup, chun
     row's stable sort, ties by index."""
     from kernels import run_opencl
 
-    from edgecv.ops.argsort import row_topk_argsort_gpu
+    from edgecv.ops.segmented_argsort import row_topk_argsort_gpu
 
     keys = np.random.RandomState(n + k).randint(0, 20, (rows, n)).astype(np.float32)
     func = row_topk_argsort_gpu(rows, n, k, "float32", descending, block, subgroup, chunk)

@@ -1,7 +1,7 @@
-"""GPU version of :func:`edgecv.ops.sort.row_argsort` (MXNet's argsort/sort/topk).
+"""GPU version of :func:`edgecv.ops.row_argsort.row_argsort` (MXNet's argsort/sort/topk).
 
 Every row is a segment of edgecv's segmented sort; the row top-k sort
-(:func:`edgecv.ops.argsort.row_topk_argsort_gpu`) covers both cases: with ``k`` the
+(:func:`edgecv.ops.segmented_argsort.row_topk_argsort_gpu`) covers both cases: with ``k`` the
 row length its merge passes keep everything (a full stable argsort), with a smaller
 ``k`` they keep only the first ``k`` of each merged run.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tvm
 
-from .argsort import row_topk_argsort_gpu
+from .segmented_argsort import row_topk_argsort_gpu
 
 
 def row_argsort_gpu_version(

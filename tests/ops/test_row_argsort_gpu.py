@@ -1,4 +1,4 @@
-"""MXNet's argsort/topk through the GPU version of the row sort (edgecv.ops.sort_gpu)."""
+"""MXNet's argsort/topk through the GPU version of the row sort (edgecv.ops.row_argsort_gpu)."""
 
 from __future__ import annotations
 
