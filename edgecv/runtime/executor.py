@@ -23,7 +23,11 @@ A call's inputs are checked (and converted where that keeps their meaning: see
 :func:`~.context.prepare_inputs`) before it borrows a context, so a refused call never
 waits for one nor touches one. A context always goes back to the idle ones, however
 its call ended: a context lost to a failed call would leave every later caller of a
-one-stream model waiting forever. A call that fails on the device (a kernel raising,
+one-stream model waiting forever. It goes back once nothing writes into it any more:
+a call whose wait for a kept thread (runtime/workers.py) is interrupted (Ctrl-C, a
+watchdog's signal handler raising) raises at once, and the kept thread gives the
+context back when the inference it still runs ends; an interrupt is no failure of the
+context, which is kept. A call that fails on the device (a kernel raising,
 a command queue gone bad) replaces its context with a new one, made from the shared
 backends as at load time, so the next call starts from a fresh queue and memory and
 the other contexts never see the failure. Where no new context can be made (the
@@ -101,6 +105,9 @@ class Executor:
         self._shared = self._upload_constants(constants)
         self._replacing = threading.Lock()  # one context replaced at a time
         self.contexts = [self._new_context() for _ in range(streams)]
+        # the pool of the calling thread's that every context's kernels use (fixed with
+        # the streams: a context made in place of one has the same)
+        self._pool = self.contexts[0].calling_thread_pool
         self.allocated_bytes = self._constant_bytes + sum(c.allocated_bytes for c in self.contexts)
         # idle contexts; a get waits while there is none. SimpleQueue is C: a get and a
         # put take 0.1 us, where a pool guarded by a threading.Condition took 1.3 us,
@@ -180,22 +187,34 @@ class Executor:
         replaced by a new one (see the module's notes).
         """
         arrays = prepare_inputs(self.specs, inputs)
-        context = self._idle.get()
-        try:
-            if context.broken is not None:
-                context = self._replace(context)
+        held: list[ExecutionContext] = []  # the call's context, or the one replacing it
+
+        def give_back() -> None:
+            self._idle.put(held[0])
+
+        if self._pool is None:
+            held.append(self._idle.get())
             try:
-                pool = context.calling_thread_pool
-                if pool is None:
-                    return context.run_prepared(arrays)
-                # a pool of the calling thread's that outlives it (TVM's CPU kernels):
-                # run on a thread edgecv keeps for that pool size (runtime/workers.py)
-                return run_on_kept_thread(context.run_prepared, arrays, pool=pool)
-            except Exception as err:
-                context = self._after_failure(context, err)
-                raise
-        finally:
-            self._idle.put(context)
+                return self._run_in(held, arrays)
+            finally:
+                give_back()
+        # a pool of the calling thread's that outlives it (TVM's CPU kernels): run on a
+        # thread edgecv keeps for that pool size, which gives the context back where
+        # this call's wait is interrupted (runtime/workers.py)
+        held.append(self._idle.get())
+        return run_on_kept_thread(self._run_in, held, arrays, pool=self._pool, release=give_back)
+
+    def _run_in(self, held: list[ExecutionContext], arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """One inference in the context ``held[0]``, put in its place there: a new one
+        where it was broken, or where it fails on the device (see the module's notes)."""
+        context = held[0]
+        if context.broken is not None:
+            context = held[0] = self._replace(context)
+        try:
+            return context.run_prepared(arrays)
+        except Exception as err:
+            held[0] = self._after_failure(context, err)
+            raise
 
     def _after_failure(self, context: ExecutionContext, err: Exception) -> ExecutionContext:
         """The context to give back after ``context`` failed with ``err``: a new one in
