@@ -57,8 +57,14 @@ def args_json(args_info) -> str:
 def time_llvm(library_path: str, arguments: str, config: str) -> list[float]:
     """Seconds of one call (the fastest measurement) of the candidate in
     ``library_path`` (``arguments``: :func:`args_json`; ``config``:
-    :meth:`TimingConfig.to_json`), on random inputs.
-    Runs here or on an RPC server (:mod:`edgecv.tuning.fleet`)."""
+    :meth:`TimingConfig.to_json`), on random inputs."""
+    return [min(llvm_samples(library_path, arguments, config))]
+
+
+def llvm_samples(library_path: str, arguments: str, config: str) -> list[float]:
+    """Every measurement :func:`time_llvm` takes the fastest of, in seconds: what an RPC
+    server (:mod:`edgecv.tuning.fleet`) sends, for the tuner to check
+    (:mod:`edgecv.tuning.plausibility`)."""
     cfg = TimingConfig(**json.loads(config))
     library = tvm.runtime.load_module(library_path)
     rng = np.random.default_rng(0)
@@ -72,7 +78,7 @@ def time_llvm(library_path: str, arguments: str, config: str) -> list[float]:
     )
     for _ in range(cfg.warmup):
         library[ENTRY](*tensors)
-    return [float(min(timer(*tensors).results))]
+    return [float(seconds) for seconds in timer(*tensors).results]
 
 
 @derived_object

@@ -88,8 +88,10 @@ def _candidate(item: RunnerInput) -> dict:
 def time_opencl(device_query: str, source: str, candidates: str, config: str) -> str:
     """Build ``source`` once on the device matching ``device_query`` and time each
     candidate (``candidates``: JSON list of {"launches", "args"}); returns JSON
-    ``{"times": [[seconds] or error, ...]}`` or ``{"failed_kernels": [...]}`` when the
-    compiler rejects kernels. Runs here or on an RPC server (:mod:`..fleet`)."""
+    ``{"times": [[seconds] or error, ...], "samples": [[every run's seconds] or None,
+    ...]}`` or ``{"failed_kernels": [...]}`` when the compiler rejects kernels. Runs
+    here or on an RPC server (:mod:`..fleet`), whose tuner checks the samples
+    (:mod:`..plausibility`)."""
     from ...runtime.opencl import OpenCLBackend, ProgramBuildError
 
     cfg = TimingConfig(**json.loads(config))
@@ -107,16 +109,20 @@ def time_opencl(device_query: str, source: str, candidates: str, config: str) ->
     rng = np.random.default_rng(0)
     tensors: dict[str, list] = {}
     times: list = []
+    samples: list = []
     for item in items:
         try:
             if item["args"] not in tensors:  # one set of buffers per workload
                 tensors[item["args"]] = _buffers(backend, json.loads(item["args"]), rng)
             (name,) = launches_from_json(item["launches"])
             run = backend.bind(name, tensors[item["args"]])
-            times.append([_time(backend, run, cfg)])
+            runs = _time(backend, run, cfg)
+            times.append([min(runs)])
+            samples.append(runs)
         except Exception as err:  # a candidate that fails at run time
             times.append(f"{type(err).__name__}: {str(err).strip()[-200:]}")
-    return json.dumps({"times": times})
+            samples.append(None)
+    return json.dumps({"times": times, "samples": samples})
 
 
 def _buffers(backend, arguments: list, rng) -> list:
@@ -129,9 +135,9 @@ def _buffers(backend, arguments: list, rng) -> list:
     return out
 
 
-def _time(backend, run, cfg: TimingConfig) -> float:
-    """Fastest device seconds of one run (its launches summed), over ``cfg.repeat`` runs
-    or as many as fit in half a second (a very slow candidate stops early)."""
+def _time(backend, run, cfg: TimingConfig) -> list[float]:
+    """Device seconds of each run (its launches summed): ``cfg.repeat`` runs, or as many
+    as fit in half a second once two have run (a very slow candidate stops early)."""
     for _ in range(cfg.warmup):
         run()
     backend.synchronize()
@@ -140,7 +146,7 @@ def _time(backend, run, cfg: TimingConfig) -> float:
         backend.start_profiling()
         run()
         spent.append(sum(seconds for _, _, seconds in backend.stop_profiling()))
-    return float(min(spent))
+    return [float(s) for s in spent]
 
 
 class _private_program_cache:
