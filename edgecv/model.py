@@ -9,11 +9,13 @@ never computed in memory another call is writing.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 
+from .durable import clean_stale_staging
 from .errors import EdgecvError, PackageError
 from .imaging import Detection, detections, preprocess, top_k
 from .package import read_manifest, read_package_text
@@ -239,6 +241,8 @@ def load(path: str | Path, on: str | None = None, streams: int = 1) -> DeployedM
         The model, safe to share between threads.
     """
     streams = check_streams(streams)
+    if not os.path.lexists(path):  # a deploy killed while replacing it: put it back
+        clean_stale_staging(Path(path).parent, Path(path).name)
     root, manifest = read_manifest(path)
     return DeployedModel(root, manifest, on, streams)
 

@@ -8,8 +8,9 @@ Layout::
     params.npz           constant tensors by name
     kernels/cpu.so       kernels per device (one file per backend)
 
-Writing goes to a temporary sibling folder renamed into place at the end, so a
-failed deploy never leaves a half-written package. Reading checks the format
+Writing goes to a staging folder beside the destination, renamed into place at the
+end (:mod:`.durable`), so a failed or killed deploy never leaves a half-written package
+and never loses the one it replaces. Reading checks the format
 version, the edgecv version and every checksum before anything is executed.
 """
 
@@ -28,6 +29,14 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ._version import __version__
+from .durable import (
+    PACKAGE,
+    clean_stale_staging,
+    make_staging,
+    remove_staging,
+    replacing,
+    swap_in,
+)
 from .errors import PackageError
 from .package_format import TVM_RUNTIME_FILES
 
@@ -101,11 +110,13 @@ class PackageWriter:
     def __init__(self, destination: str | Path, force: bool = False):
         self.destination = Path(destination)
         self.force = force
+        # deploys killed here before: their staging folders go, a package they had
+        # moved aside comes back (before the check, which then sees it)
+        clean_stale_staging(self.destination.parent)
         check_destination(self.destination, force)
         self.destination.parent.mkdir(parents=True, exist_ok=True)
-        self.root = Path(
-            tempfile.mkdtemp(prefix=f".{self.destination.name}.", dir=self.destination.parent)
-        )
+        self.staging = make_staging(self.destination)
+        self.root = self.staging / PACKAGE
 
     def path(self, relative: str) -> Path:
         full = self.root / relative
@@ -135,21 +146,11 @@ class PackageWriter:
         (self.root / MANIFEST).write_text(json.dumps(manifest, indent=2))
         # Checked again: something may have appeared there while the model compiled.
         check_destination(self.destination, self.force)
-        if self.destination.exists():
-            # Move the old package aside first, so a failure in between loses neither.
-            old = Path(
-                tempfile.mkdtemp(prefix=f".{self.destination.name}.old.", dir=self.root.parent)
-            )
-            old.rmdir()
-            self.destination.rename(old)
-            self.root.rename(self.destination)
-            shutil.rmtree(old)
-        else:
-            self.root.rename(self.destination)
+        swap_in(self.staging, self.destination)
         return self.destination
 
     def abort(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_staging(self.staging)
 
 
 def _archive_members(tar: tarfile.TarFile, folder: str, archive_path: Path) -> None:
@@ -457,7 +458,8 @@ def archive(root: str | Path, force: bool = False) -> Path:
     """Pack a package folder into ``<folder>.tar.gz`` (for copying to a device).
 
     An existing archive is replaced only with ``force`` and only when it is an edgecv
-    package archive; any other file of that name is left alone.
+    package archive; any other file of that name is left alone. The archive is written
+    beside it and renamed over it when whole, so a failure leaves the old one.
     """
     root = Path(root)
     out = root.with_name(root.name + ".tar.gz")
@@ -469,8 +471,12 @@ def archive(root: str | Path, force: bool = False) -> Path:
             )
         if not force:
             raise PackageError(f"{out} already exists; pass --force to replace it")
-    with tarfile.open(out, "w:gz") as tar:
-        tar.add(root, arcname=root.name)
+    kept = "the archive there is unchanged" if out.exists() else "nothing was written"
+    try:
+        with replacing(out) as temporary, tarfile.open(temporary, "w:gz") as tar:
+            tar.add(root, arcname=root.name)
+    except OSError as err:
+        raise PackageError(f"cannot write {out}: {err.strerror or err}; {kept}") from None
     return out
 
 

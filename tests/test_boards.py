@@ -35,6 +35,7 @@ DEVICE_RUNTIME = [
     "edgecv/model.py",
     "edgecv/package.py",
     "edgecv/package_format.py",
+    "edgecv/durable.py",
     "edgecv/imaging.py",
     "edgecv/outputs.py",
     "edgecv/progress.py",

@@ -5,18 +5,25 @@ source, the build options, and the device and driver identity (an OpenCL platfor
 driver version; a CUDA architecture and nvcc version). A new driver or edgecv's own
 newer code generation is a new key; nothing is ever invalidated by hand. The folder
 is ``$EDGECV_CACHE_DIR`` or ``~/.cache/edgecv/kernels``; deleting it is always safe.
-Entries are written to a temporary file and renamed, so concurrent processes and a
-crash mid-write leave either a whole entry or none; an entry that fails to load is
-deleted and rebuilt.
+Entries are written to a temporary file, fsynced and renamed, so concurrent processes,
+a crash or a power loss mid-write leave either a whole entry or none. Each entry starts
+with the SHA-256 of its bytes, checked on every read: one that does not match (a bad
+disk, a file system that lost the data behind the name) is deleted and built again, as
+is one the driver refuses to load (OpenCL), never loaded and never fatal.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from ..durable import write_bytes
+
+# An entry is this, the hex SHA-256 of the payload, a newline and the payload; an entry
+# of an older edgecv (no header) reads as damaged and is built again.
+_HEADER = b"edgecv-kernel-cache-1 sha256:"
 
 
 def cache_dir() -> Path:
@@ -41,28 +48,35 @@ def entry_path(key: str, suffix: str) -> Path:
 
 
 def read(key: str, suffix: str) -> bytes | None:
-    path = entry_path(key, suffix)
+    """The entry's payload, or None when there is none or it is damaged (then it is
+    deleted, so the caller's build replaces it)."""
     try:
-        return path.read_bytes()
+        data = entry_path(key, suffix).read_bytes()
     except OSError:
         return None
+    header, _, payload = data.partition(b"\n")
+    if header != _HEADER + hashlib.sha256(payload).hexdigest().encode():
+        forget(key, suffix)
+        return None
+    return payload
 
 
 def write(key: str, suffix: str, data: bytes) -> None:
     """Store an entry atomically; a read-only or full disk only costs the cache."""
     path = entry_path(key, suffix)
+    digest = hashlib.sha256(data).hexdigest().encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        write_bytes(path, _HEADER + digest + b"\n" + data, mode=0o600)
     except OSError:
         pass
 
 
 def forget(key: str, suffix: str) -> None:
-    entry_path(key, suffix).unlink(missing_ok=True)
+    try:
+        entry_path(key, suffix).unlink(missing_ok=True)
+    except OSError:  # a read-only cache: the entry is read, found bad, and built again
+        pass
 
 
 def get_or_build(parts: Sequence[str | bytes], suffix: str, build: Callable[[], bytes]) -> bytes:
