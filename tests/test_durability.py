@@ -13,21 +13,24 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_run_faults import quick_package, x_of
+from test_run_faults import SHAPE, quick_package, tiny_model, x_of
 
 import edgecv
 from edgecv.errors import PackageError
 from edgecv.package import PackageWriter, archive
 from edgecv.runtime import kernel_cache
+from edgecv.testing import assert_one_error_line, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -269,3 +272,80 @@ def test_archive_force_replaces_the_archive_whole(package, tmp_path, monkeypatch
     assert sorted(os.listdir(tmp_path)) == ["pkg", "pkg.tar.gz"]  # no temporary left
     inode = out.stat().st_ino
     assert archive(folder, force=True) == out and out.stat().st_ino != inode
+
+
+# -- fault injection: processes killed at random points ---------------------------------
+
+
+def kill_after(command: list[str], delay: float, env: dict | None = None) -> None:
+    """Run ``command`` and SIGKILL it after ``delay`` seconds (if it still runs)."""
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        child.wait(timeout=delay)
+    except subprocess.TimeoutExpired:
+        child.kill()
+    child.wait()
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "edgecv.cli", *args]
+
+
+def assert_works_or_says_what_to_do(result: subprocess.CompletedProcess, fragment: str):
+    if result.returncode != 0:
+        assert_one_error_line(result, fragment)
+
+
+def test_killed_writes_and_runs_at_random_points_lose_nothing(package, reference, tmp_path):
+    """A deploy's writing stage and `edgecv run` killed at seeded random points, again
+    and again: after each kill the package the user had loads and computes what it did,
+    and the next deploy leaves no staging folder behind."""
+    rng = random.Random(49)
+    destination = tmp_path / "out" / "pkg"
+    shutil.copytree(package, destination)
+    for _ in range(8):  # a commit takes about 0.15 s: kills land all over the first few
+        child = rewrite(package, destination, "loop")
+        assert child.stdout.readline() == "started\n"
+        time.sleep(rng.uniform(0.0, 0.6))
+        child.kill()
+        child.wait()
+        assert_loads_and_runs(destination, reference)
+    PackageWriter(destination, force=True).abort()
+    assert os.listdir(destination.parent) == ["pkg"]
+    np.save(tmp_path / "x.npy", x_of(0))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = ("run", str(destination), "--input", str(tmp_path / "x.npy"))
+    for _ in range(3):
+        kill_after(cli(*run, "--output", str(tmp_path / "y.npz")), rng.uniform(0.5, 4.0), env)
+    result = run_cli(*run, "--output", tmp_path / "y.npz")
+    assert result.returncode == 0, result.stderr
+    with np.load(tmp_path / "y.npz") as saved:
+        np.testing.assert_array_equal(saved["output0"], reference[0])
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("seed", [0, 1])
+def test_deploy_tune_and_run_killed_at_random_points(package, reference, tmp_path, seed):
+    """The whole commands, compiling and tuning, killed at random points: the package
+    the user had still loads (or is put back), a tuning database a killed tune left is
+    read by the next tune and deploy, or refused with one line saying what to do, and
+    the next deploy completes and leaves nothing of the killed ones behind."""
+    rng = random.Random(seed)
+    symbol, params = tiny_model(tmp_path / "model")
+    destination, db = tmp_path / "out" / "pkg", tmp_path / "db"
+    shutil.copytree(package, destination)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    model = (str(symbol), "--params", str(params), "--input-shape", ",".join(map(str, SHAPE)))
+    deploy = ("deploy", *model, "--layout", "NCHW", "-o", str(destination), "--force")
+    tune = ("tune", *model, "--trials", "2", "--tasks", "1", "--db", str(db))
+    for _ in range(2):
+        kill_after(cli(*deploy), rng.uniform(1.0, 25.0), env)
+        assert_loads_and_runs(destination, reference, rebuilt=True)
+        kill_after(cli(*tune), rng.uniform(2.0, 50.0), env)
+        kill_after(cli("run", str(destination), "--sample", "chelsea"), rng.uniform(0.5, 4), env)
+    assert_works_or_says_what_to_do(run_cli(*tune, "--resume"), "")
+    result = run_cli(*deploy, "--db", str(db))
+    assert result.returncode == 0, result.stderr
+    assert_loads_and_runs(destination, reference, rebuilt=True)
+    assert os.listdir(destination.parent) == ["pkg"]
+    assert run_cli("run", destination, "--sample", "chelsea").returncode == 0
