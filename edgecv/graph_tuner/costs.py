@@ -263,9 +263,22 @@ def _conv_signature(extracted: Extracted, index: int) -> tuple:
 def _holds(func: tirx.PrimFunc, signature: tuple) -> bool:
     """Whether ``func``'s parameters fit the :func:`_conv_signature` ``signature``: the
     output last, the data and the weight (kernel size at axes 2-3 in every layout)
-    among the others; packed shapes compared in NCHW."""
+    among the others; packed shapes compared in NCHW.
+
+    The output may be larger than the convolution's where the kernel ends in a
+    broadcasting op: a squeeze-and-excitation's 1x1 convolution on the pooled
+    ``[N, C, 1, 1]`` fuses with the multiply that scales the ``[N, C, H, W]`` map by it
+    (MobileNetV3's, GluonCV's and torchvision's alike); and it may have fewer channels
+    where the kernel ends in the slice that drops the channels
+    :mod:`.channel_padding` added."""
     out, data, numel, size = signature
     shapes = [[int(d) for d in p.shape] for p in func.params]
+
+    def from_out(shape: tuple[int, ...]) -> bool:
+        if len(shape) != len(out) or len(out) < 2 or shape[1] > out[1]:
+            return False
+        pairs = zip(out, shape, strict=True)
+        return all(o in (1, s) for axis, (o, s) in enumerate(pairs) if axis != 1)
 
     def logical(shape: list[int]) -> tuple[int, ...]:  # NCHW[x]c -> NCHW
         return tuple(shape if len(shape) != 5 else [shape[0], shape[1] * shape[4], *shape[2:4]])
@@ -278,7 +291,7 @@ def _holds(func: tirx.PrimFunc, signature: tuple) -> bool:
 
     inputs = shapes[:-1]
     return (
-        logical(shapes[-1]) == out
+        from_out(logical(shapes[-1]))
         and data in [logical(s) for s in inputs]
         and (numel, size) in [weights(s) for s in inputs if len(s) >= 4]
     )
