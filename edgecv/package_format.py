@@ -490,8 +490,10 @@ class Plan:
 
     def check(self) -> None:
         """Raise :class:`FormatError` unless every index the plan holds points where it
-        must and every tensor fits the memory it is placed in: what the executor relies
-        on when it views storage slots and binds kernels to them."""
+        must, every tensor fits the memory it is placed in (a CPU one at an offset TVM's
+        kernels can take) and no launch writes a constant: what the executor relies on
+        when it views storage slots and binds kernels to them. What a GPU kernel reads
+        through each argument is checked where it is bound (:attr:`Launch.buffers`)."""
         n, slots = len(self.buffers), self.storage_sizes
         _require(_ints(slots, 0), "storage_sizes", "sizes in bytes", slots)
         devices = self.storage_devices
@@ -528,6 +530,15 @@ class Plan:
             if buf.kind == "temp":
                 _require(_index(buf.storage, len(slots)), f"{at}: storage", "a slot", buf.storage)
                 _require(_ints([buf.offset], 0), f"{at}: offset", "bytes >= 0", buf.offset)
+                # TVM's CPU kernels assume 64-byte aligned tensors (aligned vector loads:
+                # a plan placing one at offset 4 crashed the process)
+                cpu_align = PIECE_ALIGNMENT["cpu"]
+                _require(
+                    buf.device != "cpu" or buf.offset % cpu_align == 0,
+                    f"{at}: offset",
+                    f"a multiple of {cpu_align} (TVM's CPU kernels take aligned tensors)",
+                    buf.offset,
+                )
                 end = buf.offset + buf.nbytes
                 _require(
                     end <= slots[buf.storage] and devices[buf.storage] == buf.device,
@@ -562,6 +573,8 @@ class Plan:
                 outputs,
             )
             _require(step.kind in STEP_KINDS, f"{at}: kind", f"one of {STEP_KINDS}", step.kind)
+            for a in step.args[len(step.args) - outputs :]:
+                self._check_not_constant(at, a)
             _require(step.device in DEVICES, f"{at}: device", f"one of {DEVICES}", step.device)
             if step.kind == "copy":
                 _require(len(step.args) == 2, f"{at}: args", "[source, destination]", step.args)
@@ -615,6 +628,20 @@ class Plan:
         for b in self.inputs:
             kind = self.buffers[b].kind
             _require(kind == "input", f"inputs: buffer {b}", "an input buffer", kind)
+
+    def _check_not_constant(self, at: str, output: int) -> None:
+        """Launch ``at`` may write buffer ``output``: it is no constant, nor a view or
+        a piece of one. Every stream reads the same constants, uploaded once: a launch
+        writing one would race the others and change the weights of every later call."""
+        written = self.buffers[self.owner(output)]
+        if written.kind == "const":
+            what = "constant" if written.id == output else "a view of constant"
+            _require(
+                False,
+                f"{at}: output buffer {output}",
+                "memory of the inference, not a constant (shared by every stream)",
+                f"{what} `{written.name}`",
+            )
 
 
 DEVICES = ("cpu", "gpu")
@@ -692,6 +719,11 @@ class Launch:
     # of the plan (Step.workspaces); the runtime allocates them once per step only for a
     # plan without them (made before they were planned).
     workspaces: list[int] = field(default_factory=list)
+    # bytes the device code reads or writes through each parameter of the PrimFunc, in
+    # parameter order (the step's args; 0 for one that is no buffer): the same list on
+    # each of its launches. No argument check stands between a GPU kernel and memory,
+    # so the runtime refuses buffers smaller than these. Empty: recorded before them.
+    buffers: list[int] = field(default_factory=list)
 
 
 def _json_object(text: str, what: str) -> dict:
@@ -735,6 +767,7 @@ def launches_from_json(text: str) -> dict[str, list[Launch]]:
                     tuple(x["global_size"]),
                     tuple(x["local_size"]),
                     list(x.get("workspaces", [])),
+                    list(x.get("buffers", [])),
                 )
                 for x in items
             ]
@@ -752,6 +785,7 @@ def _check_launch(name: str, launch: Launch) -> None:
     for size in (launch.global_size, launch.local_size):
         _require(len(size) == 3 and _ints(size, 1), f"{at}: sizes", "3 counts >= 1", size)
     _require(_ints(launch.workspaces, 0), f"{at}: workspaces", "sizes", launch.workspaces)
+    _require(_ints(launch.buffers, 0), f"{at}: buffers", "sizes in bytes", launch.buffers)
     for arg in launch.args:
         ok = len(arg) == 3 and isinstance(arg[2], str)
         if ok and arg[0] in ("buffer", "workspace"):

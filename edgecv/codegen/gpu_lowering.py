@@ -147,9 +147,27 @@ def _read_host(func, device_funcs: dict) -> list[Launch]:
 
     visit(func.body)
     sizes = [_nbytes(buf) for buf in workspaces]
+    arguments = _parameter_bytes(func)
     for launch in launches:
         launch.workspaces = list(sizes)
+        launch.buffers = list(arguments)
     return launches
+
+
+def _parameter_bytes(func) -> list[int]:
+    """Bytes of each parameter's buffer of ``func``, in parameter order (0 for one that
+    is no buffer): what its device code was compiled to read or write there (the
+    runtime checks the plan's buffers against it: :attr:`Launch.buffers`). Empty where a
+    shape is known only at run time."""
+    sizes = []
+    for param in func.params:  # a buffer parameter is a Var of BufferType (tirx)
+        if not isinstance(param.ty, tvm.ir.type.PrimType):
+            if not all(isinstance(d, tirx.IntImm) for d in param.shape):
+                return []
+            sizes.append(_nbytes(param))
+        else:
+            sizes.append(0)
+    return sizes
 
 
 def _nbytes(buf) -> int:

@@ -88,3 +88,27 @@ def planned_workspaces(name: str, workspaces: list[Any], sizes: list[int]) -> li
             "package's plan and kernels come from different builds; redeploy the model"
         )
     return workspaces
+
+
+def planned_arguments(name: str, tensors: list[Any], sizes: list[int]) -> list[Any]:
+    """The plan's argument tensors of GPU kernel ``name`` (:meth:`Backend.bind`), checked
+    against the bytes its device code reads or writes through each,
+    :attr:`~edgecv.package_format.Launch.buffers` (``sizes``; empty in launches recorded
+    before them). A GPU kernel checks nothing of what it is given: a smaller buffer
+    would have it read or write past that buffer's end."""
+    if not sizes:
+        return tensors
+    if len(sizes) != len(tensors):
+        raise PackageError(
+            f"kernel `{name}`: the plan gives it {len(tensors)} arguments, its launches "
+            f"{len(sizes)}: the package's plan and kernels come from different builds; "
+            "redeploy the model"
+        )
+    for i, (tensor, size) in enumerate(zip(tensors, sizes)):
+        if tensor.nbytes < size:
+            raise PackageError(
+                f"kernel `{name}`: the plan's argument {i} is {tensor.nbytes} bytes, its "
+                f"compiled code reads or writes {size} bytes there: the package's plan and "
+                "kernels do not match; redeploy the model"
+            )
+    return tensors

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import EdgecvError
 from ..package_format import Launch
-from .backend import Backend, planned_workspaces
+from .backend import Backend, planned_arguments, planned_workspaces
 
 _CUDA_SUCCESS = 0
 _CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -265,6 +265,7 @@ class CUDABackend(Backend):
             workspaces = [self.alloc(size) for size in sizes]  # once per step, at load
         else:
             workspaces = planned_workspaces(name, workspaces, sizes)
+        planned_arguments(name, tensors, launches[0].buffers if launches else [])
         for launch in launches:
             values = [
                 ctypes.c_uint64(tensors[int(value)].pointer)

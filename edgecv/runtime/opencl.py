@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import EdgecvError, PackageError
 from ..package_format import Launch
 from . import compiler_process, kernel_cache
-from .backend import Backend, planned_workspaces
+from .backend import Backend, planned_arguments, planned_workspaces
 from .opencl_devices import register_pip_runtimes
 from .opencl_pieces import split_program
 
@@ -290,6 +290,7 @@ class OpenCLBackend(Backend):
             scratch = [self.alloc(size) for size in sizes]  # once per step, at load
         else:
             scratch = [t.buffer for t in planned_workspaces(name, workspaces, sizes)]
+        planned_arguments(name, tensors, launches[0].buffers if launches else [])
         for launch in launches:
             kernel = self.cl_kernel(launch.kernel)
             for i, (kind, value, ctype) in enumerate(launch.args):
