@@ -32,10 +32,72 @@ def read_image(path: str | Path) -> np.ndarray:
     return image
 
 
+_WANTED = "pass an HxWx3 uint8 BGR image, as cv2.imread returns"
+
+
+def bgr_image(image: Any) -> np.ndarray:
+    """``image`` as the HxWx3 uint8 BGR array :func:`preprocess` takes.
+
+    Converted as OpenCV converts an image it reads (``cv2.IMREAD_COLOR``): a grayscale
+    image (HxW or HxWx1) has its channel repeated; a 4-channel one is BGRA (OpenCV's
+    order, what ``cv2.IMREAD_UNCHANGED`` reads) and loses its alpha. Anything else is
+    one :class:`~edgecv.errors.EdgecvError` naming what was given and what to pass: not
+    an array, an empty image, another number of channels, and any dtype but uint8 (a
+    float image may hold 0-1 or 0-255 values, and preprocessing cannot tell which).
+    An image that is already right is returned as it is, without a copy.
+    """
+    if not isinstance(image, np.ndarray):
+        hint = ""
+        if image is None:
+            hint = " (cv2.imread returns None for a file it cannot read)"
+        elif isinstance(image, (str, Path)):
+            hint = " (a file name: read it with edgecv.imaging.read_image or cv2.imread)"
+        raise EdgecvError(
+            f"the image is {type(image).__name__}, not a NumPy array{hint}: {_WANTED}"
+        )
+    shape = image.shape
+    if image.ndim not in (2, 3):
+        raise EdgecvError(f"the image is {image.ndim}-d, shape {shape}: {_WANTED}")
+    if image.size == 0:
+        raise EdgecvError(f"the image is empty, shape {shape}: {_WANTED}")
+    channels = 1 if image.ndim == 2 else shape[2]
+    if channels not in (1, 3, 4):
+        raise EdgecvError(
+            f"the image has {channels} channels, shape {shape}: {_WANTED} (or grayscale "
+            "HxW, or BGRA HxWx4)"
+        )
+    if image.dtype != np.uint8:
+        raise EdgecvError(_dtype_message(image.dtype))
+    image = np.ascontiguousarray(image)  # OpenCV takes a view only in C order
+    if channels == 3:
+        return image
+    cv2 = opencv()
+    return cv2.cvtColor(image, cv2.COLOR_GRAY2BGR if channels == 1 else cv2.COLOR_BGRA2BGR)
+
+
+def _dtype_message(dtype: np.dtype) -> str:
+    """Why an image of ``dtype`` is refused, and how to make it uint8."""
+    if dtype.kind == "f":
+        how = (
+            "np.clip(image * 255, 0, 255).round().astype(np.uint8) for values in [0, 1], "
+            "image.clip(0, 255).astype(np.uint8) for values in [0, 255]"
+        )
+    elif dtype == np.uint16:
+        how = "(image >> 8).astype(np.uint8), as cv2.imread does with a 16-bit image"
+    else:
+        how = "image.astype(np.uint8) where its values are 0-255 pixels"
+    return (
+        f"the image has dtype {dtype}, predict() takes uint8 pixels (0-255): convert it "
+        f"({how}), or call run() with a tensor you prepared"
+    )
+
+
 def preprocess(image_bgr: np.ndarray, spec: dict[str, Any], shape: tuple[int, ...]) -> np.ndarray:
-    """BGR uint8 image -> the model's NCHW float input, as the manifest describes."""
+    """BGR uint8 image -> the model's NCHW float input, as the manifest describes
+    (grayscale and BGRA images converted first: :func:`bgr_image`)."""
     height, width = shape[2], shape[3]
     cv2 = opencv()
+    image_bgr = bgr_image(image_bgr)
     resized = cv2.resize(image_bgr, (width, height), interpolation=cv2.INTER_LINEAR)
     rgb = resized[:, :, ::-1] if spec.get("color", "RGB") == "RGB" else resized
     x = rgb.astype(np.float32) * np.float32(spec.get("scale", 1.0))
@@ -66,17 +128,19 @@ def detections(
     image_hw: tuple[int, int],
     threshold: float = 0.5,
 ) -> list[Detection]:
-    """GluonCV detector outputs (ids, scores, boxes) -> detections above ``threshold``."""
+    """GluonCV detector outputs (ids, scores, boxes) -> detections above ``threshold``.
+    A row with a NaN or infinite id, score or box (a model gone wrong: untrained or
+    overflowing weights) is no detection: NaN passes no comparison and has no int."""
     ids, scores, boxes = (o[0] for o in outputs[:3])
+    ids, scores, boxes = ids.reshape(-1), scores.reshape(-1), boxes.reshape(-1, 4)
+    n = min(len(ids), len(scores), len(boxes))
+    ids, scores, boxes = ids[:n], scores[:n], boxes[:n]
+    with np.errstate(invalid="ignore"):
+        finite = np.isfinite(ids) & np.isfinite(scores) & np.isfinite(boxes).all(axis=1)
+        kept = np.flatnonzero(finite & (ids >= 0) & (scores >= threshold))
     sy, sx = image_hw[0] / input_hw[0], image_hw[1] / input_hw[1]
     found = []
-    for cid, score, box in zip(
-        ids.reshape(-1),
-        scores.reshape(-1),
-        boxes.reshape(-1, 4),
-    ):
-        if cid < 0 or score < threshold:
-            continue
+    for cid, score, box in zip(ids[kept], scores[kept], boxes[kept]):
         label = classes[int(cid)] if int(cid) < len(classes) else f"class {int(cid)}"
         x1, y1, x2, y2 = (float(v) for v in box)
         height, width = image_hw
