@@ -138,10 +138,20 @@ class DeployedModel:
         return self.executor.run(list(inputs))
 
     def preprocess(self, image_bgr: np.ndarray) -> np.ndarray:
+        """An image as the model's input tensor (see :meth:`predict` for the images it
+        takes)."""
         return preprocess(image_bgr, self.manifest["preprocessing"], self.input_shape)
 
     def predict(self, image_bgr: np.ndarray, threshold: float = 0.5, k: int = 5):
-        """Classify (top-k ``(label, prob)``) or detect (:class:`Detection` list) one image."""
+        """Classify (top-k ``(label, prob)``) or detect (:class:`Detection` list) one image.
+
+        ``image_bgr`` is an HxWx3 uint8 BGR image, as ``cv2.imread`` returns it; a
+        grayscale (HxW, HxWx1) or BGRA (HxWx4) one is converted as OpenCV converts an
+        image it reads in colour. Anything else (None, an empty image, another dtype: a
+        float image's scale cannot be known) is one :class:`~edgecv.errors.EdgecvError`
+        saying how to convert it (:func:`~edgecv.imaging.bgr_image`). A detection whose
+        class id, score or box is NaN or infinite is dropped.
+        """
         outputs = self.run(self.preprocess(image_bgr))
         if self.task == "classification":
             return top_k(outputs[0], self.classes, k)
