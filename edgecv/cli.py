@@ -22,6 +22,7 @@ from .arguments import (
 )
 from .errors import EdgecvError, ShapeError, foreign_message, missing_extra
 from .outputs import check_image_path, check_output_folder, save_arrays, save_image
+from .precision import PRECISIONS, Precision
 
 
 def _deploy_device(args) -> str:
@@ -409,8 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument(
         "--precision",
-        choices=("fp32", "int8", "fp16"),  # edgecv.pipelines.int8.PRECISIONS
-        default="fp32",
+        choices=PRECISIONS,
+        default=Precision.FP32.value,
         help="fp32 (default); int8: convolutions and dense layers quantized after "
         "calibration on --calibrate (CPU profiles; docs/int8.md); fp16: float16 weights "
         "and activations, reductions and vision operators in float32 (GPU profiles; "

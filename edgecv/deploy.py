@@ -21,6 +21,7 @@ from .package import PackageWriter, check_destination, package_manifest
 from .pipelines import BuildOptions, pipeline_for
 from .pipelines import fp16 as fp16_step
 from .pipelines import int8 as int8_step
+from .precision import Precision
 from .profiles import AVAILABLE_RUNTIMES, Profile, check_profile, load_profile
 from .schedules.device_class import tuning_folders
 from .schedules.orders import tuning_database
@@ -54,7 +55,7 @@ def deploy(
     gpu_only: bool = False,
     check_on: str | None = "auto",
     force: bool = False,
-    precision: str = "fp32",
+    precision: str | Precision = Precision.FP32,
     calibrate: str | Path | None = None,
     calibration_size: int | None = None,
 ) -> Path:
@@ -137,7 +138,7 @@ def deploy(
         imported = from_mxnet(graph, weights, source.graph_inputs)
         timings["import_s"] = time.perf_counter() - t
     destination = Path(output) if output else Path(f"{source.name}-{profile.name}")
-    if options.precision == "int8":
+    if options.precision is Precision.INT8:
         options = _with_calibration(options, imported, destination)
     built = pipeline_for(profile.runtime).build(imported.mod, profile, options, progress)
     timings.update(built.timings)
@@ -184,7 +185,7 @@ def deploy(
             "versions": {"edgecv": __version__, "tvm": tvm.__version__},
             "build": {
                 "kernels": kernel_files,
-                "precision": options.precision,
+                "precision": options.precision.value,
                 **built.facts,
                 "launches": sum(not step.elided for step in plan.steps),
                 "kernel_ops": built.kernel_ops,  # fused MXNet-level ops per kernel

@@ -40,6 +40,7 @@ DEVICE_RUNTIME = [
     "edgecv/outputs.py",
     "edgecv/progress.py",
     "edgecv/arguments.py",
+    "edgecv/precision.py",
     "edgecv/cli.py",
     "edgecv/runtime",
 ]

@@ -31,7 +31,7 @@ from edgecv.package import sha256
 from edgecv.pipelines import BuildOptions
 from edgecv.pipelines.int8 import model_key, quantize_model, read_calibration, reusable_statistics
 from edgecv.profiles import load_profile
-from edgecv.schedules.cpu.conv2d_int8 import dot_product_of
+from edgecv.schedules.cpu.dot_product import dot_product_of
 from edgecv.testing import assert_close_int8, assert_one_error_line, run_cli
 
 SHAPE = (1, 3, 24, 24)
@@ -347,7 +347,8 @@ def test_an_operator_no_integer_kernel_speeds_up_stays_float32():
     mod = bb.get()
     found = find_sites(mod)
     quants = {k: TensorQuant(0.05, "uint8") for k in found.tensors}
-    _, records = quantize(mod, quants, _weight_limits(target), arithmetic=_arithmetic(target))
+    dot = dot_product_of(target)
+    _, records = quantize(mod, quants, _weight_limits(dot), arithmetic=_arithmetic(dot))
     assert [(r["name"], r["arithmetic"]) for r in records] == [("conv2d_1", "int32")]
 
 
@@ -385,7 +386,7 @@ def test_a_dense_layer_on_the_dot_product_is_its_1x1_convolution():
         bb.emit_func_output(out)
     mod = bb.get()
     quants = {k: TensorQuant(0.05, "uint8") for k in find_sites(mod).tensors}
-    limits, arithmetic = _weight_limits(target), _arithmetic(target)
+    limits, arithmetic = _weight_limits(dot), _arithmetic(dot)
 
     conv, records = quantize(mod, quants, limits, arithmetic=arithmetic, dense_as_conv=True)
     assert [(r["name"], r["arithmetic"], r.get("as"), r["weight_max"]) for r in records] == [
@@ -436,12 +437,12 @@ def test_a_signed_input_without_padding_is_shifted_onto_the_dot_product():
     mod = bb.get()
     found = find_sites(mod)
     quants = {k: TensorQuant(0.05, "int8") for k in found.tensors}
-    limits = _weight_limits(target)
+    limits = _weight_limits(dot)
     shifted, records = quantize(
         mod,
         quants,
         limits,
-        arithmetic=_arithmetic(target),
+        arithmetic=_arithmetic(dot),
         shift_signed=lambda site, quant: _shifted(site, quant, dot),
     )
     kinds = {r["name"]: (r["arithmetic"], r["input_dtype"], r.get("input_shift")) for r in records}
@@ -819,7 +820,9 @@ def test_int8_package_matches_fp32_within_the_quantization_step(small, tmp_path)
         calibration=read_calibration(npy, SHAPE, PREPROCESSING, None),
         previous_calibration=saved,
     )
-    _, again, files = quantize_model(mod, load_profile("cpu"), options, lambda line: None)
+    profile = load_profile("cpu")
+    dot = dot_product_of(profile.tvm_target())
+    _, again, files = quantize_model(mod, profile, options, lambda line: None, dot)
     assert again["calibration"]["reused"] and again["method"] == "percentile"
     resaved = json.loads(files["calibration.json"])
     assert resaved["tensors"]["t1"]["histogram"] == saved["tensors"]["t1"]["histogram"]

@@ -20,6 +20,7 @@ import numpy as np
 from .. import __version__, progress
 from ..errors import EdgecvError, foreign_message
 from ..outputs import check_output_folder
+from ..precision import Precision
 from ..runtime.cpu import pool_threads
 from ..testing import TOLERANCES
 from .baselines import KNOWN
@@ -176,7 +177,7 @@ def cmd_bench(args) -> int:
         "device": getattr(model.executor.backend, "label", model.executor.backend.name),
         "input_shape": list(x.shape),
         "threads": pool_threads(),
-        "precision": model.manifest.get("build", {}).get("precision", "fp32"),
+        "precision": model.manifest.get("build", {}).get("precision", Precision.FP32.value),
         "load_s": load_s,
         "peak_rss_mib": rss_after,
         "rss_growth_mib": rss_after - rss_before,

@@ -5,13 +5,14 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..errors import EdgecvError
+from ..precision import Precision
 
 
 def _summary(report: dict) -> None:
     shape = "x".join(map(str, report["input_shape"]))
     print(
         f"{report['model']} ({report['profile']} package) on {report['device']}, "
-        f"input {shape}, batch 1, {report.get('precision', 'fp32').upper()}, "
+        f"input {shape}, batch 1, {report.get('precision', Precision.FP32.value).upper()}, "
         f"{report['threads']} threads"
     )
     print(

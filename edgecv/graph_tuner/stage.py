@@ -19,6 +19,7 @@ from tvm import relax
 
 from ..errors import EdgecvError
 from ..profiles import Profile
+from ..schedules.cpu.dot_product import DotProduct, int8_lowering
 from .activations import rewrite_activations
 from .apply import convert_layouts, inserted_transforms
 from .channel_padding import pad_output_channels
@@ -119,10 +120,16 @@ def conv_candidates(packings: list[str], int8_block: int | None = None) -> Candi
 
 
 def choose_layouts(
-    mod: tvm.IRModule, profile: Profile, options, progress: Progress = lambda message: None
+    mod: tvm.IRModule,
+    profile: Profile,
+    options,
+    progress: Progress = lambda message: None,
+    dot: DotProduct | None = None,
 ) -> tuple[tvm.IRModule, dict]:
     """``mod`` with its convolutions in the layouts ``options.layout`` asks for, and the
-    manifest's record of what was chosen (see the module docstring)."""
+    manifest's record of what was chosen (see the module docstring). ``dot``: the dot
+    product an INT8 build's uint8 x int8 convolutions run on (the CPU pipeline's
+    decision), packed for its lanes; None leaves them plain."""
     mode = options.layout
     if mode not in LAYOUT_MODES:
         raise EdgecvError(f"--layout must be one of {', '.join(LAYOUT_MODES)}, not {mode!r}")
@@ -134,7 +141,7 @@ def choose_layouts(
         return mod, {"mode": mode, "chosen": "NCHW", "reason": reason}
     started = time.perf_counter()
     try:
-        converted, facts = _tune(mod, profile, options, packings, mode, progress)
+        converted, facts = _tune(mod, profile, options, packings, mode, progress, dot)
     except Exception as err:  # a tuner that breaks never breaks the deploy
         if mode == "packed":
             raise EdgecvError(f"--layout packed failed: {err}; deploy with --layout NCHW") from err
@@ -145,10 +152,10 @@ def choose_layouts(
     return converted, facts
 
 
-def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule, dict]:
+def _tune(mod, profile, options, packings, mode, progress, dot) -> tuple[tvm.IRModule, dict]:
     block = max(block_of(p) for p in packings)
     prepared = relax.transform.FoldConstant()(pad_output_channels(rewrite_activations(mod), block))
-    int8_block, int8_pairs = _int8_lowering(profile, options)
+    int8_block, int8_pairs = int8_lowering(dot)
     extracted = extract(prepared, conv_candidates(packings, int8_block))
     extracted.int8_block, extracted.int8_pairs = int8_block, int8_pairs
     graph = extracted.graph
@@ -185,15 +192,6 @@ def _tune(mod, profile, options, packings, mode, progress) -> tuple[tvm.IRModule
             f"the plan predicted {len(plan.transforms)} transforms, Relax inserted {len(found)}"
         )
     return converted, facts
-
-
-def _int8_lowering(profile: Profile, options) -> tuple[int | None, bool]:
-    """The lowering's ``int8_block`` and ``int8_pairs`` for this build (CPU INT8 only)."""
-    if profile.runtime != "cpu":
-        return None, False
-    from ..schedules.cpu.conv2d_int8 import int8_lowering
-
-    return int8_lowering(profile.tvm_target(), getattr(options, "precision", "fp32"))
 
 
 def _summary(graph, layouts: dict[int, str]) -> str:

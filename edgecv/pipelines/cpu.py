@@ -1,5 +1,9 @@
 """The CPU pipeline, in order.
 
+The INT8 decision is made here, once per build: the dot product an INT8 build's
+convolutions run on (:func:`edgecv.schedules.cpu.dot_product.dot_product_of`; None in
+another build, or on a CPU without one), handed to the stages 0-2.
+
 0. ``--precision int8`` only: calibrate (or reuse the statistics), quantize the
    convolutions and dense layers (:func:`.int8.quantize_model`).
 1. Graph tuner: a data layout per convolution (NCHW or packed), from measured costs
@@ -22,23 +26,26 @@ import tvm
 from ..graph_tuner import choose_layouts
 from ..graph_tuner.stage import winograd_plan
 from ..lowering import lower
+from ..precision import Precision
 from ..profiles import Profile
-from ..schedules.cpu.conv2d_int8 import int8_lowering
+from ..schedules.cpu.dot_product import dot_product_of, int8_lowering
 from .int8 import quantize_model
 from .steps import BuildOptions, Built, Progress, compile_cpu_kernels
 
 
 def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: Progress) -> Built:
     """Compile the imported Relax module ``mod`` for a CPU profile."""
-    precision: dict = {"precision": options.precision}
+    precision: dict = {"precision": options.precision.value}
     files: dict[str, str] = {}
-    if options.precision == "int8":  # 0
-        mod, quantization, files = quantize_model(mod, profile, options, progress)
-        precision["quantization"] = quantization
-    mod, layouts = choose_layouts(mod, profile, options, progress)  # 1
-    progress("lowering (Relax passes, fusion, memory plan)")
     target = profile.tvm_target()
-    lowered = lower(mod, winograd_plan(layouts), *int8_lowering(target, options.precision))  # 2
+    int8 = options.precision is Precision.INT8
+    dot = dot_product_of(target) if int8 else None
+    if int8:  # 0
+        mod, quantization, files = quantize_model(mod, profile, options, progress, dot)
+        precision["quantization"] = quantization
+    mod, layouts = choose_layouts(mod, profile, options, progress, dot)  # 1
+    progress("lowering (Relax passes, fusion, memory plan)")
+    lowered = lower(mod, winograd_plan(layouts), *int8_lowering(dot))  # 2
     progress(
         f"scheduling and compiling {len(lowered.kernels.functions)} kernels for "
         f"{target.attrs.get('mcpu', 'the CPU')}"

@@ -23,6 +23,7 @@ import tvm
 from ..codegen.cuda import generate_cuda
 from ..fallback import widened_constants
 from ..lowering import lower
+from ..precision import Precision
 from ..profiles import Profile
 from . import fp16
 from . import gpu_steps as g
@@ -62,7 +63,7 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     if "cpu_schedules" in facts:
         facts["schedules"]["cpu"] = facts.pop("cpu_schedules")
     constants = lowered.constants
-    if options.precision == "fp16":
+    if options.precision is Precision.FP16:
         facts["fp16"] = fp16.launch_facts(plan, lowered)
         constants = widened_constants(plan, constants)
 

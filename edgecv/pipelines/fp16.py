@@ -15,6 +15,7 @@ from ..errors import EdgecvError
 from ..lowering import Lowered
 from ..lowering.precision import ACCUMULATE, computes_in_half, to_half
 from ..package_format import Plan
+from ..precision import Precision
 from ..profiles import Profile
 from .steps import BuildOptions, Progress
 
@@ -28,7 +29,7 @@ def check_request(options: BuildOptions, profile: Profile, progress: Progress) -
     OpenCL device that has it. Say so when the device the program would be checked on at
     deploy time lacks ``cl_khr_fp16`` (the check then moves to one that has it, or is
     skipped)."""
-    if options.precision != "fp16":
+    if options.precision is not Precision.FP16:
         return
     if profile.runtime == "cpu":
         raise EdgecvError(
@@ -73,7 +74,7 @@ def has_fp16(profile: Profile) -> bool:
 
 def convert(mod: tvm.IRModule, options: BuildOptions, progress: Progress) -> tvm.IRModule:
     """Step 0 of the GPU pipelines: ``mod`` in float16 where the table says (fp16 only)."""
-    if options.precision != "fp16":
+    if options.precision is not Precision.FP16:
         return mod
     progress(f"converting to float16 (ToMixedPrecision, accumulating in {ACCUMULATE})")
     return to_half(mod)
@@ -89,7 +90,7 @@ def launch_facts(plan: Plan, lowered: Lowered) -> dict:
         if step.kind == "copy":
             continue
         half = step.device == "gpu" and computes_in_half(kernels[step.kernel])
-        precision = "fp16" if half else "fp32"
+        precision = (Precision.FP16 if half else Precision.FP32).value
         launches.append({"kernel": step.kernel, "device": step.device, "precision": precision})
         key = f"{step.device}_{precision}"
         counts[key] = counts.get(key, 0) + 1
@@ -107,7 +108,8 @@ def explain_lines(manifest: dict) -> list[str]:
     """``deploy --explain``: which launches run in which precision (an fp16 package), or
     what fp16 would save (an fp32 package for a profile whose device has float16)."""
     build = manifest["build"]
-    if build.get("precision") == "fp16" and "fp16" in build:
+    recorded = build.get("precision", Precision.FP32.value)  # older manifests: none
+    if recorded == Precision.FP16.value and "fp16" in build:
         facts = build["fp16"]
         counts = ", ".join(f"{n} {key.replace('_', ' ')}" for key, n in facts["counts"].items())
         lines = [f"precision: fp16 (accumulating in {facts['accumulate']}): {counts} launches"]
@@ -117,7 +119,7 @@ def explain_lines(manifest: dict) -> list[str]:
         ]
         return lines
     gpu = manifest["profile"].get("gpu") or {}
-    if build.get("precision", "fp32") != "fp32" or gpu.get("fp16") not in (True, "auto"):
+    if recorded != Precision.FP32.value or gpu.get("fp16") not in (True, "auto"):
         return []
     weights, activations = build.get("constant_bytes", 0), build.get("intermediate_bytes", 0)
     return [

@@ -14,6 +14,7 @@ from ..fallback import Placement, insert_copies, place
 from ..lowering import Lowered
 from ..lowering.precision import widen_kernels
 from ..package_format import Launch, Plan, launches_to_json
+from ..precision import Precision
 from ..profiles import Profile
 from ..schedules.orders import gpu_order, tuning_database
 from .steps import (
@@ -108,7 +109,7 @@ def copies_and_cpu_kernels(
     ``launches``: temp buffers of the memory plan); compile the CPU launches for the
     profile's host CPU (in float32 in a float16 build: the copies convert). Returns the
     plan, the placement facts and how to write the CPU library (or None)."""
-    half = options.precision == "fp16"
+    half = options.precision is Precision.FP16
     # every launch of a kernel shares the workspaces of its first (gpu_lowering._read_host)
     workspaces = {name: items[0].workspaces for name, items in launches.items() if items}
     plan, copies = insert_copies(

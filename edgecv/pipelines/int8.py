@@ -53,10 +53,10 @@ from ..lowering.quantize import (
     shiftable,
     with_taps,
 )
+from ..precision import Precision
 from ..profiles import Profile
-from ..schedules.cpu.conv2d_int8 import dot_product_of, runs_on_dot_product
+from ..schedules.cpu.dot_product import DotProduct, runs_on_dot_product
 
-PRECISIONS = ("fp32", "int8", "fp16")  # fp16: GPU profiles, edgecv.pipelines.fp16
 DEFAULT_CALIBRATION_SIZE = 100
 # Chosen from the measured accuracy of the three methods: docs/int8.md.
 DEFAULT_METHOD = "percentile"
@@ -96,12 +96,10 @@ class CalibrationInputs:
 
 def check_request(options, profile: Profile) -> None:
     """Refuse, before anything is compiled, a precision request that cannot be built:
-    an unknown precision, int8 without calibration data or on a GPU profile,
-    calibration options without int8, a calibration source that is not there."""
-    precision = options.precision
-    if precision not in PRECISIONS:
-        raise EdgecvError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-    if precision != "int8":
+    int8 without calibration data or on a GPU profile, calibration options without
+    int8, a calibration source that is not there (an unknown precision never gets
+    here: :class:`~.steps.BuildOptions` parses it)."""
+    if options.precision is not Precision.INT8:
         if options.calibrate is not None or options.calibration_size is not None:
             raise CalibrationError(
                 "--calibrate and --calibration-size apply to --precision int8 only; add "
@@ -255,10 +253,12 @@ def reusable_statistics(previous: dict | None, key: str, inputs: CalibrationInpu
 
 
 def quantize_model(
-    mod: tvm.IRModule, profile: Profile, options, progress
+    mod: tvm.IRModule, profile: Profile, options, progress, dot: DotProduct | None
 ) -> tuple[tvm.IRModule, dict, dict[str, str]]:
-    """``mod`` quantized (see the module docstring), the manifest's
-    ``build.quantization`` facts and the files for the package (``calibration.json``)."""
+    """``mod`` quantized (see the module docstring) for its convolutions to run on
+    ``dot`` (the CPU pipeline's decision: the dot product of the profile's CPU, None
+    when it has none), the manifest's ``build.quantization`` facts and the files for the
+    package (``calibration.json``)."""
     inputs: CalibrationInputs | None = options.calibration
     if inputs is None:
         raise CalibrationError(f"--precision int8 needs calibration data: {WHAT_TO_PASS}")
@@ -282,11 +282,10 @@ def quantize_model(
     calibration_s = time.perf_counter() - started
     thresholds = {k: {m: s.threshold(m) for m in METHODS} for k, s in stats.items()}
     quants = {k: TensorQuant.of(thresholds[k][method], s.nonnegative) for k, s in stats.items()}
-    target = profile.tvm_target()
-    dot = dot_product_of(target)
     if dot is None:
+        mcpu = profile.tvm_target().attrs.get("mcpu", "generic")
         warnings.warn(
-            f"profile {profile.name}: its CPU ({target.attrs.get('mcpu', 'generic')}) has no "
+            f"profile {profile.name}: its CPU ({mcpu}) has no "
             "8-bit dot-product instruction edgecv uses (x86 AVX2 or AVX-512, ARM dotprod): "
             "its INT8 convolutions compute in int32 lanes, about half float32's speed; "
             "deploy without --precision int8 for speed (docs/int8.md)",
@@ -298,8 +297,8 @@ def quantize_model(
     quantized, records = quantize(
         mod,
         quants,
-        _weight_limits(target),
-        arithmetic=_arithmetic(target),
+        _weight_limits(dot),
+        arithmetic=_arithmetic(dot),
         dense_as_conv=dot is not None,  # an int32 dense layer there is on the dot product
         residual_adds=True,
         shift_signed=lambda site, quant: _shifted(site, quant, dot),
@@ -359,7 +358,7 @@ def quantize_model(
 
 def _seven_bit_inputs(found, quants: dict, dot) -> set[str]:
     """The uint8 tensors that a kernel on the dot product reads as 7-bit data
-    (:meth:`~edgecv.schedules.cpu.conv2d_int8.DotProduct.seven_bit_data`: one that sums
+    (:meth:`~edgecv.schedules.cpu.dot_product.DotProduct.seven_bit_data`: one that sums
     two steps in int16, :func:`edgecv.lowering.legalize.sums_in_pairs`, or any on ARM's
     signed ``sdot``): they get 7-bit data."""
     keys = set()
@@ -394,11 +393,11 @@ def _dot_dtype(site, quant: TensorQuant, dot) -> str:
     return "uint8" if _shifted(site, quant, dot) else quant.dtype
 
 
-def _weight_limits(target: tvm.target.Target):
+def _weight_limits(dot: DotProduct | None):
     """The largest weight magnitude per quantized operator: 7 bits for the convolutions
-    the CPU's ``vpmaddubsw`` will multiply (two u8 x s8 products added in int16 saturate
-    beyond 2 x 255 x 63), 8 bits elsewhere (:mod:`edgecv.schedules.cpu.conv2d_int8`)."""
-    dot = dot_product_of(target)
+    the CPU's ``vpmaddubsw`` (``dot``) will multiply (two u8 x s8 products added in int16
+    saturate beyond 2 x 255 x 63), 8 bits elsewhere
+    (:mod:`edgecv.schedules.cpu.dot_product`)."""
 
     def limit(site, quant: TensorQuant) -> int:
         if dot is None:
@@ -413,15 +412,14 @@ def _weight_limits(target: tvm.target.Target):
     return limit
 
 
-def _arithmetic(target: tvm.target.Target):
+def _arithmetic(dot: DotProduct | None):
     """How each quantized operator computes (see
     :func:`edgecv.lowering.quantize.quantize`): on the CPU's dot-product instruction
-    (``int32``: :mod:`edgecv.schedules.cpu.conv2d_int8`) where it applies; else, where
-    float32 holds its sums exactly (depthwise and first convolutions, small dense
-    layers), the same integers in float32 kernels, which run at float32's speed where
-    int32 lanes ran at half of it; else not quantized at all on a CPU with a dot
+    ``dot`` (``int32``: :mod:`edgecv.schedules.cpu.conv2d_int8`) where it applies;
+    else, where float32 holds its sums exactly (depthwise and first convolutions, small
+    dense layers), the same integers in float32 kernels, which run at float32's speed
+    where int32 lanes ran at half of it; else not quantized at all on a CPU with a dot
     product (None), int32 on one without."""
-    dot = dot_product_of(target)
 
     def arithmetic(site, quant: TensorQuant, weight_max: int) -> str | None:
         if dot is not None and site.op == "dense" and _dense_on_dot(site, quant, dot):
@@ -465,7 +463,6 @@ __all__ = [
     "CALIBRATION_FILE",
     "DEFAULT_CALIBRATION_SIZE",
     "DEFAULT_METHOD",
-    "PRECISIONS",
     "CalibrationError",
     "CalibrationInputs",
     "check_request",

@@ -30,6 +30,7 @@ from ..fallback import widened_constants
 from ..graph_tuner import choose_layouts
 from ..graph_tuner.stage import winograd_plan
 from ..lowering import lower
+from ..precision import Precision
 from ..profiles import Profile
 from . import fp16
 from . import gpu_steps as g
@@ -69,7 +70,7 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     facts["requires"] = requires
     facts["layouts"] = layouts
     constants = lowered.constants
-    if options.precision == "fp16":
+    if options.precision is Precision.FP16:
         facts["fp16"] = fp16.launch_facts(plan, lowered)
         constants = widened_constants(plan, constants)
     facts["schedules"] = {"gpu": g.gpu_schedule_facts(compiled, lowered)}

@@ -19,6 +19,7 @@ from ..codegen.op_versions import OpVersions
 from ..errors import EdgecvError
 from ..lowering import Lowered
 from ..package_format import TVM_RUNTIME_FILES, Plan
+from ..precision import Precision
 from ..schedules.orders import cpu_order, tuning_database
 from ..schedules.stage import ScheduleOrder
 
@@ -62,9 +63,11 @@ class BuildOptions:
         convolutions and transforms first); the rest are predicted from what it measured
         and measured by later deploys (default :data:`DEFAULT_LAYOUT_BUDGET_S`);
         None: measure everything (``edgecv tune``).
-    precision : str
-        ``fp32`` (the default) or ``int8``: convolutions and dense layers quantized after
-        calibration (CPU profiles; :mod:`edgecv.pipelines.int8`).
+    precision : Precision or str
+        ``fp32`` (the default); ``int8``: convolutions and dense layers quantized after
+        calibration (CPU profiles; :mod:`edgecv.pipelines.int8`); ``fp16``: float16 on
+        GPU profiles (:mod:`edgecv.pipelines.fp16`). A string is parsed here, once
+        (:meth:`edgecv.precision.Precision.parse`: one error naming the values).
     calibrate : path or None
         int8: a folder of images or a ``.npy`` of preprocessed inputs to calibrate on.
     calibration_size : int or None
@@ -90,12 +93,15 @@ class BuildOptions:
     layout: str = "auto"
     layout_costs: str | Path | None = None
     layout_budget_s: float | None = DEFAULT_LAYOUT_BUDGET_S
-    precision: str = "fp32"
+    precision: Precision = Precision.FP32
     calibrate: str | Path | None = None
     calibration_size: int | None = None
     calibration_method: str = "percentile"
     calibration: object | None = None
     previous_calibration: dict | None = None
+
+    def __post_init__(self):
+        self.precision = Precision.parse(self.precision)
 
 
 @dataclass

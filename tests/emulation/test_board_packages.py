@@ -27,7 +27,7 @@ from user_models import tiny_yolo
 import edgecv
 from edgecv.deploy import deploy
 from edgecv.pipelines import BuildOptions
-from edgecv.schedules.cpu.conv2d_int8 import NEON_SDOT
+from edgecv.schedules.cpu.dot_product import NEON_SDOT
 from edgecv.testing import assert_close, assert_close_int8, match_detections, network_loosening
 
 pytestmark = pytest.mark.skipif(

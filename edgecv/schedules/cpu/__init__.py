@@ -25,6 +25,10 @@ anything (the safe rule)                   :class:`.safe.SafeParallel`
 The elementwise ops after a reduction (bias, BatchNorm, activation, residual add) are
 applied to each register tile as it is written back. A rule returns None for a kernel
 that is not its kind; the schedule stage (:mod:`edgecv.schedules.stage`) tries the next.
+
+Not rules: what the rules share (:mod:`.loop_nest`, :mod:`.base`), the CPU's 8-bit dot
+products (:mod:`.dot_product`, which the INT8 step, the graph tuner and the CPU
+pipeline read too) and their tensor intrinsics (:mod:`.tensor_intrin`).
 """
 
 from __future__ import annotations
