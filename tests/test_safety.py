@@ -145,9 +145,12 @@ def _link(name, target, hard=False):
         (lambda tmp: (_file(str(tmp / "abs.txt")), b"x"), "absolute path"),
         (lambda tmp: (_file("pkg/../escaped.txt"), b"x"), "`..`"),
         (lambda tmp: (_file("sibling/planted.txt"), b"x"), "outside the package folder"),
-        (lambda tmp: (_link("pkg/up", "../victim.txt"), b""), "link pointing outside"),
-        (lambda tmp: (_link("pkg/abs", "/etc/passwd"), b""), "link pointing outside"),
-        (lambda tmp: (_link("pkg/hard", "victim.txt", hard=True), b""), "link pointing outside"),
+        (lambda tmp: (_link("pkg/up", "../victim.txt"), b""), "`pkg/up` is a link"),
+        (lambda tmp: (_link("pkg/abs", "/etc/passwd"), b""), "`pkg/abs` is a link"),
+        (lambda tmp: (_link("pkg/hard", "victim.txt", hard=True), b""), "`pkg/hard` is a link"),
+        # deploy never writes a link: one pointing inside is refused as well
+        (lambda tmp: (_link("pkg/in", "manifest.json"), b""), "`pkg/in` is a link"),
+        (lambda tmp: (_link("pkg/in", "pkg/manifest.json", hard=True), b""), "`pkg/in` is a link"),
     ],
 )
 def test_archive_members_outside_the_package_are_refused(tmp_path, member, why):
@@ -161,6 +164,26 @@ def test_archive_members_outside_the_package_are_refused(tmp_path, member, why):
     assert victim.read_text() == "safe"
     result = run_cli("run", path, "--input", tmp_path / "x.npy")
     assert_one_error_line(result, "not a safe package archive")
+
+
+@pytest.mark.parametrize("data_filter", [True, False], ids=["data filter", "no data filter"])
+def test_a_chain_of_links_cannot_write_outside(tmp_path, monkeypatch, data_filter):
+    """Each link of the chain points inside the package as written, together they lead
+    out of it: `pkg/d` -> `.`, `pkg/e` -> `d/d/../..` (the staging folder's parent),
+    then a file `pkg/e/victim.txt`. Refused at the first link, before anything is
+    extracted, also on Pythons whose tarfile has no `data` filter (3.9's early releases,
+    which the device runtime supports)."""
+    if not data_filter:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("safe")
+    path = tmp_path / "pkg.tar.gz"
+    links = [(_link("pkg/d", "."), b""), (_link("pkg/e", "d/d/../.."), b"")]
+    _evil_archive(path, [*links, (_file("pkg/e/victim.txt"), b"overwritten")])
+    with pytest.raises(PackageError, match="member `pkg/d` is a link"):
+        unpack_if_archive(path)
+    assert victim.read_text() == "safe"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg.tar.gz", "victim.txt"]
 
 
 def test_archive_does_not_overwrite_an_existing_folder(tiny_model, tmp_path):
