@@ -27,12 +27,13 @@ from .errors import EdgecvError  # noqa: E402  (after the environment is set)
 __all__ = ["EdgecvError", "__version__", "load", "register_op"]
 
 
-def load(path, on=None, streams=1):
+def load(path, on=None, streams=1, sha256=None):
     """Load a deployed package (on OpenCL device ``on``, with ``streams`` calls able to
-    run at once from different threads); see :func:`edgecv.model.load`."""
+    run at once from different threads; only if its manifest has the sha256 ``sha256``,
+    the pin `edgecv deploy` printed, when given); see :func:`edgecv.model.load`."""
     from .model import load as _load
 
-    return _load(path, on=on, streams=streams)
+    return _load(path, on=on, streams=streams, sha256=sha256)
 
 
 def __getattr__(name: str):

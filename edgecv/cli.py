@@ -88,11 +88,15 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         explain_precision(manifest)
         explain_layouts(manifest)
         explain_schedules(manifest)
+    from .package import manifest_sha256
+
+    pin = manifest_sha256(path)
     if args.archive:
         from .package import archive
 
         path = archive(path, force=args.force)
     print(f"{path}  (deployed in {time.perf_counter() - start:.1f} s)")
+    print(f"sha256 (pin with edgecv run --sha256 / edgecv.load(sha256=)): {pin}")
     return 0
 
 
@@ -176,7 +180,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_image_path(args.save)
     if args.output:
         check_output_folder(args.output)
-    model = load(args.package, on=args.on)
+    model = load(args.package, on=args.on, sha256=args.sha256)
     images = list(args.images)
     if args.sample:
         images.append(sample_image(args.sample))
@@ -455,6 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threshold", type=float, default=0.5, help="detection score threshold")
     r.add_argument("--repeat", type=int, default=5, help="timed runs after one warm-up")
     r.add_argument("--on", help="OpenCL device: part of its platform/device name (intel, pocl)")
+    add_pin_argument(r)
     r.set_defaults(func=cmd_run)
 
     from .bench.command import add_parser as add_bench
@@ -481,6 +486,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profiles", parents=[common], help="list device profiles")
     p.set_defaults(func=cmd_profiles)
     return parser
+
+
+def add_pin_argument(parser: argparse.ArgumentParser) -> None:
+    """``--sha256``: load the package only when it is the one `edgecv deploy` pinned."""
+    parser.add_argument(
+        "--sha256",
+        metavar="HEX",
+        help="run the package only if its manifest (which lists every file's sha256) has "
+        "this sha256, as `edgecv deploy` printed it; refuse any other before it runs",
+    )
 
 
 def _refuse(error: EdgecvError):

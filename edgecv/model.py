@@ -8,6 +8,7 @@ never computed in memory another call is writing.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -18,7 +19,7 @@ import numpy as np
 from .durable import clean_stale_staging
 from .errors import EdgecvError, PackageError
 from .imaging import Detection, detections, preprocess, top_k
-from .package import read_manifest, read_package_text
+from .package import Package, open_package, read_package_text
 from .package_format import Plan
 from .runtime.context import one_line
 from .runtime.cpu import CPUBackend
@@ -30,14 +31,15 @@ class DeployedModel:
     """A loaded package: call :meth:`run` on tensors or :meth:`predict` on images, from
     any thread (up to ``streams`` calls run at once, the others wait)."""
 
-    def __init__(self, root: Path, manifest: dict, on: str | None = None, streams: int = 1):
+    def __init__(self, package: Package, on: str | None = None, streams: int = 1):
         streams = check_streams(streams)  # before any kernel is loaded
-        self.root = root
-        self.manifest = manifest
-        plan = _read_plan(root, manifest)
-        constants = _read_params(root)
+        self.root = root = package.root
+        self.manifest = package.manifest
+        self.sha256 = package.sha256  # the pin: edgecv.load(path, sha256=...)
+        plan = _read_plan(package)
+        constants = _read_params(root, package.take("params.npz"))
         t = time.perf_counter()
-        backends = self._backends(plan, on)
+        backends = self._backends(package, plan, on)
         try:
             self.executor = Executor(plan, backends, constants, streams)
         except EdgecvError:
@@ -55,20 +57,21 @@ class DeployedModel:
             ) from None
         self.load_s = time.perf_counter() - t
 
-    def _backends(self, plan: Plan, on: str | None) -> dict:
+    def _backends(self, package: Package, plan: Plan, on: str | None) -> dict:
         """One backend per device the plan uses: the GPU's, and the CPU's for fallback."""
         kernels = self.manifest["build"]["kernels"]
         if "opencl" not in kernels and "cuda" not in kernels:
-            return {"cpu": self._cpu_backend()}
-        backends = {"gpu": self._gpu_backend(on)}
+            return {"cpu": self._cpu_backend(package)}
+        backends = {"gpu": self._gpu_backend(package, on)}
         if "cpu" in plan.devices() or any(b.device == "cpu" for b in plan.buffers):
             if "cpu" not in kernels:
                 raise PackageError(f"{self.root}: the plan runs on the CPU but has no CPU kernels")
-            backends["cpu"] = self._cpu_backend()
+            backends["cpu"] = self._cpu_backend(package)
         return backends
 
-    def _cpu_backend(self) -> CPUBackend:
-        """The CPU kernels, once this machine is known to execute them."""
+    def _cpu_backend(self, package: Package) -> CPUBackend:
+        """The CPU kernels, once this machine is known to execute them: loaded from the
+        bytes that were checked (the package's files may have changed since)."""
         check_host(self.manifest["build"].get("host"), self.root)
         kernels = self.manifest["build"]["kernels"]
         if "cpu" not in kernels:
@@ -76,29 +79,30 @@ class DeployedModel:
                 f"{self.root}/manifest.json names no CPU kernels (`build.kernels.cpu`) for a "
                 "plan that runs on the CPU; redeploy the model"
             )
-        runtime = [
-            self.root / kernels[k] for k in ("tvm_runtime", "tvm_runtime_extra") if k in kernels
-        ]
-        return CPUBackend.load(self.root / kernels["cpu"], runtime)
+        runtime = [kernels[k] for k in ("tvm_runtime", "tvm_runtime_extra") if k in kernels]
+        checked = {self.root / r: package.take(r) for r in [kernels["cpu"], *runtime]}
+        return CPUBackend.load(
+            self.root / kernels["cpu"], [self.root / r for r in runtime], checked
+        )
 
-    def _gpu_backend(self, on: str | None):
+    def _gpu_backend(self, package: Package, on: str | None):
         kernels = self.manifest["build"]["kernels"]
         if "opencl" in kernels:
             from .runtime.opencl import OpenCLBackend
 
-            launches = _read_launches(self.root, kernels, "opencl_launches")
-            source = _read_text(self.root, kernels, "opencl")
+            launches = _read_launches(package, "opencl_launches")
+            source = _read_text(package, "opencl")
             requires = self.manifest["build"].get("requires", [])
             return OpenCLBackend(on or _default_device(self.manifest), source, launches, requires)
         if "cuda" in kernels:
             from .runtime.cuda import CUDABackend, CudaImages
 
-            launches = _read_launches(self.root, kernels, "cuda_launches")
+            launches = _read_launches(package, "cuda_launches")
             images = CudaImages(
                 arch=self.manifest["build"]["cuda"]["arch"],
-                source=_read_text(self.root, kernels, "cuda"),
-                cubin=_read_optional(self.root, kernels.get("cuda_cubin"), binary=True),
-                ptx=_read_optional(self.root, kernels.get("cuda_ptx"), binary=False),
+                source=_read_text(package, "cuda"),
+                cubin=_read_optional(package, kernels.get("cuda_cubin"), binary=True),
+                ptx=_read_optional(package, kernels.get("cuda_ptx"), binary=False),
             )
             return CUDABackend(on or "", images, launches)
         raise PackageError(f"{self.root} has no kernels for a backend this edgecv can run")
@@ -160,40 +164,41 @@ class DeployedModel:
         )
 
 
-def _read_optional(root: Path, relative: str | None, binary: bool):
+def _read_optional(package: Package, relative: str | None, binary: bool):
+    """The package file ``relative`` as it was checked: bytes, or text (gunzipped)."""
     if relative is None:
         return None
-    path = root / relative
+    path, data = package.root / relative, package.take(relative)
     try:
-        return path.read_bytes() if binary else read_package_text(path)
+        return data if binary else read_package_text(path, data)
     except (OSError, ValueError, EOFError) as err:  # gzip: BadGzipFile, EOFError
         raise PackageError(f"cannot read {path}: {one_line(err)}; redeploy the model") from None
 
 
-def _read_text(root: Path, kernels: dict, key: str) -> str:
+def _read_text(package: Package, key: str) -> str:
     """The package's text file ``build.kernels[key]``, refused when absent or not text."""
+    kernels = package.manifest["build"]["kernels"]
     if key not in kernels:
-        raise PackageError(f"{root}/manifest.json names no `build.kernels.{key}`; redeploy")
-    return _read_optional(root, kernels[key], binary=False)
+        raise PackageError(f"{package.root}/manifest.json names no `build.kernels.{key}`; redeploy")
+    return _read_optional(package, kernels[key], binary=False)
 
 
-def _read_launches(root: Path, kernels: dict, key: str) -> dict:
+def _read_launches(package: Package, key: str) -> dict:
     from .package_format import launches_from_json
 
     try:
-        return launches_from_json(_read_text(root, kernels, key))
+        return launches_from_json(_read_text(package, key))
     except ValueError as err:  # not JSON, or not launches (FormatError)
-        raise PackageError(f"{root / kernels[key]} is malformed: {err}; redeploy") from None
+        path = package.root / package.manifest["build"]["kernels"][key]
+        raise PackageError(f"{path} is malformed: {err}; redeploy") from None
 
 
-def _read_plan(root: Path, manifest: dict) -> Plan:
+def _read_plan(package: Package) -> Plan:
     """The package's plan, checked (:meth:`Plan.check`) and matching the manifest's
     inputs: a damaged plan is refused here, not met half-way through an inference."""
-    path = root / "plan.json"
+    path, manifest = package.root / "plan.json", package.manifest
     try:
-        plan = Plan.from_json(path.read_bytes().decode("utf-8"))
-    except OSError as err:
-        raise PackageError(f"cannot read {path}: {err.strerror or err}; redeploy") from None
+        plan = Plan.from_json(package.take("plan.json").decode("utf-8"))
     except ValueError as err:  # not UTF-8 or JSON, or not a plan (FormatError)
         reason = err.msg if isinstance(err, json.JSONDecodeError) else one_line(err)
         raise PackageError(f"{path} is malformed: {reason}; redeploy the model") from None
@@ -207,11 +212,12 @@ def _read_plan(root: Path, manifest: dict) -> Plan:
     return plan
 
 
-def _read_params(root: Path) -> dict[str, np.ndarray]:
-    """The package's constants by name; an unreadable params.npz is refused in one line."""
+def _read_params(root: Path, data: bytes | None = None) -> dict[str, np.ndarray]:
+    """The package's constants by name (from ``data``, the bytes of params.npz as they
+    were checked, when given); an unreadable params.npz is refused in one line."""
     path = root / "params.npz"
     try:
-        with np.load(path) as npz:
+        with np.load(path if data is None else io.BytesIO(data)) as npz:
             return {k: npz[k] for k in npz.files}
     except MemoryError:
         raise PackageError(f"{path} needs more memory than this machine has") from None
@@ -229,7 +235,9 @@ def _default_device(manifest: dict) -> str:
     return ""  # the first device found
 
 
-def load(path: str | Path, on: str | None = None, streams: int = 1) -> DeployedModel:
+def load(
+    path: str | Path, on: str | None = None, streams: int = 1, sha256: str | None = None
+) -> DeployedModel:
     """Load a package folder (or ``.tar.gz``) written by ``edgecv deploy``.
 
     Parameters
@@ -244,6 +252,11 @@ def load(path: str | Path, on: str | None = None, streams: int = 1) -> DeployedM
         in its own execution context (activation memory, bound launches, command
         queue); further calls wait for one. 1 (the default) runs calls one at a time
         with the memory of one inference; N > 1 costs N times the activation memory.
+    sha256 : str, optional
+        The package's pin, printed by ``edgecv deploy``: the sha256 of its manifest,
+        which lists every file's sha256. A package that is not that one is refused
+        before anything of it runs. Loading a package runs its native code, and
+        without a pin its checksums catch damage, not tampering (docs/security.md).
 
     Returns
     -------
@@ -253,8 +266,7 @@ def load(path: str | Path, on: str | None = None, streams: int = 1) -> DeployedM
     streams = check_streams(streams)
     if not os.path.lexists(path):  # a deploy killed while replacing it: put it back
         clean_stale_staging(Path(path).parent, Path(path).name)
-    root, manifest = read_manifest(path)
-    return DeployedModel(root, manifest, on, streams)
+    return DeployedModel(open_package(path, sha256=sha256), on, streams)
 
 
 __all__ = ["Detection", "DeployedModel", "load"]

@@ -23,6 +23,7 @@ import re
 import shutil
 import tarfile
 import tempfile
+from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
 
@@ -183,12 +184,13 @@ def _archive_members(tar: tarfile.TarFile, folder: str, archive_path: Path) -> N
             raise refuse(member, "is a device, pipe or other special file")
 
 
-def unpack_if_archive(path: Path) -> Path:
+def unpack_if_archive(path: Path, pin: str | None = None) -> Path:
     """A ``.tar.gz`` package is extracted next to itself (once) and its folder returned.
 
     Extraction goes to a temporary sibling, then is renamed into place, and only when
-    every member lies inside the package folder. A folder already there is used when it
-    is the same package (same manifest) and refused otherwise: it is never overwritten.
+    every member lies inside the package folder (and its manifest is the one ``pin``
+    names, when given). A folder already there is used when it is the same package (same
+    manifest) and refused otherwise: it is never overwritten.
     """
     if not (path.is_file() and path.name.endswith((".tar.gz", ".tgz"))):
         return path
@@ -200,6 +202,8 @@ def unpack_if_archive(path: Path) -> Path:
             if member is None:
                 raise KeyError(MANIFEST)
             packed_manifest = member.read()
+            if pin is not None:
+                _check_pin(packed_manifest, pin, path)
             if target.exists() or target.is_symlink():
                 if (target / MANIFEST).is_file() and (
                     target / MANIFEST
@@ -229,23 +233,60 @@ def unpack_if_archive(path: Path) -> Path:
     return target
 
 
-def read_manifest(path: str | Path, verify: bool = True) -> tuple[Path, dict[str, Any]]:
-    """Locate a package, check its manifest (and checksums), return (folder, manifest).
+class Package:
+    """A package read by :func:`open_package`: its folder, manifest and pin (the sha256
+    of the manifest), and the bytes of each file the loader reads as they were checked
+    (:meth:`take`): what runs is what was checked, whatever the file holds by then."""
 
-    The manifest is checked field by field (:func:`check_manifest`); with ``verify``
-    every file it lists is checked against its sha256, and every file the loader reads
-    (the plan, the params, each kernel file) must be listed: nothing of a package is
-    read, and no kernel library reaches the dynamic loader, before its bytes are known
-    to be the ones the deploy wrote.
+    def __init__(self, root: Path, manifest: dict[str, Any], pin: str, checked: dict):
+        self.root, self.manifest, self.sha256 = root, manifest, pin
+        self._checked = checked
+        self._uses = Counter(loaded_files(manifest))
+
+    def take(self, relative: str) -> bytes:
+        """The checked bytes of package file ``relative``; dropped after its last use, so
+        the params are not held twice while they load."""
+        data = self._checked[relative]
+        self._uses[relative] -= 1
+        if self._uses[relative] <= 0:
+            del self._checked[relative]
+        return data
+
+
+def read_manifest(
+    path: str | Path, verify: bool = True, sha256: str | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """Locate a package, check its manifest (and checksums), return (folder, manifest);
+    see :func:`open_package`."""
+    package = open_package(path, verify, sha256, keep=False)
+    return package.root, package.manifest
+
+
+def open_package(
+    path: str | Path, verify: bool = True, sha256: str | None = None, keep: bool = True
+) -> Package:
+    """Locate a package and check it: its manifest against the pin ``sha256`` when given,
+    then field by field (:func:`check_manifest`); with ``verify`` every file it lists
+    against its sha256, and every file the loader reads (the plan, the params, each
+    kernel file) must be listed. Nothing of a package is read, and no kernel library
+    reaches the dynamic loader, before its bytes are known to be the ones the deploy
+    wrote; with ``keep`` the bytes checked of those files are kept for the loader.
+
+    The checksums sit in the package's own manifest: they catch damage, not someone who
+    can write the package; the pin (printed by ``edgecv deploy``) catches that too.
     """
-    root = unpack_if_archive(Path(path))
+    pin = check_pin(sha256)
+    root = unpack_if_archive(Path(path), pin)
     manifest_path = root / MANIFEST
     if not root.exists():
         raise PackageError(f"package {root} does not exist; create one with `edgecv deploy`")
     if not manifest_path.is_file():
         raise PackageError(f"{root} is not an edgecv package: {MANIFEST} is missing")
     try:
-        manifest = json.loads(manifest_path.read_bytes().decode("utf-8"))
+        data = manifest_path.read_bytes()
+        if pin is not None:
+            _check_pin(data, pin, root)
+        manifest = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as err:  # not UTF-8, not JSON, nested too deep
         reason = err.msg if isinstance(err, json.JSONDecodeError) else type(err).__name__
         raise PackageError(
@@ -254,25 +295,66 @@ def read_manifest(path: str | Path, verify: bool = True) -> tuple[Path, dict[str
     except OSError as err:
         raise PackageError(f"cannot read {manifest_path}: {err.strerror or err}") from None
     check_manifest(manifest, root)
-    if verify:
-        files = manifest["files"]
-        for relative in loaded_files(manifest):
-            if relative not in files:
-                raise PackageError(
-                    f"{manifest_path} lists no checksum for {relative}, which the loader "
-                    "reads; the manifest is damaged: redeploy the model"
-                )
-        for relative, expected in files.items():
-            file = root / relative
-            if not file.is_file():
-                raise PackageError(f"package {root} is missing {relative}; redeploy the model")
-            try:
+    checked = _check_files(root, manifest, keep) if verify else {}
+    return Package(root, manifest, hashlib.sha256(data).hexdigest(), checked)
+
+
+def _check_files(root: Path, manifest: dict[str, Any], keep: bool) -> dict[str, bytes]:
+    """Check every file the manifest lists; return the bytes checked of those the loader
+    reads (with ``keep``)."""
+    files, loaded = manifest["files"], loaded_files(manifest)
+    for relative in loaded:
+        if relative not in files:
+            raise PackageError(
+                f"{root / MANIFEST} lists no checksum for {relative}, which the loader "
+                "reads; the manifest is damaged: redeploy the model"
+            )
+    checked = {}
+    for relative, expected in files.items():
+        file = root / relative
+        if not file.is_file():
+            raise PackageError(f"package {root} is missing {relative}; redeploy the model")
+        try:
+            if keep and relative in loaded:
+                checked[relative] = file.read_bytes()
+                actual = hashlib.sha256(checked[relative]).hexdigest()
+            else:
                 actual = sha256(file)
-            except OSError as err:
-                raise PackageError(f"cannot read package file {file}: {err.strerror}") from None
-            if actual != expected:
-                raise PackageError(f"package file {file} is corrupt (checksum mismatch); redeploy")
-    return root, manifest
+        except OSError as err:
+            raise PackageError(f"cannot read package file {file}: {err.strerror}") from None
+        if actual != expected:
+            raise PackageError(f"package file {file} is corrupt (checksum mismatch); redeploy")
+    return checked
+
+
+def check_pin(sha256: str | None) -> str | None:
+    """A package pin as given (``edgecv.load(sha256=)``, ``--sha256``), in lower case;
+    refused unless it is 64 hex digits."""
+    if sha256 is None:
+        return None
+    pin = sha256.strip().lower() if isinstance(sha256, str) else None
+    if pin is None or not _SHA256.fullmatch(pin):
+        raise PackageError(
+            f"sha256 {sha256!r:.80} is not a package pin: give the 64 hex digits `edgecv "
+            "deploy` printed (the sha256 of the package's manifest.json)"
+        )
+    return pin
+
+
+def _check_pin(manifest: bytes, pin: str, where: Path) -> None:
+    found = hashlib.sha256(manifest).hexdigest()
+    if found != pin:
+        raise PackageError(
+            f"{where} is not the pinned package: its manifest has sha256 {found}, the pin "
+            f"expects {pin}; load the package the pin was printed for (its manifest lists "
+            "every file's sha256, so any change to the package changes it)"
+        )
+
+
+def manifest_sha256(root: str | Path) -> str:
+    """The pin of the package folder ``root``: the sha256 of its manifest, which lists
+    the sha256 of every other file (``edgecv.load(path, sha256=...)``)."""
+    return hashlib.sha256((Path(root) / MANIFEST).read_bytes()).hexdigest()
 
 
 def loaded_files(manifest: dict[str, Any]) -> list[str]:
@@ -483,10 +565,11 @@ def _is_package_archive(path: Path, folder: str) -> bool:
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
-def read_package_text(path: Path) -> str:
-    """A package's text file, gunzipped when its name ends in ``.gz`` (the GPU kernels'
-    source: OpenCL C and CUDA text take a tenth of the bytes; 2.8 MB for SSD-512)."""
-    data = path.read_bytes()
+def read_package_text(path: Path, data: bytes | None = None) -> str:
+    """A package's text file (``data``: its bytes, already read), gunzipped when its name
+    ends in ``.gz`` (the GPU kernels' source: OpenCL C and CUDA text take a tenth of the
+    bytes; 2.8 MB for SSD-512)."""
+    data = path.read_bytes() if data is None else data
     if path.name.endswith(".gz"):
         data = gzip.decompress(data)
     return data.decode("utf-8")

@@ -21,6 +21,7 @@ cores threads fighting over the cores.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import ctypes
 import hashlib
@@ -30,7 +31,7 @@ import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,31 +83,52 @@ def use_threads(count: int) -> None:
     _this_thread.threads = count
 
 
-_libraries_lock = threading.Lock()
-_libraries_loaded: dict[str, str] = {}  # kernel library path -> sha256 of what was loaded
+_private_lock = threading.Lock()
+_private: tuple[int, Path] | None = None  # (process id, its folder of libraries)
 
 
-def _unique_library_path(path: Path) -> Path:
-    """The path to load kernel library ``path`` from. The dynamic loader returns the
-    library already loaded under a path, whatever the file there holds now: a package
-    redeployed in place (``deploy --force``) and loaded again in the same process ran
-    its old kernels. A path loaded before with other bytes is therefore loaded from a
-    copy named by its content's hash, in a private temporary folder; a first load (and
-    a reload of the same bytes) uses the path itself."""
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    key = str(path.resolve())
-    with _libraries_lock:
-        before = _libraries_loaded.setdefault(key, digest)
-    if before == digest:
-        return path
-    folder = Path(tempfile.gettempdir()) / f"edgecv-kernels-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    copy = folder / f"{path.stem}-{digest[:24]}{path.suffix}"
-    if not copy.is_file():
-        partial = copy.with_name(f"{copy.name}.{os.getpid()}.{threading.get_ident()}.part")
-        shutil.copyfile(path, partial)
-        os.replace(partial, copy)
-    return copy
+def private_library(name: str, data: bytes) -> Path:
+    """Where to load the library ``data`` (a package's file ``name``, read and checked)
+    from: a copy of exactly those bytes in this process's private folder.
+
+    A package's own path is not loaded: its file may have changed since it was checked,
+    and the dynamic loader returns the library it loaded before under a path, whatever
+    the file there holds now (a package redeployed in place). The folder is made by
+    ``mkdtemp`` (a name no one can guess, this user's, mode 0700) and removed at exit:
+    a folder of a fixed name in the shared temp dir may have been made first by another
+    user, who could then put their library in the place of ours. Each content has its
+    own subfolder (named by its sha256) and keeps its file name: the same bytes load
+    from the same path, once.
+    """
+    global _private
+    digest = hashlib.sha256(data).hexdigest()
+    with _private_lock:
+        if _private is None or _private[0] != os.getpid():  # a forked child makes its own
+            folder = Path(tempfile.mkdtemp(prefix="edgecv-kernels-"))
+            atexit.register(_remove_private, os.getpid(), folder)
+            _private = (os.getpid(), folder)
+        target = _private[1] / digest[:32] / name
+        if not target.is_file():
+            target.parent.mkdir(mode=0o700, exist_ok=True)
+            partial = target.with_name(f"{name}.part")
+            partial.write_bytes(data)
+            os.replace(partial, target)
+    return target
+
+
+def _remove_private(pid: int, folder: Path) -> None:
+    if os.getpid() == pid:  # not a forked child's exit: the folder is its parent's
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _library_bytes(path: Path, checked: Mapping[Path, bytes] | None) -> bytes:
+    """The bytes of library ``path`` as they were checked, else as read once now."""
+    if checked is not None and Path(path) in checked:
+        return checked[Path(path)]
+    try:
+        return Path(path).read_bytes()
+    except OSError as err:
+        raise PackageError(f"cannot read library {path}: {err.strerror or err}") from None
 
 
 def installed_tvm_libraries() -> Path | None:
@@ -121,10 +143,14 @@ def installed_tvm_libraries() -> Path | None:
     return folder if (folder / TVM_RUNTIME_LIBRARIES[0]).is_file() else None
 
 
-def load_tvm_runtime(packaged: Sequence[Path]) -> list[str]:
+def load_tvm_runtime(
+    packaged: Sequence[Path], checked: Mapping[Path, bytes] | None = None
+) -> list[str]:
     """Make TVM's runtime functions available to kernel libraries loaded after this call:
     ``packaged`` are a package's copies (the runtime, then its extra library when the
-    kernels need it). Returns the libraries loaded so far (``tvm``: TVM's own, imported)."""
+    kernels need it), loaded from their bytes in ``checked`` when there (see
+    :func:`private_library`). Returns the libraries loaded so far (``tvm``: TVM's own,
+    imported)."""
     with _runtime_lock:
         if sys.modules.get("tvm") is not None:  # the compiler side is here: its runtime too
             return ["tvm"]
@@ -135,8 +161,10 @@ def load_tvm_runtime(packaged: Sequence[Path]) -> list[str]:
         for name, library in wanted.items():
             if name in _runtime_loaded:
                 continue
-            if not library.is_file():
-                raise PackageError(f"TVM's runtime library {library} is missing; redeploy")
+            if installed is None:  # a package's copy: from the bytes checked
+                if library not in (checked or {}) and not library.is_file():
+                    raise PackageError(f"TVM's runtime library {library} is missing; redeploy")
+                library = private_library(name, _library_bytes(library, checked))
             try:  # the runtime's symbols serve the libraries loaded after it
                 ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
             except OSError as err:
@@ -177,12 +205,20 @@ class CPUBackend(Backend):
         self.threads = pool_threads()
 
     @classmethod
-    def load(cls, path: str | Path, runtime_libraries: Sequence[Path] = ()) -> CPUBackend:
+    def load(
+        cls,
+        path: str | Path,
+        runtime_libraries: Sequence[Path] = (),
+        checked: Mapping[Path, bytes] | None = None,
+    ) -> CPUBackend:
         """Load a kernel library written by the CPU code stage (``kernels/cpu.so``) after
-        the package's TVM runtime libraries (see :func:`load_tvm_runtime`)."""
-        load_tvm_runtime([Path(p) for p in runtime_libraries])
+        the package's TVM runtime libraries (see :func:`load_tvm_runtime`), each from
+        its bytes in ``checked`` (by path) when there, else from the bytes read once
+        now, copied to this process's private folder (:func:`private_library`)."""
+        load_tvm_runtime([Path(p) for p in runtime_libraries], checked)
+        library = private_library(Path(path).name, _library_bytes(Path(path), checked))
         try:
-            return cls(tvm_ffi.load_module(str(_unique_library_path(Path(path)))))
+            return cls(tvm_ffi.load_module(str(library)))
         except Exception as err:
             raise PackageError(f"cannot load CPU kernels from {path}: {err}") from None
 
