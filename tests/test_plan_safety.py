@@ -67,6 +67,41 @@ def test_a_cpu_tensor_off_the_64_byte_alignment_is_refused(chain):
         Plan.from_json(json.dumps(raw))
 
 
+def misplaced(raw: dict) -> None:  # the small tensor of slot 1 moved 4 bytes on
+    buf = raw["buffers"][13]
+    assert (buf["kind"], buf["storage"], buf["offset"]) == ("temp", 1, 0)
+    buf["offset"] = 4
+
+
+def writes_weights(raw: dict) -> None:  # a launch's output swapped for a weight
+    step = raw["steps"][1]
+    assert raw["buffers"][6]["kind"] == "const" and step["args"][-1] == 7
+    step["args"][-1] = 6
+
+
+@pytest.mark.parametrize(
+    ("edit", "fragments"),
+    [
+        (misplaced, ["buffer 13: offset should be a multiple of 64", "found 4"]),
+        (writes_weights, ["step 1: output buffer 6", "not a constant", "`p4`"]),
+    ],
+    ids=["misaligned", "writes-weights"],
+)
+def test_a_package_whose_plan_breaks_either_is_refused_at_load(
+    tmp_path_factory, tmp_path, edit, fragments
+):
+    """On a deployed CPU package: the plan edited (its checksum with it) is refused by
+    edgecv.load in one line, before any kernel runs (a misaligned tensor crashed the
+    process in its first launch)."""
+    edited = edited_copy(quick_package("cpu", tmp_path_factory), tmp_path, "plan.json", edit)
+    with pytest.raises(PackageError) as err:
+        edgecv.load(edited)
+    message = str(err.value)
+    assert "\n" not in message and "plan.json" in message and "redeploy" in message
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+
+
 # -- GPU buffers against what the compiled kernels read and write --------------------------
 
 
