@@ -28,16 +28,26 @@ stopped before its summary) was never compared: today's default rule schedules t
 kernel in each case. (A record of the old default kept ResNet-50's packed max pool at
 0.47 ms after its rule had become ten times faster; records with no verdict in a
 user's cache folder made mobilenet1.0 4% slower than today's rules.)
+
+A folder may be written by several ``edgecv tune`` processes at once and read by deploys
+meanwhile: every append takes the folder's lock (:func:`locked`, exclusive) and every
+read holds it shared, so a reader never sees a record whose workload line it has not
+read. A last line cut short (a process killed while writing it, a power loss) is left
+out with a warning (:func:`read_database`; the next tune into the folder cuts it).
 """
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import json
 import logging
 import os
+import tempfile
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import tvm
@@ -54,6 +64,11 @@ RECORDS = "database_tuning_record.json"
 # Written beside the two files by edgecv: the TVM version that produced the records.
 META = "edgecv_database.json"
 GZ = ".gz"  # the shipped form of WORKLOADS and RECORDS
+# flock()ed by whoever appends to the two files (exclusive) or reads them (shared): a
+# record line names its workload by the workload's line number, so writers must number
+# from the same lines, and a reader must not read a record before its workload's line.
+LOCK = "edgecv_database.lock"
+LOCK_NOTICE_S = 2.0  # a wait for the lock longer than this is said
 
 
 class TuningDatabase:
@@ -66,8 +81,6 @@ class TuningDatabase:
     """
 
     def __init__(self, folders: Sequence[str | Path]):
-        from tvm.s_tir import meta_schedule as ms
-
         self._databases = []
         self.folders: list[Path] = []
         # per database: each workload's verdict (edgecv_database.json)
@@ -86,11 +99,7 @@ class TuningDatabase:
                 )
                 continue
             try:
-                database = ms.database.JSONDatabase(
-                    path_workload=str(files / WORKLOADS),
-                    path_tuning_record=str(files / RECORDS),
-                    allow_missing=False,
-                )
+                database = read_database(files)
             except Exception as err:  # corrupt or foreign files: build with the defaults
                 warnings.warn(
                     f"tuning database {folder} cannot be read ({foreign_message(err, 160)}); "
@@ -190,11 +199,115 @@ def _recorded_version(folder: Path) -> str | None:
 
 def write_meta(folder: Path, device_key: dict, workloads: dict | None = None) -> None:
     """Record which TVM wrote a database, the device class it holds records for and,
-    per workload (structural hash), what tuning found (kernels, default vs best time)."""
+    per workload (structural hash), what tuning found (kernels, default vs best time).
+    The file is replaced whole: a process killed while writing it (a second Ctrl-C, a
+    power loss) leaves the verdicts before, not an empty file that voids them all."""
     meta = {"tvm": tvm.__version__, "device": device_key}
     if workloads:
         meta["workloads"] = workloads
-    (folder / META).write_text(json.dumps(meta, indent=1) + "\n")
+    partial = folder / f"{META}.{os.getpid()}.tmp"
+    with partial.open("w") as f:
+        f.write(json.dumps(meta, indent=1) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, folder / META)
+
+
+@contextmanager
+def locked(folder: Path, exclusive: bool = True) -> Iterator[None]:
+    """Hold ``folder``'s database lock (:data:`LOCK`): exclusive to append to or rewrite
+    its two files, shared to read them. A reader of a folder with no lock file (a shipped
+    one, a read-only one) reads without: no edgecv process writes there."""
+    from ..errors import EdgecvError
+
+    fd = None
+    try:
+        if exclusive:
+            fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        else:
+            fd = os.open(folder / LOCK, os.O_RDONLY)
+    except OSError as err:
+        if exclusive:
+            raise EdgecvError(
+                f"cannot write to the tuning database {folder} ({err.strerror}): "
+                "name a folder you can write with --db"
+            ) from None
+    if fd is None:
+        yield
+        return
+    try:
+        _acquire(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, folder)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _acquire(fd: int, mode: int, folder: Path) -> None:
+    """flock ``fd``, saying so once when another process holds it for long (a tune
+    opening or a deploy reading a large folder: seconds)."""
+    notice = time.monotonic() + LOCK_NOTICE_S
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if notice is not None and time.monotonic() > notice:
+                from .. import progress
+
+                progress.say(f"waiting for another edgecv process using {folder}")
+                notice = None
+            time.sleep(0.01)
+
+
+def torn_tail(path: Path) -> tuple[int, int] | None:
+    """Where the last line of the JSON-lines file ``path`` was cut short: its number
+    (from 1) and the offset of its first byte; None when the file ends with a whole
+    line. A line and its newline are written at once, so a process killed while writing
+    one, or a power loss, leaves a last line without its newline."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return None
+    if size == 0:
+        return None
+    with path.open("rb") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return None
+        f.seek(0)
+        data = f.read()
+    start = data.rfind(b"\n") + 1
+    return data.count(b"\n", 0, start) + 1, start
+
+
+def cut_short(path: Path, line: int, what: str) -> str:
+    """The warning about a last line cut short (:func:`torn_tail`)."""
+    return (
+        f"{path}: line {line} was cut short (a tune stopped while writing it, or a power "
+        f"loss); it is {what}"
+    )
+
+
+def read_database(folder: Path):
+    """MetaSchedule's database of the two plain files in ``folder``, read under the
+    folder's shared lock. A last line cut short is left out, with a warning naming the
+    file and line: the folder is not changed (the next tune into it cuts the line)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    with locked(folder, exclusive=False), tempfile.TemporaryDirectory() as copy:
+        paths = {}
+        for name in (WORKLOADS, RECORDS):
+            paths[name] = folder / name
+            tail = torn_tail(folder / name)
+            if tail is not None:
+                warnings.warn(cut_short(folder / name, tail[0], "left out"), stacklevel=3)
+                paths[name] = Path(copy) / name
+                paths[name].write_bytes((folder / name).read_bytes()[: tail[1]])
+        return ms.database.JSONDatabase(
+            path_workload=str(paths[WORKLOADS]),
+            path_tuning_record=str(paths[RECORDS]),
+            allow_missing=False,
+        )
 
 
 def plain_copy(folder: Path) -> Path | None:
@@ -224,7 +337,10 @@ def expand(folder: Path) -> None:
     for name in (WORKLOADS, RECORDS):
         packed = folder / (name + GZ)
         if packed.is_file() and not (folder / name).is_file():
-            (folder / name).write_bytes(gzip.decompress(packed.read_bytes()))
+            # whole or not at all: a plain file, once there, is what the folder holds
+            partial = folder / f".{name}.{os.getpid()}"
+            partial.write_bytes(gzip.decompress(packed.read_bytes()))
+            os.replace(partial, folder / name)
             packed.unlink()
 
 

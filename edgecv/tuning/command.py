@@ -27,11 +27,17 @@ from .. import progress
 from ..arguments import SHAPE_HELP, input_shapes, parse_shape
 from ..errors import EdgecvError
 from ..profiles import Profile, load_profile
-from ..schedules.database import write_meta
 from ..schedules.device_class import DeviceClass, cpu_class, find_device, opencl_class
 from ..schedules.fingerprint import target_rules
 from ..schedules.orders import cpu_order, gpu_order
-from .records import best_seconds, check_database_folder, open_database, ship
+from .records import (
+    best_seconds,
+    check_database_folder,
+    merge_verdicts,
+    open_database,
+    read_verdicts,
+    ship,
+)
 from .search import Budget, head_to_head, measure_defaults, search, sweep_variants
 from .tasks import Task, extract_tasks, import_model
 
@@ -95,7 +101,7 @@ def tune(args: argparse.Namespace) -> int:
     tasks = extract_tasks(mod, profile, winograd)
     say(f"{name}: {len(tasks)} workloads to tune for {profile.name}")
     db = open_database(db_dir)
-    summary = _read_summary(db_dir) if args.resume else {}
+    summary = read_verdicts(db_dir) if args.resume else {}  # defaults measured before
     from .builder import ForkedBuilder
 
     with tempfile.TemporaryDirectory(prefix="edgecv-tune-") as work:
@@ -135,9 +141,8 @@ def tune(args: argparse.Namespace) -> int:
                 head_to_head(tasks, order, builder, runner, db, say)
         except KeyboardInterrupt:  # Ctrl-C in the race after the search: records still count
             ended = "interrupted"
-        finally:
-            summary.update(_summary(tasks, db, name, rules))
-            write_meta(db_dir, cls.key, summary)
+        finally:  # merged: the other models' verdicts in the folder stay
+            summary = merge_verdicts(db_dir, cls.key, _summary(tasks, db, name, rules))
         interrupted = ended == "interrupted"
         if interrupted:
             say("interrupted: the records measured so far are kept (--resume continues)")
@@ -198,15 +203,6 @@ def _summary(tasks: list[Task], db, model: str, rules: str) -> dict:
         }
         for t in tasks
     }
-
-
-def _read_summary(folder: Path) -> dict:
-    import json
-
-    try:
-        return json.loads((folder / "edgecv_database.json").read_text()).get("workloads", {})
-    except (OSError, ValueError, AttributeError):
-        return {}
 
 
 def _best_s(task: Task, db) -> float | None:
