@@ -29,6 +29,17 @@ def layout_budget(text: str) -> float | None:
     return seconds
 
 
+def port(text: str) -> int:
+    """A TCP port: 1-65535 (``--port`` of ``rpc-server``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"expected a TCP port from 1 to 65535, got {text!r}")
+    return value
+
+
 def parse_shape(text: str):
     """``N,C,H,W`` (the model's one input), or ``NAME=N,C,H,W`` (one of several)."""
     name, _, dims = text.rpartition("=")

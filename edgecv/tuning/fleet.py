@@ -38,6 +38,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerInput
 
 from .. import progress
+from ..arguments import port
 from ..errors import EdgecvError
 from .plausibility import implausible
 from .runners.llvm import TimingConfig, args_json, llvm_samples
@@ -317,5 +318,5 @@ def add_server_parser(sub, common) -> None:
         help="address to listen on (default 127.0.0.1: reach the board through an SSH "
         "tunnel or a VPN; a peer that reaches the port runs code on this machine)",
     )
-    s.add_argument("--port", type=int, default=9190, help="first port to try")
+    s.add_argument("--port", type=port, default=9190, help="first port to try")
     s.set_defaults(func=lambda args: serve(args.tracker, args.key, args.host, args.port) or 0)

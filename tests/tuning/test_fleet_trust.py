@@ -52,6 +52,14 @@ def test_rpc_server_listens_on_loopback_unless_host_says_otherwise():
     assert args.host == "10.0.0.7"
 
 
+@pytest.mark.parametrize("port", ["0", "70000", "http"])
+def test_a_port_out_of_range_is_one_usage_error(port, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["rpc-server", "--tracker", "h:1", "--key", "k", "--port", port])
+    assert stopped.value.code == 2
+    assert f"expected a TCP port from 1 to 65535, got '{port}'" in capsys.readouterr().err
+
+
 def test_listening_beyond_loopback_prints_one_warning_line(capsys):
     from edgecv.tuning.fleet import serve, warn_if_reachable
 
