@@ -202,15 +202,12 @@ def write_meta(folder: Path, device_key: dict, workloads: dict | None = None) ->
     per workload (structural hash), what tuning found (kernels, default vs best time).
     The file is replaced whole: a process killed while writing it (a second Ctrl-C, a
     power loss) leaves the verdicts before, not an empty file that voids them all."""
+    from ..durable import write_bytes
+
     meta = {"tvm": tvm.__version__, "device": device_key}
     if workloads:
         meta["workloads"] = workloads
-    partial = folder / f"{META}.{os.getpid()}.tmp"
-    with partial.open("w") as f:
-        f.write(json.dumps(meta, indent=1) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, folder / META)
+    write_bytes(folder / META, (json.dumps(meta, indent=1) + "\n").encode())
 
 
 @contextmanager
@@ -334,13 +331,13 @@ def plain_copy(folder: Path) -> Path | None:
 def expand(folder: Path) -> None:
     """Turn a gzipped database folder back into plain files, in place (before tuning
     appends to it)."""
+    from ..durable import write_bytes
+
     for name in (WORKLOADS, RECORDS):
         packed = folder / (name + GZ)
         if packed.is_file() and not (folder / name).is_file():
             # whole or not at all: a plain file, once there, is what the folder holds
-            partial = folder / f".{name}.{os.getpid()}"
-            partial.write_bytes(gzip.decompress(packed.read_bytes()))
-            os.replace(partial, folder / name)
+            write_bytes(folder / name, gzip.decompress(packed.read_bytes()))
             packed.unlink()
 
 

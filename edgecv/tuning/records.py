@@ -67,7 +67,7 @@ def check_database_folder(folder: Path) -> None:
         )
     ours = {WORKLOADS, RECORDS, WORKLOADS + GZ, RECORDS + GZ, META, COSTS_FILE, LOCK}
     # files written beside themselves then renamed, left by a process killed meanwhile
-    partial = ("layout_costs.", f"{META}.", f".{WORKLOADS}.", f".{RECORDS}.")
+    partial = ("layout_costs.", f".{META}.", f".{WORKLOADS}.", f".{RECORDS}.")
     if folder.is_dir():
         names = [p.name for p in folder.iterdir()]
         others = sorted(n for n in names if n not in ours and not n.startswith(partial))
