@@ -41,7 +41,8 @@ def port(text: str) -> int:
 
 
 def parse_shape(text: str):
-    """``N,C,H,W`` (the model's one input), or ``NAME=N,C,H,W`` (one of several)."""
+    """``N,C,H,W`` (the model's one input), or ``NAME=DIMS`` (one of several inputs, or an
+    ONNX input of another rank than 4: ``tokens=1,128``)."""
     name, _, dims = text.rpartition("=")
     try:
         shape = tuple(int(v) for v in dims.replace("x", ",").split(","))
@@ -49,9 +50,14 @@ def parse_shape(text: str):
         raise argparse.ArgumentTypeError(
             f"expected N,C,H,W or NAME=N,C,H,W integers, got {text!r}"
         ) from None
+    if name and 1 <= len(shape) <= 8 and min(shape) > 0:
+        return name, shape
     if len(shape) != 4 or min(shape) <= 0:
-        raise argparse.ArgumentTypeError(f"expected 4 positive integers N,C,H,W, got {text!r}")
-    return (name, shape) if name else shape
+        raise argparse.ArgumentTypeError(
+            f"expected 4 positive integers N,C,H,W (NAME=DIMS for an input of another rank), "
+            f"got {text!r}"
+        )
+    return shape
 
 
 def input_shapes(values: list | None):

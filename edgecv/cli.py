@@ -330,7 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("deploy", parents=[common], help="compile a model into a package")
-    d.add_argument("model", help="zoo name/alias (ssd_mobilenet, resnet50, ...) or *-symbol.json")
+    d.add_argument(
+        "model", help="zoo name/alias (ssd_mobilenet, resnet50, ...), *-symbol.json or *.onnx"
+    )
     d.add_argument("--params", help="weights file (.params)")
     d.add_argument("--device", default="cpu", help="device profile (see `edgecv profiles`)")
     d.add_argument("--input-shape", type=parse_shape, action="append", help=SHAPE_HELP)

@@ -15,8 +15,6 @@ import tvm
 from . import __version__
 from .errors import EdgecvError, ProfileError, foreign_message
 from .frontend import zoo
-from .frontend.importer import from_mxnet
-from .frontend.mxnet_graph import load_params, load_symbol
 from .package import PackageWriter, check_destination, package_manifest
 from .pipelines import BuildOptions, pipeline_for
 from .pipelines import fp16 as fp16_step
@@ -25,7 +23,7 @@ from .precision import Precision
 from .profiles import AVAILABLE_RUNTIMES, Profile, check_profile, load_profile
 from .schedules.device_class import tuning_folders
 from .schedules.orders import tuning_database
-from .source import resolve_source, source_record
+from .source import resolve_source
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +62,8 @@ def deploy(
     Parameters
     ----------
     model : str or Path
-        A zoo name or alias (``ssd_mobilenet``) or a path to ``*-symbol.json``.
+        A zoo name or alias (``ssd_mobilenet``), a path to ``*-symbol.json``, or a path
+        to an ``.onnx`` file (its weights inside it or in external data files beside it).
     output : path, optional
         The package folder; ``./<model>-<device>`` by default.
     device : str
@@ -73,8 +72,9 @@ def deploy(
         Weights: export-style ``.params`` for a symbol file, ``save_parameters`` style
         for a zoo model.
     input_shape : tuple or dict, optional
-        NCHW input shape; the model's usual size by default. A model with several
-        inputs takes one shape per input name (``{"data0": ..., "data1": ...}``).
+        NCHW input shape; the model's usual size by default (an ONNX file's declared
+        shape, which this must give where it is symbolic). A model with several inputs
+        takes one shape per input name (``{"data0": ..., "data1": ...}``).
     progress : callable
         Receives one line per stage (the CLI prints them).
     host : str, optional
@@ -131,11 +131,9 @@ def deploy(
         if output is None:
             check_destination(f"{source.name}-{profile.name}", force)
         timings["export_s"] = time.perf_counter() - t
-        progress(f"importing {source.symbol_path.name} ({source.weights} weights)")
+        progress(f"importing {source.file.name} ({source.weights} weights)")
         t = time.perf_counter()
-        graph = load_symbol(source.symbol_path)
-        weights = load_params(source.params_path) if source.params_path else {}
-        imported = from_mxnet(graph, weights, source.graph_inputs)
+        imported = source.import_model()
         timings["import_s"] = time.perf_counter() - t
     destination = Path(output) if output else Path(f"{source.name}-{profile.name}")
     if options.precision is Precision.INT8:
@@ -159,8 +157,8 @@ def deploy(
                 "name": source.name,
                 "task": source.task,
                 "weights": source.weights,
-                "symbol": source.symbol_path.name,
-                "source": source_record(source, model, params, seed),
+                "symbol": source.file.name,
+                "source": source.record,
             },
             "profile": profile.raw,
             "inputs": [

@@ -12,18 +12,18 @@ class EdgecvError(Exception):
 
 
 class GraphError(EdgecvError):
-    """The MXNet symbol file is missing, truncated or malformed."""
+    """The model file (an MXNet symbol, an ONNX file) is missing, truncated or malformed."""
 
 
 class UnsupportedOpsError(EdgecvError):
     """The graph holds operators edgecv has no converter for."""
 
-    def __init__(self, counts: dict[str, int], supported: list[str]):
+    def __init__(self, counts: dict[str, int], supported: list[str], frontend: str = "MXNet"):
         self.counts = dict(counts)
         listed = ", ".join(f"`{op}` (x{n})" for op, n in sorted(counts.items()))
         super().__init__(
             f"{len(counts)} operator(s) have no converter: {listed}. "
-            f"Supported MXNet ops: {', '.join(sorted(supported))}. "
+            f"Supported {frontend} ops: {', '.join(sorted(supported))}. "
             "Replace them in the model, register them with edgecv.register_op (deploy "
             "--ops FILE; docs/adding-an-operator.md), or file an issue for a converter."
         )
@@ -78,6 +78,7 @@ EXTRAS = {
     "tqdm": "compiler",
     "cloudpickle": "compiler",
     "tornado": "compiler",
+    "onnx": "compiler",
     "pyopencl": "opencl",
     "cv2": "images",
 }

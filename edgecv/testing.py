@@ -1,9 +1,7 @@
-"""Numerical comparison used by the tests and benchmarks: one tolerance table by dtype.
-
-Floats compare with ``|a - b| <= atol * scale + rtol * |b|`` where ``scale`` is the
-largest magnitude of the reference (at least 1): a network's outputs differ from
-MXNet's by accumulated rounding that grows with the size of its activations, not
-per element. Integers (class ids, sort and NMS indices) must match exactly.
+"""Numerical comparison used by the tests and benchmarks: a whole model against its
+independent reference (MXNet for an MXNet graph, ONNX Runtime's CPU forward for an ONNX
+file), detections row by row, registered operators against their NumPy reference; all
+within the one tolerance table by dtype of :mod:`edgecv.tolerances`.
 """
 
 from __future__ import annotations
@@ -22,102 +20,15 @@ import numpy as np
 from .divergence_probe import DivergenceReport, StageDifference, probe_divergence  # noqa: F401
 from .frontend.mxnet_graph import with_defined_roi_align  # noqa: F401
 
-# dtype -> (rtol, atol relative to the reference's scale)
-TOLERANCES: dict[str, tuple[float, float]] = {
-    "float32": (1e-5, 1e-5),
-    "float16": (1e-3, 1e-3),
-    "bfloat16": (1e-2, 1e-2),
-}
-
-# An INT8 package against the float32 package of the same weights (edgecv.lowering.quantize),
-# on inputs inside its calibration range with min/max calibration (nothing clipped):
-# atol per quantized layer on the longest path, relative to the output's scale (its
-# largest magnitude), rtol 0. Why 2%: a layer rounds its input to steps of T/255 (uint8;
-# T/127 int8) and its weights to steps of max|w|/63 per channel (7 bits where AVX2's
-# vpmaddubsw multiplies them; max|w|/127 elsewhere). Rounding errors are independent and
-# uniform over a step (std step/sqrt(12)), so in a dot product of K terms they grow like
-# sqrt(K), as the output does: relative to the output's rms the error has std
-# sqrt(0.45%^2 + 1.15%^2) ~ 1.25% (uint8 activations of rms ~ T/4 after a ReLU: 0.45%;
-# Gaussian-like weights of rms ~ max/2.5 in 7 bits: 1.15%), ~0.4% of the output's largest
-# magnitude (~3x its rms), and the largest of thousands of outputs lies ~4 std out: 1.7%.
-# Layers in sequence carry and add their errors (in quadrature; linearly here, to be
-# safe). Measured: 0.36% for 5 layers (tests/test_int8.py), far inside.
-INT8_PER_LAYER: tuple[float, float] = (0.0, 2e-2)
-
-
-# A float16 package (edgecv.lowering.precision) against MXNet's float32 forward pass on
-# the same weights: atol per float16 layer on the longest path, relative to the output's
-# scale (its largest magnitude), rtol 0, times sqrt(K / 6 + 2) for the layer's largest
-# reduction of K products (assert_close_fp16). Why: float16 rounds to u = 2^-11 relative.
-# Rounding the weights and the stored activations adds errors of std u/sqrt(3) of a
-# product each, independent, so sqrt(2) u/sqrt(3) of the output's rms over a dot product.
-# Accumulating in float16 rounds every partial sum s_k (std u |s_k|/sqrt(3), with
-# |s_k| ~ sqrt(k) times a product's rms): over K products sqrt(sum_k k u^2 / 3) = u K /
-# sqrt(6) products' rms, u sqrt(K / 6) of the output's rms (sqrt(K) products'). Together
-# u sqrt(K/6 + 2/3) of the rms; the output's largest magnitude is ~3x its rms and the
-# largest of thousands of errors lies ~4 std out: 4/3 u sqrt(K/6 + 2/3) of the scale,
-# bounded here by 4/3 u sqrt(K/6 + 2). Layers in sequence add their errors (linearly
-# here, to be safe; in quadrature in fact).
-FP16_PER_LAYER: tuple[float, float] = (0.0, 4 / 3 * 2.0**-11)
-
-
-def assert_close_fp16(
-    actual: np.ndarray, expected: np.ndarray, layers: int, reduction: int, name: str = "output"
-) -> float:
-    """Assert a float16 package's output matches MXNet's float32 one within
-    :data:`FP16_PER_LAYER` times ``layers`` (float16 layers on the longest path) times
-    ``sqrt(reduction / 6 + 2)`` (``reduction``: the most products one output of a layer
-    sums); returns the error relative to the reference's scale, for the caller to report."""
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
-    scale = float(np.abs(expected).max(initial=0.0))
-    assert scale > 0, f"{name}: the reference is 0 everywhere: the comparison would prove nothing"
-    error = float(np.abs(actual.astype(np.float64) - expected).max()) / scale
-    bound = FP16_PER_LAYER[1] * layers * float(np.sqrt(reduction / 6 + 2))
-    assert error <= bound, f"{name}: fp16 error {error:.3%} of the output's scale > {bound:.3%}"
-    return error
-
-
-def assert_close_int8(
-    actual: np.ndarray, expected: np.ndarray, layers: int, name: str = "output"
-) -> float:
-    """Assert an INT8 output matches its float32 reference within
-    :data:`INT8_PER_LAYER` times ``layers`` (the quantized layers on the longest path);
-    returns the error relative to the reference's scale, for the caller to report."""
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
-    scale = float(np.abs(expected).max(initial=0.0))
-    assert scale > 0, f"{name}: the reference is 0 everywhere: the comparison would prove nothing"
-    error = float(np.abs(actual.astype(np.float64) - expected).max()) / scale
-    bound = INT8_PER_LAYER[1] * layers
-    assert error <= bound, f"{name}: INT8 error {error:.2%} of the output's scale > {bound:.0%}"
-    return error
-
-
-def assert_close(
-    actual: np.ndarray,
-    expected: np.ndarray,
-    name: str = "output",
-    loosen: float = 1.0,
-    scale: float | None = None,
-) -> None:
-    """Assert ``actual`` matches ``expected`` per :data:`TOLERANCES` (exact for integers).
-
-    ``loosen`` multiplies both tolerances; a caller that passes more than 1 must say why.
-    ``scale`` raises the magnitude ``atol`` is relative to, for values computed from
-    larger ones (box corners from pixel-sized anchors, which cancel to near 0).
-    """
-    actual = np.asarray(actual)
-    expected = np.asarray(expected)
-    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
-    if not np.issubdtype(expected.dtype, np.floating):
-        np.testing.assert_array_equal(actual, expected, err_msg=name)
-        return
-    rtol, atol = TOLERANCES[str(expected.dtype)]
-    scale = max(1.0, scale or 0.0, float(np.abs(expected).max(initial=0.0)))
-    np.testing.assert_allclose(
-        actual, expected, rtol=rtol * loosen, atol=atol * loosen * scale, err_msg=name
-    )
+# the tolerance table and the asserts that read it live in edgecv.tolerances
+from .tolerances import (  # noqa: F401
+    FP16_PER_LAYER,
+    INT8_PER_LAYER,
+    TOLERANCES,
+    assert_close,
+    assert_close_fp16,
+    assert_close_int8,
+)
 
 
 def match_detections(
@@ -338,6 +249,68 @@ def compare_with_mxnet(
             assert_close(ours[i], ref[i], f"output {i}", loosen=factors[i])
         result["loosen"] = max([result["loosen"], *factors[first:]])
     return result
+
+
+def compare_with_onnxruntime(
+    package_or_model,
+    onnx_path: str | Path,
+    inputs: dict[str, np.ndarray] | list[np.ndarray] | None = None,
+    seed: int = 0,
+) -> dict:
+    """Assert a package's outputs match ONNX Runtime's CPU forward pass of the ONNX file
+    it was deployed from, on the same ``inputs``; the ONNX counterpart of
+    :func:`compare_with_mxnet`, with the same tolerances.
+
+    Parameters
+    ----------
+    package_or_model : path or edgecv.model.DeployedModel
+        The package folder (loaded here) or a loaded model.
+    onnx_path : path
+        The ONNX file (external data beside it); its weights must be the package's.
+    inputs : dict or list, optional
+        Arrays by input name or in the package's input order; by default standard normal
+        values of each input's shape and dtype from ``seed``.
+
+    Every output compares with :func:`assert_close`, loosened for depth (the file's
+    Conv, ConvTranspose, Gemm and MatMul nodes / 10, as :func:`network_loosening` counts
+    MXNet's) and, where ONNX Runtime's own outputs drift further when the input moves by
+    one float32 rounding step, held to four times that drift (:func:`rounding_loosening`).
+    Returns ``{"loosen": largest factor used, "max_error": largest difference relative
+    to each output's scale}``.
+    """
+    import onnx
+    import onnxruntime as ort
+
+    from .model import DeployedModel, load
+
+    loaded = isinstance(package_or_model, DeployedModel)
+    model = package_or_model if loaded else load(package_or_model)
+    specs = model.manifest["inputs"]
+    if inputs is None:
+        rng = np.random.RandomState(seed)
+        inputs = [rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in specs]
+    xs = [inputs[i["name"]] for i in specs] if isinstance(inputs, dict) else list(inputs)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def forward(*arrays):
+        return session.run(None, dict(zip(names, arrays, strict=True)))
+
+    ref, ours = forward(*xs), model.run(*xs)
+    if len(ours) != len(ref):
+        raise AssertionError(f"{len(ours)} outputs, ONNX Runtime has {len(ref)}")
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    weighted = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+    depth = max(1.0, sum(node.op_type in weighted for node in graph.node) / 10)
+    factors = [max(depth, f) for f in rounding_loosening(forward, xs, seed=seed)]
+    errors = []
+    for i, (a, b) in enumerate(zip(ours, ref, strict=True)):
+        assert_close(a, b, f"output {i} ({graph.output[i].name})", loosen=factors[i])
+        scale = max(1.0, float(np.abs(b).max(initial=0.0)))
+        errors.append(float(np.abs(np.asarray(a, np.float64) - b).max(initial=0.0)) / scale)
+    return {"loosen": max(factors), "max_error": max(errors)}
 
 
 def detector_inputs(rng, batch, classes, n, levels=None):

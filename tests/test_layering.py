@@ -30,7 +30,7 @@ FLOORS = [
     ["model"],
     ["__init__"],
     # the compiler side, in the order of the flow
-    ["_mxnet", "ops", "profiles"],
+    ["_mxnet", "ops", "profiles", "tolerances"],
     ["frontend"],
     ["source"],
     ["lowering"],

@@ -2,9 +2,11 @@
 
 Each builder returns a :class:`Baseline` or raises :class:`BaselineUnavailable` with
 the reason (not installed, export failed, load failed): ``edgecv bench`` lists those
-and goes on. ONNX Runtime and OpenVINO run the ONNX file MXNet's own exporter writes
-(``mx.onnx.export_model``, which needs onnx < 1.15). OpenVINO runs in FP32: on CPUs
-with AVX-512 BF16 it would pick bf16 by default, which is not the comparison we want.
+and goes on. ONNX Runtime and OpenVINO run the package's source ONNX file, or for an
+MXNet source the ONNX file MXNet's own exporter writes (``mx.onnx.export_model``, which
+reads ``onnx.mapping``, given back for onnx 1.15 and newer by
+:func:`_onnx_mapping_for_mxnet`). OpenVINO runs in FP32: on CPUs with AVX-512 BF16 it
+would pick bf16 by default, which is not the comparison we want.
 
 With ``streams`` > 1 (``edgecv bench --streams N``, N concurrent callers) each is set
 up the way its own documentation says to serve them: OpenVINO with
@@ -90,12 +92,37 @@ class _Warnings(logging.Handler):
         self.messages.append(" ".join(record.getMessage().split()))
 
 
+def _onnx_mapping_for_mxnet() -> None:
+    """Give onnx back the ``onnx.mapping`` module MXNet 1.9.1's exporter reads.
+
+    onnx 1.15 removed it; edgecv pins one newer onnx for everything (its ONNX frontend
+    reads PyTorch 2.x exports, whose opsets onnx 1.14 does not know), and the exporter
+    reads only these two dtype tables from it, rebuilt here from ``onnx.helper``.
+    """
+    import sys
+    import types
+
+    import onnx
+
+    if hasattr(onnx, "mapping"):
+        return
+    names = "float16 float32 float64 int8 int16 int32 int64 uint8 uint16 uint32 uint64 bool"
+    to_tensor = {
+        np.dtype(n): onnx.helper.np_dtype_to_tensor_dtype(np.dtype(n)) for n in names.split()
+    }
+    mapping = types.ModuleType("onnx.mapping")
+    mapping.NP_TYPE_TO_TENSOR_TYPE = to_tensor
+    mapping.TENSOR_TYPE_TO_NP_TYPE = {t: d for d, t in to_tensor.items()}
+    sys.modules["onnx.mapping"] = onnx.mapping = mapping
+
+
 def export_onnx(
     symbol: Path, params: Path, shape: tuple[int, ...], out: Path
 ) -> tuple[Path, list[str]]:
     """The model as ONNX, written by MXNet's exporter, and the exporter's warnings (where
     the ONNX model does not do what MXNet does, e.g. box_nms across classes)."""
-    _module("onnx", "pip install 'edgecv[bench]' (onnx<1.15, for MXNet's exporter)")
+    _module("onnx", "pip install 'edgecv[compiler]'")
+    _onnx_mapping_for_mxnet()
     mx = import_mxnet()
     path = out / "model.onnx"
     root = logging.getLogger()

@@ -34,10 +34,16 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def source_files(manifest: dict, source: str | None, work: Path) -> tuple[Path, Path]:
-    """The symbol and params files of the package's source model: ``--source`` (a
-    ``*-symbol.json`` with its ``-0000.params`` beside it), else what the manifest
-    records (a symbol file's path, or a zoo model re-exported with the same weights)."""
+def source_files(manifest: dict, source: str | None, work: Path) -> tuple[Path, Path | None]:
+    """The files of the package's source model: an ONNX file (and None), or the symbol
+    and params files of an MXNet graph. ``--source`` (an ``.onnx`` file, or a
+    ``*-symbol.json`` with its ``-0000.params`` beside it), else what the manifest records
+    (the ONNX file the package was deployed from, a symbol file's path, or a zoo model
+    re-exported with the same weights)."""
+    if source and source.lower().endswith(".onnx"):
+        if not Path(source).is_file():
+            raise EdgecvError(f"--source: {source} does not exist")
+        return Path(source), None
     if source:
         symbol = Path(source)
         params = Path(str(symbol).removesuffix("-symbol.json") + "-0000.params")
@@ -51,6 +57,8 @@ def source_files(manifest: dict, source: str | None, work: Path) -> tuple[Path, 
             "this package does not record its source model (deployed by an older edgecv); "
             "pass --source PREFIX-symbol.json"
         )
+    if record["kind"] == "onnx":
+        return _recorded_onnx(record), None
     if record["kind"] == "symbol":
         symbol, params = Path(record["symbol"]), record.get("params")
         if not symbol.is_file() or (params and not Path(params).is_file()):
@@ -74,6 +82,26 @@ def source_files(manifest: dict, source: str | None, work: Path) -> tuple[Path, 
             seed=record.get("seed", 0),
         )
     return exported.symbol_path, exported.params_path
+
+
+def _recorded_onnx(record: dict) -> Path:
+    """The ONNX file the package was deployed from, refused when it is gone or changed
+    (the baselines would run other weights than the package's)."""
+    import hashlib
+
+    path = Path(record["path"])
+    if not path.is_file():
+        raise EdgecvError(f"the package's source model {path} is no longer there; pass --source")
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != record.get("sha256"):
+        raise EdgecvError(
+            f"the package's source model {path} changed since it was deployed (its sha256 "
+            "differs); pass --source with the file it was deployed from"
+        )
+    return path
 
 
 def agreement(ours: list[np.ndarray], theirs: list[np.ndarray], detection: bool = False) -> dict:
@@ -261,7 +289,9 @@ def add_parser(sub, common) -> None:
     b.add_argument("--repeat", type=int, default=50, help="timed runs of each runtime")
     b.add_argument("--warmup", type=int, default=3, help="untimed runs of each first")
     b.add_argument("--vs", help=f"baselines, comma-separated: {','.join(KNOWN)}")
-    b.add_argument("--source", help="the source model's *-symbol.json (params beside it)")
+    b.add_argument(
+        "--source", help="the source model's .onnx file, or its *-symbol.json (params beside it)"
+    )
     b.add_argument("--json", help="write every number to this JSON file")
     b.add_argument("--plot", help="write a latency chart to this .png (needs matplotlib)")
     b.add_argument("--top", type=int, default=10, help="kernels listed in the profile")

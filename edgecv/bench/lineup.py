@@ -22,21 +22,29 @@ from .baselines import (
 def build_baselines(
     names: list[str],
     symbol: Path,
-    params: Path,
+    params: Path | None,
     shape: tuple[int, ...],
     work: Path,
     streams: int = 1,
     calibration: Callable[[], object] | None = None,
 ) -> tuple[list[Baseline], dict[str, str]]:
     """The baselines ``names`` that load, and the reason for each that does not; set up
-    for ``streams`` concurrent callers (module docstring). ``calibration``: gives the
-    INT8 baselines' calibration inputs (a :class:`.int8_baselines.CalibrationSet`),
-    called once, when the first of them is built."""
+    for ``streams`` concurrent callers (module docstring). ``symbol``: the source model,
+    an ONNX file (``params`` None: ONNX Runtime and OpenVINO read it as it is) or an
+    MXNet symbol file (exported to ONNX for them). ``calibration``: gives the INT8
+    baselines' calibration inputs (a :class:`.int8_baselines.CalibrationSet`), called
+    once, when the first of them is built."""
     built, failed = [], {}
-    exported: list = []  # the ONNX export, made once for every runtime that needs it
+    onnx_source = params is None and symbol.suffix.lower() == ".onnx"
+    # the ONNX file, made once for every runtime that needs it
+    exported: list = [(symbol, [])] if onnx_source else []
     calibrated: list = []
     for name in names:
         try:
+            if name == "mxnet" and onnx_source:
+                raise BaselineUnavailable(
+                    "the package was deployed from an ONNX file, which MXNet does not read"
+                )
             if name in KNOWN[1:] and not exported:
                 exported.append(export_onnx(symbol, params, shape, work))
             if name == "mxnet" and streams > 1:

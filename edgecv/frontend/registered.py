@@ -54,10 +54,18 @@ def node_attrs(node: MXNetNode) -> dict[str, Any]:
 def convert_registered(ctx: Context, op: RegisteredOp, inputs: list) -> relax.Expr:
     """Emit the node as one call of a PrimFunc built from ``op.compute``; the output's
     shape and dtype must be what the op's rules say."""
-    attrs = node_attrs(ctx.node)
-    shapes = [ctx.shape(x) for x in inputs]
-    dtypes = [ctx.dtype(x) for x in inputs]
-    where = f"node `{ctx.node.name}` (registered op `{op.name}`, input shapes {shapes})"
+    return emit_registered(ctx.bb, op, inputs, node_attrs(ctx.node), ctx.node.name)
+
+
+def emit_registered(
+    bb: relax.BlockBuilder, op: RegisteredOp, inputs: list, attrs: dict[str, Any], node: str
+) -> relax.Expr:
+    """Emit one node (named ``node``, its attributes as Python values) of the registered
+    operator ``op`` on ``inputs``: one call of a PrimFunc built from ``op.compute``, the
+    same for every frontend; the output's shape and dtype must be what the op's rules say."""
+    shapes = [Context.shape(x) for x in inputs]
+    dtypes = [Context.dtype(x) for x in inputs]
+    where = f"node `{node}` (registered op `{op.name}`, input shapes {shapes})"
     try:
         expected = tuple(int(d) for d in op.shape(shapes, dict(attrs)))
         expected_dtype = op.out_dtype(dtypes, dict(attrs))
@@ -76,12 +84,12 @@ def convert_registered(ctx: Context, op: RegisteredOp, inputs: list) -> relax.Ex
         return out
 
     try:
-        out = ctx.bb.emit_te(build, *inputs, primfunc_name_hint=op.name)
+        out = bb.emit_te(build, *inputs, primfunc_name_hint=op.name)
     except EdgecvError:
         raise
     except Exception as err:
         raise ConversionError(f"{where}: compute raised {foreign_message(err)}") from None
-    got, got_dtype = ctx.shape(out), ctx.dtype(out)
+    got, got_dtype = Context.shape(out), Context.dtype(out)
     if (got, got_dtype) != (expected, expected_dtype):
         raise ConversionError(
             f"{where}: compute built {got} {got_dtype} but the shape/dtype rules say {expected} "

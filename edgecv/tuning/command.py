@@ -241,7 +241,7 @@ def _warn_if_profile_elsewhere(profile: Profile, cls: DeviceClass, db_dir: Path)
 def add_parser(sub, common) -> None:
     """The ``tune`` and ``rpc-server`` subcommands."""
     t = sub.add_parser("tune", parents=[common], help="auto-tune a model's kernels for a device")
-    t.add_argument("model", help="zoo name/alias or *-symbol.json, as for deploy")
+    t.add_argument("model", help="zoo name/alias, *-symbol.json or *.onnx, as for deploy")
     t.add_argument("--params", help="weights file (.params)")
     t.add_argument("--device", default="cpu", help="device profile (see `edgecv profiles`)")
     t.add_argument("--input-shape", type=parse_shape, action="append", help=SHAPE_HELP)

@@ -73,15 +73,11 @@ def import_model(
     progress: Callable[[str], None],
 ) -> tuple[tvm.IRModule, str]:
     """The Relax module of ``model`` as deploy imports it, and the model's name."""
-    from ..frontend.importer import from_mxnet
-    from ..frontend.mxnet_graph import load_params, load_symbol
     from ..source import resolve_source
 
     with tempfile.TemporaryDirectory(prefix="edgecv-tune-") as tmp:
         source = resolve_source(model, Path(tmp), params, input_shape, pretrained, seed, progress)
-        graph = load_symbol(source.symbol_path)
-        weights = load_params(source.params_path) if source.params_path else {}
-        imported = from_mxnet(graph, weights, source.graph_inputs)
+        imported = source.import_model()
     return imported.mod, source.name
 
 

@@ -1,0 +1,114 @@
+"""ONNX files through the whole pipeline for `cpu`, against ONNX Runtime's CPU forward of
+the same file (edgecv.testing.compare_with_onnxruntime): a small classifier with every
+operator kind torchvision exports (weights in an external data file, a symbolic batch
+given by --input-shape), a custom-domain operator registered with edgecv.register_op
+(against its NumPy reference), `bench --vs` feeding the same file to ONNX Runtime and
+OpenVINO, and the committed torchvision exports (tests/onnx_models/, weights filled from a
+seed: MobileNetV3-Large here, ResNet-50 and the rest `heavy`)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from onnx_graphs import classifier, custom_domain, save
+from tvm import te
+
+import edgecv
+from edgecv.deploy import deploy
+from edgecv.op_registry import register_op, unregister_op
+from edgecv.pipelines import BuildOptions
+from edgecv.testing import assert_close, compare_with_onnxruntime, run_cli
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "onnx_models"))
+import seeded  # noqa: E402
+
+# the committed exports the default suite deploys; the others are heavy (deploys of
+# 1-3 minutes each on 2 cores)
+DEFAULT_EXPORTS = {"mobilenet_v3_large"}
+EXPORTS = sorted(p.stem for p in seeded.FOLDER.glob("*.onnx"))
+SHAPES = {"resnet50": {"input": (1, 3, 224, 224)}}  # exported with a symbolic batch
+
+
+@pytest.fixture(scope="module")
+def small_package(tmp_path_factory):
+    """The classifier with a symbolic batch and external data, deployed for `cpu`."""
+    folder = tmp_path_factory.mktemp("onnx_classifier")
+    path = save(classifier(batch="N"), folder / "cls.onnx", external=True)
+    package = deploy(path, folder / "cls-cpu", "cpu", input_shape={"x": (1, 3, 32, 32)})
+    return path, package
+
+
+def test_the_classifier_matches_onnxruntime(small_package):
+    path, package = small_package
+    compared = compare_with_onnxruntime(package, path)
+    assert compared["max_error"] < 1e-5, compared
+    manifest = json.loads((package / "manifest.json").read_text())
+    assert manifest["model"]["source"] == {
+        "kind": "onnx",
+        "path": str(path.resolve()),
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "input_shapes": {"x": [1, 3, 32, 32]},
+    }
+    assert manifest["inputs"] == [{"name": "x", "shape": [1, 3, 32, 32], "dtype": "float32"}]
+    assert [o["name"] for o in manifest["outputs"]] == ["probs"]
+    # the packed layouts the graph tuner chose hold for an ONNX graph too
+    assert manifest["build"]["layouts"]["chosen"] == "plan", manifest["build"]["layouts"]
+
+
+def test_bench_feeds_the_source_file_to_the_baselines(small_package, tmp_path):
+    path, package = small_package
+    out = tmp_path / "bench.json"
+    result = run_cli(
+        "bench", package, "--repeat", "5", "--vs", "mxnet,onnxruntime,openvino", "--json", out
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert "does not read" in report["not_run"]["mxnet"]
+    for name in ("onnxruntime", "openvino"):
+        if importlib.util.find_spec(name):
+            agreement = report["runtimes"][name]["agreement"]
+            assert agreement["max_rel_diff"] < 1e-5 and agreement["same_top1"], agreement
+
+
+def test_a_registered_custom_domain_op_deploys(tmp_path):
+    def compute(inputs, attrs):
+        x, w = inputs
+        alpha = attrs["alpha"]
+        return te.compute(
+            x.shape, lambda i, j: x[i, j] / (1 + te.abs(x[i, j])) * alpha + w[0, j], name="sss"
+        )
+
+    register_op("ScaledSoftsign", compute, shape=lambda shapes, attrs: shapes[0])
+    try:
+        model = custom_domain()
+        path = save(model, tmp_path / "custom.onnx")
+        options = BuildOptions(check_on=None, tuning=None, layout="NCHW")
+        package = deploy(path, tmp_path / "custom-cpu", "cpu", options=options)
+    finally:
+        unregister_op("ScaledSoftsign")
+    w0, w1 = (numpy_helper.to_array(t) for t in model.graph.initializer)
+    x = np.random.RandomState(0).standard_normal((2, 8)).astype(np.float32)
+    relu = np.maximum(x, 0)
+    expected = relu / (1 + np.abs(relu)) * 0.5 + w0 + w1
+    (actual,) = edgecv.load(package).run(x)
+    assert_close(actual, expected)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [n if n in DEFAULT_EXPORTS else pytest.param(n, marks=pytest.mark.heavy) for n in EXPORTS],
+)
+def test_a_torchvision_export_matches_onnxruntime(name, tmp_path):
+    path = seeded.filled(seeded.FOLDER / f"{name}.onnx", tmp_path)
+    graph = onnx.load(str(path), load_external_data=False).graph
+    assert not any(t.doc_string for t in graph.initializer)  # every weight filled
+    package = deploy(path, tmp_path / f"{name}-cpu", "cpu", input_shape=SHAPES.get(name))
+    compare_with_onnxruntime(package, path)  # the table's tolerance, loosened for depth
