@@ -181,3 +181,21 @@ def test_deploy_errors_are_one_line(tmp_path):
     assert_one_error_line(
         run_cli("deploy", symbolic, "--device", "cpu"), "--input-shape x=1,3,32,32"
     )
+
+
+def test_the_two_frontends_stand_side_by_side():
+    """The ONNX frontend imports nothing of the MXNet one but what both share (the module
+    they end in, registered operators as PrimFuncs); nothing below the frontend imports
+    either (tests/test_layering.py holds the floors)."""
+    from test_layering import EDGECV, imports_of
+
+    shared = {"edgecv.frontend.imported", "edgecv.frontend.registered"}
+    for path in sorted((EDGECV / "frontend" / "onnx").glob("*.py")):
+        frontend = {m for m in imports_of(path) if m.startswith("edgecv.frontend.")}
+        mxnet_side = {
+            m
+            for m in frontend
+            if not m.startswith("edgecv.frontend.onnx")
+            and not any(m == s or m.startswith(s + ".") for s in shared)
+        }
+        assert not mxnet_side, (path.name, mxnet_side)
