@@ -6,15 +6,16 @@ elements, keeping in its doc string the mean and standard deviation of the value
 as they are. :func:`filled` fills each emptied initializer from a seed and writes a
 complete model that both edgecv and ONNX Runtime read:
 
-- a weight (rank 2 or more) with He's normal values, ``std = sqrt(2 / fan_in)``, so each
-  layer keeps its activations' scale (torchvision's own initialization makes MobileNetV3's
-  logits 1e-10: its depthwise convolutions take ``fan_out``, which comparisons cannot
-  see through);
+- a weight (rank 2 or more) with He's normal values, ``std = sqrt(2 / fan_in)``, then
+  the weights of convolutions and dense layers rescaled in graph order so each layer's
+  output has standard deviation 1 on a normal input (:func:`_unit_gains`): every model's
+  logits come out of order 1, so a comparison within a tolerance relative to 1 means
+  something (torchvision's own initialization makes MobileNetV3-Large's logits 1e-10);
 - a vector with its own statistics, except a vector of zeros (a folded batch norm's
   bias), which gets small normal values so the bias is exercised, and a constant vector
   (a scale of ones), which stays as it was.
 
-Plain onnx and NumPy: no torch.
+onnx, NumPy and ONNX Runtime (the test extra): no torch.
 """
 
 from __future__ import annotations
@@ -76,9 +77,59 @@ def filled(path: str | Path, out_dir: str | Path, seed: int = 0) -> Path:
             values = np.full(dims, mean)
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
         tensor.CopyFrom(numpy_helper.from_array(values.astype(dtype), tensor.name))
+    _unit_gains(model, rng)
     out = Path(out_dir) / Path(path).name
     onnx.save(model, str(out))
     return out
+
+
+WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def _unit_gains(model: onnx.ModelProto, rng: np.random.RandomState) -> None:
+    """Rescale each filled weight, layer after layer in graph order, so its layer's output
+    has standard deviation 1 on a normal input, as ONNX Runtime computes it (LSUV's
+    initialization): He's scale assumes ReLU alone, and squeeze-and-excitation gates and
+    SiLU shrink EfficientNet-B0's logits to 0.003, too small for a comparison relative to 1
+    to mean anything. The weights are inputs of one probe session, so each layer costs one
+    run, not a session."""
+    import onnxruntime as ort
+
+    weights = {t.name: t for t in model.graph.initializer}
+    layers = [n for n in model.graph.node if n.op_type in WEIGHTED and n.input[1] in weights]
+    names = {n.input[1] for n in layers}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    kept = [t for t in probe.graph.initializer if t.name not in names]
+    del probe.graph.initializer[:]
+    probe.graph.initializer.extend(kept)
+    probe.graph.input.extend(
+        onnx.helper.make_tensor_value_info(n, weights[n].data_type, list(weights[n].dims))
+        for n in sorted(names)
+    )
+    known = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(
+        onnx.helper.make_empty_tensor_value_info(n.output[0])
+        for n in layers
+        if n.output[0] not in known
+    )
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(
+        probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    feed = {n: numpy_helper.to_array(weights[n]) for n in names}
+    for value in session.get_inputs():
+        if value.name not in feed:
+            dims = [d if isinstance(d, int) else 1 for d in value.shape]
+            feed[value.name] = rng.standard_normal(dims).astype(np.float32)
+    for node in layers:
+        (out,) = session.run([node.output[0]], feed)
+        std = float(np.std(out))
+        if np.isfinite(std) and std > 0:
+            feed[node.input[1]] = (feed[node.input[1]] / std).astype(feed[node.input[1]].dtype)
+    for name in names:
+        weights[name].CopyFrom(numpy_helper.from_array(feed[name], name))
 
 
 def _fan_in(dims: tuple[int, ...], readers: dict, name: str) -> int:
