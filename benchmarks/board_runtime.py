@@ -130,7 +130,7 @@ def exported(case: str, folder: Path) -> tuple[Path, Path, tuple[int, ...], list
     if case == "tiny":
         symbol, params, shape = tiny_yolo(folder / "tiny", size=64)
         return symbol, params, shape, ["box_nms"]
-    from edgecv.frontend import zoo
+    from edgecv.frontend.mxnet import zoo
 
     model = zoo.export("ssd_512_mobilenet1.0_voc", folder / "ssd", pretrained=False, seed=0)
     return model.symbol_path, model.params_path, model.input_shape, []

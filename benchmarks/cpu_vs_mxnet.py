@@ -21,10 +21,10 @@ import tvm
 from edgecv._mxnet import import_mxnet
 from edgecv.bench.harness import alternate
 from edgecv.codegen.llvm import build_cpu
-from edgecv.frontend import zoo
-from edgecv.frontend.importer import from_mxnet
-from edgecv.frontend.mxnet_graph import load_params, load_symbol
-from edgecv.frontend.zoo import zoo_models
+from edgecv.frontend.mxnet import zoo
+from edgecv.frontend.mxnet.importer import from_mxnet
+from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
+from edgecv.frontend.mxnet.zoo import zoo_models
 from edgecv.lowering import lower
 from edgecv.profiles import load_profile
 from edgecv.runtime.cpu import CPUBackend

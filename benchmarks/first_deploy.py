@@ -52,7 +52,7 @@ import numpy as np
 
 import edgecv
 from edgecv.bench.harness import alternate
-from edgecv.frontend.zoo import zoo_models
+from edgecv.frontend.mxnet.zoo import zoo_models
 
 ZOO = tuple(zoo_models())  # the seven zoo models of edgecv/data/zoo.json
 USERS = ("tiny_yolo", "efficient_lite", "digits")

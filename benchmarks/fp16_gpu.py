@@ -35,7 +35,7 @@ import numpy as np
 import edgecv
 from edgecv.bench.harness import alternate
 from edgecv.deploy import deploy
-from edgecv.frontend.zoo import zoo_models
+from edgecv.frontend.mxnet.zoo import zoo_models
 from edgecv.pipelines import BuildOptions
 
 ZOO = tuple(zoo_models())  # the seven zoo models of edgecv/data/zoo.json

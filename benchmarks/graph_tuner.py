@@ -28,7 +28,7 @@ import edgecv
 from edgecv.bench.harness import alternate
 from edgecv.bench.steps import profile_steps
 from edgecv.deploy import deploy
-from edgecv.frontend.zoo import zoo_models
+from edgecv.frontend.mxnet.zoo import zoo_models
 from edgecv.pipelines import BuildOptions
 
 MODELS = list(zoo_models())  # the seven zoo models of edgecv/data/zoo.json

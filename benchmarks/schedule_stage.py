@@ -28,7 +28,7 @@ import edgecv
 from edgecv.bench.harness import alternating_medians
 from edgecv.bench.steps import profile_steps
 from edgecv.deploy import deploy
-from edgecv.frontend.zoo import zoo_models
+from edgecv.frontend.mxnet.zoo import zoo_models
 
 MODELS = list(zoo_models())  # the seven models with aliases (edgecv/data/zoo.json)
 DEVICE_OF = {"cpu": None, "deeplens": "intel", "aisage": "pocl"}

@@ -54,7 +54,7 @@ def _export(name: str, cache: Path, import_only: bool, seed: int) -> dict:
     """Export ``name`` (or reuse the cache); returns the meta record."""
     import warnings
 
-    from edgecv.frontend import zoo
+    from edgecv.frontend.mxnet import zoo
 
     meta_path = cache / name / "meta.json"
     if import_only and meta_path.is_file():
@@ -77,9 +77,9 @@ def _export(name: str, cache: Path, import_only: bool, seed: int) -> dict:
 def _export_graph_only(name: str, out: Path, seed: int) -> dict:
     """The graph and its parameters' shapes, not their values: what decides whether a
     model imports, without writing the zoo's tens of GB of parameters. Built as
-    :func:`edgecv.frontend.zoo.export` builds it (one imperative forward first)."""
+    :func:`edgecv.frontend.mxnet.zoo.export` builds it (one imperative forward first)."""
     from edgecv._mxnet import import_mxnet
-    from edgecv.frontend import zoo
+    from edgecv.frontend.mxnet import zoo
 
     mx = import_mxnet()
     model = zoo.resolve(name)
@@ -105,8 +105,8 @@ def _export_graph_only(name: str, out: Path, seed: int) -> dict:
 
 
 def _import(meta: dict):
-    from edgecv.frontend.importer import from_mxnet
-    from edgecv.frontend.mxnet_graph import load_params, load_symbol
+    from edgecv.frontend.mxnet.importer import from_mxnet
+    from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
 
     graph = load_symbol(meta["symbol"])
     if meta.get("params"):
@@ -127,7 +127,7 @@ def _deploy_and_compare(
 
     import edgecv
     from edgecv.deploy import deploy
-    from edgecv.frontend.random_weights import example_input
+    from edgecv.frontend.mxnet.random_weights import example_input
     from edgecv.pipelines import BuildOptions
     from edgecv.testing import compare_with_mxnet
 
@@ -349,7 +349,7 @@ def main() -> None:
     if not args.import_only and not args.deploy:
         parser.error("give --import-only or --deploy PROFILE")
     sys.path.insert(0, str(ROOT))
-    from edgecv.frontend import zoo
+    from edgecv.frontend.mxnet import zoo
 
     names = args.models.split(",") if args.models else zoo.gluoncv_names()
     wanted = set(args.families.split(",")) if args.families else None

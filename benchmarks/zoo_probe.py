@@ -87,8 +87,8 @@ def _commit() -> str:
 
 def probe_model(name: str, seed: int, profile: str, layout: str, out: Path, work: Path) -> dict:
     from edgecv.divergence_probe import probe_divergence
-    from edgecv.frontend import zoo
-    from edgecv.frontend.random_weights import example_input
+    from edgecv.frontend.mxnet import zoo
+    from edgecv.frontend.mxnet.random_weights import example_input
     from edgecv.pipelines import BuildOptions
 
     with warnings.catch_warnings():

@@ -14,7 +14,7 @@ import tvm
 
 from . import __version__
 from .errors import EdgecvError, ProfileError, foreign_message
-from .frontend import zoo
+from .frontend.mxnet import zoo
 from .package import PackageWriter, check_destination, package_manifest
 from .pipelines import BuildOptions, pipeline_for
 from .pipelines import fp16 as fp16_step

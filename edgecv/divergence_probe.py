@@ -179,7 +179,7 @@ def probe_divergence(
         index sets / kept rows differ; ``report.first`` is the first departing stage.
     """
     from edgecv._mxnet import import_mxnet
-    from edgecv.frontend.mxnet_graph import with_defined_roi_align
+    from edgecv.frontend.mxnet.mxnet_graph import with_defined_roi_align
 
     mx = import_mxnet()
     graph = _unique_names(json.loads(Path(symbol).read_text()))
@@ -677,7 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--all", action="store_true", help="print every stage")
     args = parser.parse_args(argv)
-    from edgecv.frontend.random_weights import example_input
+    from edgecv.frontend.mxnet.random_weights import example_input
     from edgecv.pipelines import BuildOptions
 
     if args.input:

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ModelNotFoundError, ShapeError
-from .frontend import zoo
 from .frontend.imported import ImportedModel
-from .frontend.importer import check_supported, from_mxnet
-from .frontend.mxnet_graph import load_params, load_symbol
+from .frontend.mxnet import zoo
+from .frontend.mxnet.importer import check_supported, from_mxnet
+from .frontend.mxnet.mxnet_graph import load_params, load_symbol
 
 Shapes = tuple[int, ...] | dict[str, tuple[int, ...]] | None
 

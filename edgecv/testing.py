@@ -18,7 +18,7 @@ import numpy as np
 
 # the divergence probe and MXNet's reference graph are part of edgecv.testing too
 from .divergence_probe import DivergenceReport, StageDifference, probe_divergence  # noqa: F401
-from .frontend.mxnet_graph import with_defined_roi_align  # noqa: F401
+from .frontend.mxnet.mxnet_graph import with_defined_roi_align  # noqa: F401
 
 # the tolerance table and the asserts that read it live in edgecv.tolerances
 from .tolerances import (  # noqa: F401

@@ -45,7 +45,7 @@ _EXPORTS: dict[str, object] = {}
 @pytest.fixture(scope="session")
 def exported(export_dir):
     """``exported(name)`` -> ExportedModel, built once per session (random weights, seed 0)."""
-    from edgecv.frontend import zoo
+    from edgecv.frontend.mxnet import zoo
 
     def get(name: str):
         if name not in _EXPORTS:
@@ -77,7 +77,7 @@ def random_input(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     import cv2
     import skimage.data
 
-    from edgecv.frontend.zoo import MEAN_RGB, STD_RGB
+    from edgecv.frontend.mxnet.zoo import MEAN_RGB, STD_RGB
 
     rgb = cv2.resize(skimage.data.astronaut(), (shape[3], shape[2]), interpolation=cv2.INTER_AREA)
     x = (rgb.astype(np.float32) / 255.0 - np.float32(MEAN_RGB)) / np.float32(STD_RGB)

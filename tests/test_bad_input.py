@@ -21,8 +21,8 @@ from edgecv.errors import (
     ShapeError,
     UnsupportedOpsError,
 )
-from edgecv.frontend.importer import from_mxnet
-from edgecv.frontend.mxnet_graph import load_params, load_symbol, parse_symbol
+from edgecv.frontend.mxnet.importer import from_mxnet
+from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol, parse_symbol
 from edgecv.testing import assert_close, assert_one_error_line, run_cli
 
 mx = import_mxnet()
@@ -115,7 +115,7 @@ def test_corrupt_params_file(tmp_path):
 
 
 def test_unknown_names():
-    from edgecv.frontend.zoo import resolve
+    from edgecv.frontend.mxnet.zoo import resolve
     from edgecv.profiles import load_profile
 
     with pytest.raises(ModelNotFoundError, match="ssd_mobilenet"):

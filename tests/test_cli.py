@@ -27,7 +27,7 @@ def mobilenet_package(tmp_path_factory):
 def mobilenet_probabilities(tmp_path_factory):
     """MXNet's class probabilities for the package's network: the zoo model exported with
     the same seeded random weights `deploy --random-weights` gave it."""
-    from edgecv.frontend import zoo
+    from edgecv.frontend.mxnet import zoo
 
     exported = zoo.export("mobilenet1.0", tmp_path_factory.mktemp("mxnet"), pretrained=False)
 

@@ -10,9 +10,9 @@ import tvm
 
 from edgecv._mxnet import import_mxnet
 from edgecv.codegen.llvm import build_cpu
-from edgecv.frontend.converters.tensor import mxnet_reshape
-from edgecv.frontend.importer import from_mxnet
-from edgecv.frontend.mxnet_graph import parse_symbol
+from edgecv.frontend.mxnet.converters.tensor import mxnet_reshape
+from edgecv.frontend.mxnet.importer import from_mxnet
+from edgecv.frontend.mxnet.mxnet_graph import parse_symbol
 from edgecv.lowering import lower
 from edgecv.runtime.cpu import CPUBackend
 from edgecv.runtime.executor import Executor

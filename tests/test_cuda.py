@@ -15,8 +15,8 @@ from conftest import mxnet_forward, random_input
 from test_parity import depth_loosening
 
 from edgecv.codegen.cuda import build_cuda
-from edgecv.frontend.importer import from_mxnet
-from edgecv.frontend.mxnet_graph import load_params, load_symbol
+from edgecv.frontend.mxnet.importer import from_mxnet
+from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
 from edgecv.lowering import lower
 from edgecv.package import read_package_text
 from edgecv.profiles import load_profile

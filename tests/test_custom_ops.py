@@ -22,8 +22,8 @@ import edgecv
 from edgecv.cli import main
 from edgecv.deploy import deploy
 from edgecv.errors import ConversionError, UnsupportedOpsError
-from edgecv.frontend.importer import from_mxnet
-from edgecv.frontend.mxnet_graph import parse_symbol
+from edgecv.frontend.mxnet.importer import from_mxnet
+from edgecv.frontend.mxnet.mxnet_graph import parse_symbol
 from edgecv.op_registry import RegistrationError, load_ops, registered_op, unregister_op
 from edgecv.pipelines import BuildOptions
 from edgecv.testing import _one_node_symbol, assert_close, check_op

@@ -52,7 +52,7 @@ def photos(size=(160, 120)):
 
 def expected_box(frame):
     """The box MXNet computes for ``frame``, in frame pixels (the reference)."""
-    from edgecv.frontend.zoo import MEAN_RGB, STD_RGB
+    from edgecv.frontend.mxnet.zoo import MEAN_RGB, STD_RGB
 
     rgb = cv2.resize(frame, (SIZE, SIZE))[:, :, ::-1].astype(np.float32) / 255
     x = ((rgb - np.float32(MEAN_RGB)) / np.float32(STD_RGB)).transpose(2, 0, 1)[None]

@@ -340,7 +340,7 @@ def test_explain_says_what_fp16_saves_and_which_launches_run_in_it(packages):
 def _depth_and_reduction(symbol: Path, params: Path) -> tuple[int, int]:
     """Weighted layers (convolutions and dense: every one, a bound on the longest path)
     and the most products one of their outputs sums (in_channels/groups * kh * kw)."""
-    from edgecv.frontend.mxnet_graph import load_params
+    from edgecv.frontend.mxnet.mxnet_graph import load_params
 
     text = Path(symbol).read_text()
     layers = text.count('"op": "Convolution"') + text.count('"op": "FullyConnected"')
@@ -483,7 +483,7 @@ def test_family_member_in_fp16_agrees_with_mxnet_on_intel(exported, tmp_path, fa
     heatmaps, segmentation logits, depth) within the fp16 bound; a detector's every
     convolution within the bound of the float16 layers up to it, as for the zoo detectors
     above (their detections move with rounding on random weights)."""
-    from edgecv.frontend import zoo
+    from edgecv.frontend.mxnet import zoo
     from edgecv.model import load
 
     assert zoo.family_of(name).family == family

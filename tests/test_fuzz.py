@@ -101,7 +101,7 @@ ATTR_NAMES = st.sampled_from(
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The tiny model's symbol (parsed JSON), params file and params."""
-    from edgecv.frontend.mxnet_graph import load_params
+    from edgecv.frontend.mxnet.mxnet_graph import load_params
 
     symbol, params = tiny_model(tmp_path_factory.mktemp("fuzz") / "model")
     return json.loads(symbol.read_text()), params, load_params(params)
@@ -123,7 +123,7 @@ def _containers(raw: dict) -> list:
 
 def mutate_symbol(raw: dict, data) -> list[str]:
     """Apply one to three drawn mutations to ``raw`` (in place); describe them."""
-    from edgecv.frontend.converters import CONVERTERS
+    from edgecv.frontend.mxnet.converters import CONVERTERS
 
     done = []
     for _ in range(data.draw(st.integers(1, 3))):
@@ -224,8 +224,8 @@ def import_or_refuse(symbol: Path, params: dict, shapes, build_with: Path | None
     import inferred, or an EdgecvError of one line."""
     from tvm import relax
 
-    from edgecv.frontend.importer import from_mxnet
-    from edgecv.frontend.mxnet_graph import load_symbol
+    from edgecv.frontend.mxnet.importer import from_mxnet
+    from edgecv.frontend.mxnet.mxnet_graph import load_symbol
 
     try:
         imported = from_mxnet(load_symbol(symbol), params, shapes)
@@ -369,7 +369,7 @@ def test_symbols_that_broke_the_importer(tiny, tmp_path):
 def check_damaged_params(tiny, folder: Path, heavy: bool) -> None:
     _, params_path, _ = tiny
     whole = params_path.read_bytes()
-    from edgecv.frontend.mxnet_graph import load_params
+    from edgecv.frontend.mxnet.mxnet_graph import load_params
 
     @fuzz_settings("params", heavy)
     @given(data=st.data())
@@ -406,7 +406,7 @@ def test_a_params_file_claiming_more_than_it_holds_is_refused_before_mxnet(tiny,
     (up to gigabytes, then "Failed to allocate CPU Memory"); the file's layout is now
     checked first, naming the array."""
     from edgecv.errors import ParamsError
-    from edgecv.frontend.mxnet_graph import load_params
+    from edgecv.frontend.mxnet.mxnet_graph import load_params
 
     data = bytearray(tiny[1].read_bytes())
     data[24 + 4 + 4 + 4 + 6] ^= 0x40  # the high bytes of the first array's first dimension
@@ -457,8 +457,8 @@ def test_odd_input_shapes_import_or_are_refused_in_one_line(tiny, tmp_path):
 )
 def test_input_shapes_the_importer_refuses(tiny, tmp_path, shape, fragment):
     from edgecv.errors import ShapeError
-    from edgecv.frontend.importer import from_mxnet
-    from edgecv.frontend.mxnet_graph import parse_symbol
+    from edgecv.frontend.mxnet.importer import from_mxnet
+    from edgecv.frontend.mxnet.mxnet_graph import parse_symbol
 
     with pytest.raises(ShapeError, match=fragment) as err:
         from_mxnet(parse_symbol(json.dumps(tiny[0])), tiny[2], {"data": shape})

@@ -905,8 +905,8 @@ def test_graph_tuner_packs_int8_convolutions_only_for_the_dot_product(
 
 
 def _imported(symbol: Path):
-    from edgecv.frontend.importer import from_mxnet
-    from edgecv.frontend.mxnet_graph import load_params, load_symbol
+    from edgecv.frontend.mxnet.importer import from_mxnet
+    from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
 
     params = symbol.with_name(symbol.name.replace("-symbol.json", "-0000.params"))
     return from_mxnet(load_symbol(symbol), load_params(params), {"data": SHAPE}).mod

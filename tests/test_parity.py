@@ -14,8 +14,8 @@ import tvm
 from conftest import mxnet_forward, random_input
 
 from edgecv.codegen.llvm import build_cpu
-from edgecv.frontend.importer import from_mxnet
-from edgecv.frontend.mxnet_graph import load_params, load_symbol
+from edgecv.frontend.mxnet.importer import from_mxnet
+from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
 from edgecv.lowering import lower
 from edgecv.runtime.cpu import CPUBackend
 from edgecv.runtime.executor import Executor

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from edgecv._mxnet import import_mxnet
-from edgecv.frontend import random_weights
+from edgecv.frontend.mxnet import random_weights
 
 mx = import_mxnet()
 

@@ -17,8 +17,8 @@ import pytest
 
 import edgecv
 from edgecv.deploy import deploy
-from edgecv.frontend import zoo
-from edgecv.frontend.random_weights import example_input
+from edgecv.frontend.mxnet import zoo
+from edgecv.frontend.mxnet.random_weights import example_input
 from edgecv.pipelines import BuildOptions
 from edgecv.testing import compare_with_mxnet
 

@@ -7,9 +7,9 @@ import pytest
 
 from edgecv._mxnet import import_mxnet
 from edgecv.errors import ModelNotFoundError
-from edgecv.frontend import zoo
-from edgecv.frontend.importer import from_mxnet
-from edgecv.frontend.mxnet_graph import load_params, load_symbol
+from edgecv.frontend.mxnet import zoo
+from edgecv.frontend.mxnet.importer import from_mxnet
+from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
 
 
 def test_removed_numpy_aliases_are_restored_for_gluoncv():

@@ -68,7 +68,7 @@ def source_files(manifest: dict, source: str | None, work: Path) -> tuple[Path, 
         if not params:
             raise EdgecvError("the source graph has no params file; baselines need one")
         return symbol, Path(params)
-    from ..frontend import zoo
+    from ..frontend.mxnet import zoo
 
     progress.say(f"re-exporting {record['name']} ({record['weights']} weights) for the baselines")
     with warnings.catch_warnings():

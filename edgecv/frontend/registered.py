@@ -9,52 +9,20 @@ blocks, placement and ``--explain`` name it.
 
 from __future__ import annotations
 
-import ast
 from typing import Any
 
 from tvm import relax, te
 
 from ..errors import ConversionError, EdgecvError, foreign_message
-from ..op_registry import RegisteredOp, registered_op
-from .context import Context
-from .mxnet_graph import MXNetNode
-
-CUSTOM = "Custom"
+from ..op_registry import RegisteredOp
 
 
-def op_key(node: MXNetNode) -> str:
-    """The name a node's operator is registered under: a ``Custom`` node's ``op_type``,
-    else the MXNet op name."""
-    if node.op == CUSTOM:
-        return node.attrs.get("op_type", "")
-    return node.op
+def _shape(expr: relax.Expr) -> tuple[int, ...]:
+    return tuple(int(d) for d in expr.ty.shape)
 
 
-def registered_for(node: MXNetNode) -> RegisteredOp | None:
-    """The registered operator of ``node``, or None."""
-    return registered_op(op_key(node))
-
-
-def node_attrs(node: MXNetNode) -> dict[str, Any]:
-    """The node's attributes as Python values: MXNet writes every attribute (and a
-    Custom op's keyword arguments) as a string, ``"(3, 3)"``, ``"0.5"``, ``"True"``; those
-    that read as a literal become one, the rest stay strings. Training hints (``__lr_mult__``)
-    and a Custom node's ``op_type`` are left out."""
-    attrs = {}
-    for key, text in node.attrs.items():
-        if key.startswith("__") or (node.op == CUSTOM and key == "op_type"):
-            continue
-        try:
-            attrs[key] = ast.literal_eval(text)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            attrs[key] = text
-    return attrs
-
-
-def convert_registered(ctx: Context, op: RegisteredOp, inputs: list) -> relax.Expr:
-    """Emit the node as one call of a PrimFunc built from ``op.compute``; the output's
-    shape and dtype must be what the op's rules say."""
-    return emit_registered(ctx.bb, op, inputs, node_attrs(ctx.node), ctx.node.name)
+def _dtype(expr: relax.Expr) -> str:
+    return str(expr.ty.dtype)
 
 
 def emit_registered(
@@ -63,8 +31,8 @@ def emit_registered(
     """Emit one node (named ``node``, its attributes as Python values) of the registered
     operator ``op`` on ``inputs``: one call of a PrimFunc built from ``op.compute``, the
     same for every frontend; the output's shape and dtype must be what the op's rules say."""
-    shapes = [Context.shape(x) for x in inputs]
-    dtypes = [Context.dtype(x) for x in inputs]
+    shapes = [_shape(x) for x in inputs]
+    dtypes = [_dtype(x) for x in inputs]
     where = f"node `{node}` (registered op `{op.name}`, input shapes {shapes})"
     try:
         expected = tuple(int(d) for d in op.shape(shapes, dict(attrs)))
@@ -89,7 +57,7 @@ def emit_registered(
         raise
     except Exception as err:
         raise ConversionError(f"{where}: compute raised {foreign_message(err)}") from None
-    got, got_dtype = Context.shape(out), Context.dtype(out)
+    got, got_dtype = _shape(out), _dtype(out)
     if (got, got_dtype) != (expected, expected_dtype):
         raise ConversionError(
             f"{where}: compute built {got} {got_dtype} but the shape/dtype rules say {expected} "

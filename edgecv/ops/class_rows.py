@@ -15,7 +15,7 @@ equal keys the smaller ``r`` wins, as ``box_nms``'s stable sort decides. So
 ``box_nms(topk=k)`` over the concatenation of each piece's ``top_class_rows``, pieces in
 their order, gives what it gives over all the rows: every row of the global first ``k``
 is among the first ``k`` of its own piece, and the rows keep their relative order
-(:func:`edgecv.frontend.converters.vision.contrib_box_nms` rewrites the graph so).
+(:func:`edgecv.frontend.mxnet.converters.vision.contrib_box_nms` rewrites the graph so).
 
 The CPU version is a tensor expression (TVM's ``topk``, then the chosen indices
 sorted); the GPU version (:func:`top_class_rows_gpu`) selects without sorting, in

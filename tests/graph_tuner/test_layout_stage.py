@@ -12,8 +12,8 @@ import tvm
 from small_model import SHAPE, export_small_model
 
 from edgecv import schedules
-from edgecv.frontend.importer import from_mxnet
-from edgecv.frontend.mxnet_graph import load_params, load_symbol
+from edgecv.frontend.mxnet.importer import from_mxnet
+from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
 from edgecv.graph_tuner import choose_layouts, costs, stage
 from edgecv.graph_tuner.costs import COSTS_FILE, COSTS_VERSION, CostCache
 from edgecv.pipelines import BuildOptions

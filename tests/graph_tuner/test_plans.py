@@ -13,8 +13,8 @@ from small_model import SHAPE, export_small_model
 from tvm import relax
 
 from edgecv.codegen.llvm import build_cpu
-from edgecv.frontend.importer import from_mxnet
-from edgecv.frontend.mxnet_graph import load_params, load_symbol
+from edgecv.frontend.mxnet.importer import from_mxnet
+from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
 from edgecv.graph_tuner.activations import rewrite_activations
 from edgecv.graph_tuner.apply import convert_layouts, inserted_transforms
 from edgecv.graph_tuner.channel_padding import pad_output_channels, padded_channels

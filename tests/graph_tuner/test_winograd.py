@@ -155,8 +155,8 @@ def test_the_small_model_with_winograd_matches_nchw_and_mxnet(side, tmp_path):
     from small_model import SHAPE, export_small_model
     from test_plans import _run_all
 
-    from edgecv.frontend.importer import from_mxnet
-    from edgecv.frontend.mxnet_graph import load_params, load_symbol
+    from edgecv.frontend.mxnet.importer import from_mxnet
+    from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
     from edgecv.graph_tuner.activations import rewrite_activations
     from edgecv.graph_tuner.apply import convert_layouts
     from edgecv.graph_tuner.extract import extract

@@ -13,8 +13,8 @@ from tvm import te
 
 from edgecv._mxnet import import_mxnet
 from edgecv.codegen.llvm import build_cpu
-from edgecv.frontend.importer import from_mxnet
-from edgecv.frontend.mxnet_graph import parse_symbol
+from edgecv.frontend.mxnet.importer import from_mxnet
+from edgecv.frontend.mxnet.mxnet_graph import parse_symbol
 from edgecv.lowering import lower
 from edgecv.ops.box_nms_reference import box_nms_reference
 from edgecv.ops.class_rows import top_class_rows, top_class_rows_gpu, top_class_rows_reference

@@ -8,8 +8,8 @@ from kernels import run_opencl
 
 from edgecv._mxnet import import_mxnet
 from edgecv.codegen.op_versions import OpVersions
-from edgecv.frontend.importer import from_mxnet
-from edgecv.frontend.mxnet_graph import parse_symbol
+from edgecv.frontend.mxnet.importer import from_mxnet
+from edgecv.frontend.mxnet.mxnet_graph import parse_symbol
 from edgecv.profiles import load_profile
 
 mx = import_mxnet()

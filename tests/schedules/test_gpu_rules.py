@@ -331,8 +331,8 @@ def test_short_rows_are_unrolled_in_one_work_item():
 def test_safe_rule_on_every_kernel_of_a_model(exported):
     """Every kernel of MobileNet1.0 (at 64x64) scheduled by the safe rule alone, built as
     one program, each run on Intel's runtime against its unscheduled LLVM build."""
-    from edgecv.frontend.importer import from_mxnet
-    from edgecv.frontend.mxnet_graph import load_params, load_symbol
+    from edgecv.frontend.mxnet.importer import from_mxnet
+    from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
 
     model = exported("mobilenet1.0")
     imported = from_mxnet(

@@ -39,7 +39,7 @@ def _rows(ctx: Context, data: relax.Expr, axis: int | None):
 
 
 def _sorted_indices(ctx: Context, rows: relax.Expr, descending: bool, k: int = 0):
-    from ...ops import row_argsort as sort_op  # the TIR ops import topi: load on first use
+    from ....ops import row_argsort as sort_op  # the TIR ops import topi: load on first use
 
     out = ctx.bb.emit_te(
         sort_op.row_argsort, rows, descending=descending, k=k, primfunc_name_hint="row_argsort"

@@ -1,7 +1,7 @@
 """The converter table: one small function per MXNet operator, keyed by its exact name.
 
-A converter takes the :class:`~edgecv.frontend.context.Context`, the node's inputs as
-Relax expressions and its :class:`~edgecv.frontend.attrs.Attrs`, and returns one Relax
+A converter takes the :class:`~edgecv.frontend.mxnet.context.Context`, the node's inputs as
+Relax expressions and its :class:`~edgecv.frontend.mxnet.attrs.Attrs`, and returns one Relax
 expression or a list of them (one per MXNet output). Converters live in one file per
 family (``nn``, ``tensor``, ``math``, ``vision``) and register with :func:`converts`.
 """

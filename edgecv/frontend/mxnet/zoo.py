@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .._mxnet import import_gluoncv, import_mxnet
-from ..errors import ModelNotFoundError, ParamsError, foreign_message
+from ..._mxnet import import_gluoncv, import_mxnet
+from ...errors import ModelNotFoundError, ParamsError, foreign_message
 from .mxnet_graph import check_params_file
 from .random_weights import MEAN_RGB, STD_RGB, random_init
 

@@ -15,7 +15,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..errors import (
+from ...errors import (
     ConversionError,
     EdgecvError,
     GraphError,
@@ -25,10 +25,10 @@ from ..errors import (
     UnsupportedOpsError,
     foreign_message,
 )
+from ..imported import ImportedModel, check_input_shapes
 from .attrs import Attrs
 from .context import Context
 from .converters import CONVERTERS
-from .imported import ImportedModel, check_input_shapes
 from .mxnet_graph import MXNetGraph
 from .registered import CUSTOM, convert_registered, op_key, registered_for
 
@@ -120,9 +120,9 @@ def from_mxnet(
     Parameters
     ----------
     graph : MXNetGraph
-        The parsed symbol (see :func:`~edgecv.frontend.mxnet_graph.load_symbol`).
+        The parsed symbol (see :func:`~edgecv.frontend.mxnet.mxnet_graph.load_symbol`).
     params : dict
-        Parameter arrays by name (see :func:`~edgecv.frontend.mxnet_graph.load_params`).
+        Parameter arrays by name (see :func:`~edgecv.frontend.mxnet.mxnet_graph.load_params`).
     input_shapes : dict
         Static shape of each graph input, e.g. ``{"data": (1, 3, 224, 224)}``.
     input_dtypes : dict, optional

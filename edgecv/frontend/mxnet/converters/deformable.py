@@ -16,7 +16,7 @@ R = relax.op
 def contrib_modulated_deformable_convolution(
     ctx: Context, inputs: list, attrs: Attrs
 ) -> relax.Expr:
-    from ...ops import deformable_conv  # the TIR ops import topi: load on first use
+    from ....ops import deformable_conv  # the TIR ops import topi: load on first use
 
     kernel = attrs.ints("kernel")
     if len(kernel) != 2:

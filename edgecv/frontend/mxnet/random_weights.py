@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._mxnet import import_mxnet
+from ..._mxnet import import_mxnet
 
 # ImageNet preprocessing used by every GluonCV model: RGB in [0, 1], then normalized.
 MEAN_RGB = (0.485, 0.456, 0.406)

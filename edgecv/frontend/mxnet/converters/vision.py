@@ -7,7 +7,7 @@ import json
 import numpy as np
 from tvm import relax
 
-from ...errors import EdgecvError
+from ....errors import EdgecvError
 from ..attrs import Attrs
 from ..context import Context
 from .registry import converts
@@ -15,7 +15,7 @@ from .registry import converts
 
 @converts("_contrib_box_nms", "_contrib_box_non_maximum_suppression")
 def contrib_box_nms(ctx: Context, inputs: list, attrs: Attrs) -> list:
-    from ...ops import box_nms as box_nms_op  # the TIR ops import topi: load on first use
+    from ....ops import box_nms as box_nms_op  # the TIR ops import topi: load on first use
 
     kwargs = dict(
         overlap_thresh=attrs.float("overlap_thresh", 0.5),
@@ -72,7 +72,7 @@ def _top_class_rows_first(ctx: Context, data: relax.Expr, nms: dict) -> relax.Ex
     than ``topk`` rows becomes its first ``topk`` rows by the NMS's own sort key, in
     their order: the NMS then gives the same rows (yolo3_mobilenet1.0_coco: 1.29M rows,
     31 MB, become 1,200). Anything else is left as it is."""
-    from ...ops import class_rows
+    from ....ops import class_rows
 
     topk, out_rows = nms["topk"], nms["out_rows"]
     layout = (nms["id_index"], nms["score_index"], nms["coord_start"]) == (0, 1, 2)
@@ -204,7 +204,7 @@ def _tag(ctx: Context, out: relax.Expr, **spec) -> None:
 
 @converts("_contrib_box_decode")
 def contrib_box_decode(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
-    from ...ops import box_decode as box_decode_op
+    from ....ops import box_decode as box_decode_op
 
     kwargs = dict(
         std0=attrs.float("std0", 1.0),
@@ -221,7 +221,7 @@ def contrib_box_decode(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
 
 @converts("_contrib_ROIAlign")
 def contrib_roi_align(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
-    from ...ops import roi_align as roi_align_op
+    from ....ops import roi_align as roi_align_op
 
     kwargs = roi_align_op.roi_align_attrs(
         pooled_size=attrs.ints("pooled_size"),
@@ -244,7 +244,7 @@ def contrib_roi_align(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
 
 @converts("_contrib_MultiBoxPrior")
 def contrib_multibox_prior(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
-    from ...ops import multibox
+    from ....ops import multibox
 
     kwargs = dict(
         sizes=attrs.floats("sizes", (1.0,)),
@@ -260,7 +260,7 @@ def contrib_multibox_prior(ctx: Context, inputs: list, attrs: Attrs) -> relax.Ex
 
 @converts("_contrib_MultiBoxDetection")
 def contrib_multibox_detection(ctx: Context, inputs: list, attrs: Attrs) -> relax.Expr:
-    from ...ops import multibox
+    from ....ops import multibox
 
     kwargs = dict(
         clip=attrs.bool("clip", True),

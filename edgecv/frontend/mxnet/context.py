@@ -8,7 +8,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..errors import ConversionError
+from ...errors import ConversionError
 from .mxnet_graph import MXNetNode
 
 

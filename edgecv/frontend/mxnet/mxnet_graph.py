@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .._mxnet import import_mxnet
-from ..errors import GraphError, ParamsError, foreign_message
+from ..._mxnet import import_mxnet
+from ...errors import GraphError, ParamsError, foreign_message
 
 
 @dataclass(frozen=True)

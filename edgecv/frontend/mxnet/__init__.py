@@ -1,0 +1,1 @@
+"""The MXNet frontend: GluonCV zoo names and symbol files -> Relax (a converter per MXNet op)."""
