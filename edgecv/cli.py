@@ -23,6 +23,8 @@ from .arguments import (
 from .errors import EdgecvError, ShapeError, foreign_message, missing_extra
 from .outputs import check_image_path, check_output_folder, save_arrays, save_image
 from .precision import PRECISIONS, Precision
+from .processing import add_arguments as add_processing_arguments
+from .processing import from_arguments
 
 
 def _deploy_device(args) -> str:
@@ -42,6 +44,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from .pipelines import BuildOptions
 
     start = time.perf_counter()
+    processing = from_arguments(args)  # a bad sidecar or flag before minutes of building
     if args.kernel_time_limit <= 0:
         raise EdgecvError(f"--kernel-time-limit must be positive, got {args.kernel_time_limit}")
     if args.db:  # the graph tuner writes its measured costs there
@@ -78,6 +81,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         host=args.host,
         options=options,
         force=args.force,
+        processing=processing,
     )
     if args.explain:
         from .package import read_manifest
@@ -204,25 +208,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         x = model.preprocess(image)
         outputs, latency = _timed(model.run, x, repeat=args.repeat)
         print(f"{image_path}:")
-        if model.task == "classification":
-            from .imaging import top_k
-
-            for label, prob in top_k(outputs[0], model.classes, 5):
+        kind = model.processing.decoder.kind
+        if kind in ("logits", "probabilities"):
+            for label, prob in model.decode(outputs, image.shape[:2]):
                 print(f"  {prob:7.4f}  {label}")
+        elif kind == "tensor":
+            shapes = ", ".join("x".join(map(str, o.shape)) for o in outputs)
+            print(f"  outputs: {shapes} (no decoder: deploy with --decoder or --preprocess)")
         else:
-            from .imaging import detections
-
-            found = detections(
-                outputs, model.classes, model.input_shape[2:], image.shape[:2], args.threshold
-            )
-            shown = (
-                found
-                or detections(outputs, model.classes, model.input_shape[2:], image.shape[:2], -1.0)[
-                    :3
-                ]
-            )
+            found = model.decode(outputs, image.shape[:2], args.threshold)
+            shown = found or model.decode(outputs, image.shape[:2], -1.0)[:3]
             if not found:
-                print(f"  no detections with score >= {args.threshold}; best {len(shown)}:")
+                floor = "the decoder's" if args.threshold is None else args.threshold
+                print(f"  no detections with score >= {floor}; best {len(shown)}:")
             for det in shown:
                 box = ", ".join(f"{v:.0f}" for v in det.box)
                 print(f"  {det.score:7.4f}  {det.label:<14} [{box}]")
@@ -442,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="int8: how each tensor's scale follows from its statistics (default "
         "percentile: the 99.99th percentile of |x|)",
     )
+    add_processing_arguments(d)
     d.set_defaults(func=cmd_deploy)
 
     r = sub.add_parser("run", parents=[common], help="run a package on images or a tensor")
@@ -458,7 +457,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--output", help="write all outputs to this .npz (output0, output1, ...)")
     r.add_argument("--save", help="write the annotated image here (detectors)")
-    r.add_argument("--threshold", type=float, default=0.5, help="detection score threshold")
+    r.add_argument(
+        "--threshold",
+        type=float,
+        help="detection score threshold (default 0.5; the decoder's 0.25 for Ultralytics)",
+    )
     r.add_argument("--repeat", type=int, default=5, help="timed runs after one warm-up")
     r.add_argument("--on", help="OpenCL device: part of its platform/device name (intel, pocl)")
     add_pin_argument(r)

@@ -287,7 +287,11 @@ def add_parser(sub, common) -> None:
         "OUT-2.mp4, ... in the order given",
     )
     d.add_argument("--fps", type=float, default=10.0, help="frame rate of the written video")
-    d.add_argument("--threshold", type=float, default=0.5, help="detection score threshold")
+    d.add_argument(
+        "--threshold",
+        type=float,
+        help="detection score threshold (default 0.5; the decoder's 0.25 for Ultralytics)",
+    )
     d.add_argument("--max-frames", type=int, default=0, help="stop after N frames of each source")
     d.add_argument("--on", help="OpenCL device: part of its platform/device name")
     d.set_defaults(func=cmd_demo)

@@ -20,6 +20,7 @@ from .pipelines import BuildOptions, pipeline_for
 from .pipelines import fp16 as fp16_step
 from .pipelines import int8 as int8_step
 from .precision import Precision
+from .processing import Processing, preset, to_manifest
 from .profiles import AVAILABLE_RUNTIMES, Profile, check_profile, load_profile
 from .schedules.device_class import tuning_folders
 from .schedules.orders import tuning_database
@@ -56,6 +57,7 @@ def deploy(
     precision: str | Precision = Precision.FP32,
     calibrate: str | Path | None = None,
     calibration_size: int | None = None,
+    processing: Processing | None = None,
 ) -> Path:
     """Compile ``model`` for the device profile ``device`` and write a package.
 
@@ -93,6 +95,10 @@ def deploy(
     force : bool
         Replace an existing edgecv package at ``output``. Anything at ``output`` that is
         not an edgecv package is never replaced (:func:`~edgecv.package.check_destination`).
+    processing : Processing, optional
+        How images become the input and outputs become results (a preset, sidecar or
+        flags: :func:`edgecv.processing.resolve`); by default a zoo model's ImageNet one
+        and GluonCV's outputs, an ONNX classifier's torchvision preset.
 
     Returns
     -------
@@ -136,8 +142,17 @@ def deploy(
         imported = source.import_model()
         timings["import_s"] = time.perf_counter() - t
     destination = Path(output) if output else Path(f"{source.name}-{profile.name}")
+    if (
+        processing is None
+        and source.record.get("kind") == "onnx"
+        and source.task == "classification"
+    ):
+        processing = preset("torchvision")  # what torchvision's classifiers take
+    sections = (
+        {"preprocessing": dict(PREPROCESSING)} if processing is None else to_manifest(processing)
+    )
     if options.precision is Precision.INT8:
-        options = _with_calibration(options, imported, destination)
+        options = _with_calibration(options, imported, destination, sections["preprocessing"])
     built = pipeline_for(profile.runtime).build(imported.mod, profile, options, progress)
     timings.update(built.timings)
     # the folders the build read records from (missing ones are skipped): the same
@@ -155,7 +170,7 @@ def deploy(
         manifest = {
             "model": {
                 "name": source.name,
-                "task": source.task,
+                "task": source.task if processing is None else processing.decoder.task,
                 "weights": source.weights,
                 "symbol": source.file.name,
                 "source": source.record,
@@ -178,8 +193,8 @@ def deploy(
                     strict=True,
                 )
             ],
-            "preprocessing": dict(PREPROCESSING),
             "classes": source.classes,
+            **sections,  # preprocessing, decoder, and classes the source does not carry
             "versions": {"edgecv": __version__, "tvm": tvm.__version__},
             "build": {
                 "kernels": kernel_files,
@@ -214,7 +229,9 @@ def deploy(
     return path
 
 
-def _with_calibration(options: BuildOptions, imported, destination: Path) -> BuildOptions:
+def _with_calibration(
+    options: BuildOptions, imported, destination: Path, preprocessing: dict
+) -> BuildOptions:
     """``options`` with the calibration inputs read (now that the input shape is known)
     and the statistics of the package at ``destination``, if one is there to replace."""
     if len(imported.input_names) != 1:
@@ -229,7 +246,7 @@ def _with_calibration(options: BuildOptions, imported, destination: Path) -> Bui
             f"{imported.input_dtypes[name]}"
         )
     inputs = int8_step.read_calibration(
-        options.calibrate, imported.input_shapes[name], PREPROCESSING, options.calibration_size
+        options.calibrate, imported.input_shapes[name], preprocessing, options.calibration_size
     )
     previous = None
     if package_manifest(destination) is not None:

@@ -93,16 +93,58 @@ def _dtype_message(dtype: np.dtype) -> str:
 
 
 def preprocess(image_bgr: np.ndarray, spec: dict[str, Any], shape: tuple[int, ...]) -> np.ndarray:
-    """BGR uint8 image -> the model's NCHW float input, as the manifest describes
-    (grayscale and BGRA images converted first: :func:`bgr_image`)."""
+    """BGR uint8 image -> the model's NCHW float input, as the manifest's
+    ``preprocessing`` section describes (:class:`edgecv.processing.Preprocessing`):
+    stretched to the input size, or letterboxed (:func:`letterbox_geometry`), in the
+    model's colour order, times ``scale``, less ``mean``, over ``std`` (grayscale and
+    BGRA images converted first: :func:`bgr_image`)."""
     height, width = shape[2], shape[3]
     cv2 = opencv()
     image_bgr = bgr_image(image_bgr)
-    resized = cv2.resize(image_bgr, (width, height), interpolation=cv2.INTER_LINEAR)
+    if spec.get("resize", "stretch") == "letterbox":
+        resized = letterbox(image_bgr, (height, width), float(spec.get("pad", 114.0)))
+    else:
+        resized = cv2.resize(image_bgr, (width, height), interpolation=cv2.INTER_LINEAR)
     rgb = resized[:, :, ::-1] if spec.get("color", "RGB") == "RGB" else resized
     x = rgb.astype(np.float32) * np.float32(spec.get("scale", 1.0))
     x = (x - np.asarray(spec["mean"], np.float32)) / np.asarray(spec["std"], np.float32)
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
+
+
+def letterbox_geometry(
+    image_hw: tuple[int, int], input_hw: tuple[int, int]
+) -> tuple[float, tuple[int, int], tuple[int, int]]:
+    """(ratio, (new_h, new_w), (top, left)): the image scaled by ``ratio`` (aspect
+    kept, the largest that fits) to new_h x new_w, placed at (top, left) of the input
+    (centred, the odd pixel of the border at the bottom/right, as Ultralytics does)."""
+    ratio = min(input_hw[0] / image_hw[0], input_hw[1] / image_hw[1])
+    new_h, new_w = int(round(image_hw[0] * ratio)), int(round(image_hw[1] * ratio))
+    top = int(round((input_hw[0] - new_h) / 2 - 0.1))
+    left = int(round((input_hw[1] - new_w) / 2 - 0.1))
+    return ratio, (new_h, new_w), (top, left)
+
+
+def letterbox(image: np.ndarray, input_hw: tuple[int, int], pad: float) -> np.ndarray:
+    """``image`` resized into ``input_hw`` with its aspect kept, on a ``pad`` border."""
+    cv2 = opencv()
+    _, (new_h, new_w), (top, left) = letterbox_geometry(image.shape[:2], input_hw)
+    out = np.full((input_hw[0], input_hw[1], image.shape[2]), pad, dtype=image.dtype)
+    if (new_h, new_w) != image.shape[:2]:
+        image = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    out[top : top + new_h, left : left + new_w] = image
+    return out
+
+
+def unletterbox(
+    boxes: np.ndarray, image_hw: tuple[int, int], input_hw: tuple[int, int]
+) -> np.ndarray:
+    """x1, y1, x2, y2 boxes in letterboxed input pixels -> the original image's pixels,
+    clipped to it (the inverse of :func:`letterbox`)."""
+    ratio, _, (top, left) = letterbox_geometry(image_hw, input_hw)
+    out = np.asarray(boxes, np.float64).reshape(-1, 4).copy()
+    out[:, 0::2] = np.clip((out[:, 0::2] - left) / ratio, 0.0, image_hw[1] - 1.0)
+    out[:, 1::2] = np.clip((out[:, 1::2] - top) / ratio, 0.0, image_hw[0] - 1.0)
+    return out
 
 
 def top_k(logits: np.ndarray, classes: list[str], k: int = 5) -> list[tuple[str, float]]:

@@ -16,11 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .decoders import decode
 from .durable import clean_stale_staging
 from .errors import EdgecvError, PackageError
-from .imaging import Detection, detections, preprocess, top_k
+from .imaging import Detection, preprocess
 from .package import Package, open_package, read_package_text
 from .package_format import Plan
+from .processing import from_manifest
 from .runtime.context import one_line
 from .runtime.cpu import CPUBackend
 from .runtime.executor import Executor, check_streams
@@ -56,6 +58,7 @@ class DeployedModel:
                 f"cannot set up {root} on its device: {type(err).__name__}: {one_line(err)}"
             ) from None
         self.load_s = time.perf_counter() - t
+        self.processing = from_manifest(self.manifest, root)  # pre- and post-processing
 
     def _backends(self, package: Package, plan: Plan, on: str | None) -> dict:
         """One backend per device the plan uses: the GPU's, and the CPU's for fallback."""
@@ -146,22 +149,25 @@ class DeployedModel:
         takes)."""
         return preprocess(image_bgr, self.manifest["preprocessing"], self.input_shape)
 
-    def predict(self, image_bgr: np.ndarray, threshold: float = 0.5, k: int = 5):
-        """Classify (top-k ``(label, prob)``) or detect (:class:`Detection` list) one image.
+    def predict(self, image_bgr: np.ndarray, threshold: float | None = None, k: int = 5):
+        """Classify (top-k ``(label, prob)``) or detect (:class:`Detection` list) one image,
+        as the package's decoder says (:mod:`edgecv.decoders`; boxes in ``image_bgr``'s
+        pixels, letterboxing undone).
 
         ``image_bgr`` is an HxWx3 uint8 BGR image, as ``cv2.imread`` returns it; a
         grayscale (HxW, HxWx1) or BGRA (HxWx4) one is converted as OpenCV converts an
         image it reads in colour. Anything else (None, an empty image, another dtype: a
         float image's scale cannot be known) is one :class:`~edgecv.errors.EdgecvError`
         saying how to convert it (:func:`~edgecv.imaging.bgr_image`). A detection whose
-        class id, score or box is NaN or infinite is dropped.
+        class id, score or box is NaN or infinite is dropped. ``threshold``: the lowest
+        score kept (the decoder's ``confidence`` for Ultralytics' heads, 0.5 otherwise).
         """
         outputs = self.run(self.preprocess(image_bgr))
-        if self.task == "classification":
-            return top_k(outputs[0], self.classes, k)
-        return detections(
-            outputs, self.classes, self.input_shape[2:], image_bgr.shape[:2], threshold
-        )
+        return self.decode(outputs, image_bgr.shape[:2], threshold, k)
+
+    def decode(self, outputs: list[np.ndarray], image_hw, threshold=None, k: int = 5):
+        """:meth:`predict`'s results from outputs of an image of ``image_hw`` pixels."""
+        return decode(outputs, self.processing, self.input_shape[2:], image_hw, threshold, k)
 
 
 def _read_optional(package: Package, relative: str | None, binary: bool):

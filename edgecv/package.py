@@ -40,6 +40,7 @@ from .durable import (
 )
 from .errors import PackageError
 from .package_format import TVM_RUNTIME_FILES
+from .processing import from_manifest
 
 FORMAT = "edgecv-package"
 FORMAT_VERSION = 2  # 2: plans place steps and buffers on devices (CPU fallback)
@@ -451,6 +452,7 @@ def check_manifest(manifest: Any, root: Path) -> None:
         if len(values) != 3 or not all(_is_number(v) for v in values):
             fields.fail(f"preprocessing.{key}", "3 numbers (R, G, B)", values)
     fields.strings("classes", required=False)
+    from_manifest(manifest, root)  # resize, pad, layout, decoder: their owner's checks
 
 
 class _Fields:
