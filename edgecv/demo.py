@@ -60,7 +60,10 @@ def frames(camera: int | None, video: str | None, images: str | None) -> Iterato
 def annotate(model, frame: np.ndarray, result, fps: float | None) -> tuple:
     """(the frame with ``model.predict``'s result drawn, a summary): boxes or the top
     class, under the frame rate."""
-    if model.task != "classification":
+    kind = model.processing.decoder.kind
+    if kind == "tensor":  # no decoder to draw from: the frame rate alone
+        return draw(frame, [], fps), "outputs"
+    if kind not in ("logits", "probabilities"):
         return draw(frame, result, fps), len(result)
     label, prob = result[0]
     shown = draw(frame, [], fps)
@@ -183,7 +186,7 @@ class Player:
                 if self.out is not None and self.out.size is not None:
                     frame, result = fit(frame, result, self.out.size)
                 shown, result = annotate(model, frame, result, fps)  # the first frame too
-                what = f"{result} detections" if model.task != "classification" else result
+                what = f"{result} detections" if isinstance(result, int) else result
                 line = f"{self.prefix}frame {count}: {elapsed * 1e3:.1f} ms  {what}\n"
                 sys.stdout.write(line)  # one write: print writes the text and its end apart
                 sys.stdout.flush()

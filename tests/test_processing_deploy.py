@@ -1,8 +1,8 @@
 """A detector-like ONNX graph whose output has Ultralytics' raw-head shape [1, 4+2, 64]
 (a convolution of the image, scaled down, plus two known boxes), deployed for `cpu` with
-`--preprocess ultralytics`, run on an image with `edgecv run`: the detections printed
-and drawn are the known boxes mapped back through the letterbox, and predict() gives
-what decoding ONNX Runtime's outputs of the same input gives."""
+`--preprocess ultralytics`, run on an image with `edgecv run` and `edgecv demo`: the
+detections printed and drawn are the known boxes mapped back through the letterbox, and
+predict() gives what decoding ONNX Runtime's outputs of the same input gives."""
 
 from __future__ import annotations
 
@@ -62,6 +62,15 @@ def test_an_ultralytics_head_deploys_runs_and_draws(tmp_path):
     assert abs(float(rows[0][0]) - 0.9) < 0.01 and abs(float(rows[1][0]) - 0.6) < 0.01
     drawn = cv2.imread(str(tmp_path / "out.png"))
     assert drawn.shape == image.shape and (drawn != image).any()
+
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    for i in range(2):
+        cv2.imwrite(str(folder / f"{i}.png"), image)
+    out = tmp_path / "demo.mp4"
+    shown = run_cli("demo", package, "--images", folder, "--headless", "-o", out)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.count("2 detections") == 2 and out.stat().st_size > 0, shown.stdout
 
     model = edgecv.load(package)
     found = model.predict(image)
