@@ -18,6 +18,8 @@ import tvm
 from tvm import relax
 from tvm.relax import op as R
 
+from .vision import NonMaxSuppression, TopK
+
 Converter = Callable[..., relax.Expr | None]
 
 
@@ -57,4 +59,8 @@ def Clip(bb, inputs, attrs, opset):  # noqa: N802 (named after the ONNX op)
     return out
 
 
-CONVERTERS: dict[str, Converter] = {"Clip": Clip}
+CONVERTERS: dict[str, Converter] = {
+    "Clip": Clip,
+    "NonMaxSuppression": NonMaxSuppression,
+    "TopK": TopK,
+}

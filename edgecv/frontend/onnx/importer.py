@@ -23,6 +23,7 @@ from .graph_inputs import graph_inputs, static_shapes
 from .model_file import check_opset
 from .normalize import normalize
 from .ops import registered_ops
+from .vision import check_nms_readers
 
 
 def from_onnx(
@@ -50,6 +51,7 @@ def from_onnx(
     """
     opset = check_opset(model, source)
     registered = registered_ops(model)
+    check_nms_readers(model, source)
     inputs = graph_inputs(model)
     shapes = check_input_shapes(static_shapes(inputs, input_shapes, source))
     dtypes = {i.name: i.dtype for i in inputs}
