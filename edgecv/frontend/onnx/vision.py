@@ -116,7 +116,7 @@ def NonMaxSuppression(bb, inputs, attrs, opset):  # noqa: N802 (named after the 
     coords = boxes if center else _ordered_corners(bb, boxes)
     per_class = (batch, classes, n)
     columns = [
-        relax.const(np.broadcast_to(np.arange(n, dtype=np.float32), per_class)[..., None]),
+        R.broadcast_to(relax.const(np.arange(n, dtype=np.float32)[:, None]), (*per_class, 1)),
         R.expand_dims(scores, -1),
         R.broadcast_to(R.expand_dims(coords, 1), (*per_class, 4)),
     ]
@@ -162,9 +162,7 @@ def _selected_indices(bb, kept, batch: int, classes: int, keep: int) -> relax.Ex
     order = bb.normalize(R.reshape(order, (total,)))
     pairs = np.stack(np.meshgrid(np.arange(batch), np.arange(classes), indexing="ij"), -1)
     pairs = np.repeat(pairs.reshape(batch * classes, 1, 2), keep, axis=1).reshape(total, 2)
-    rows = R.concat(
-        [relax.const(pairs, "int64"), R.astype(R.expand_dims(index, -1), "int64")], -1
-    )
+    rows = R.concat([relax.const(pairs, "int64"), R.astype(R.expand_dims(index, -1), "int64")], -1)
     rows = R.where(R.expand_dims(found, -1), rows, relax.const(-1, "int64"))
     return bb.normalize(R.take(bb.normalize(rows), order, axis=0))
 
