@@ -79,3 +79,14 @@ SHAPE_HELP = (
     "N,C,H,W (default: the model's usual size); NAME=N,C,H,W once per input for a model "
     "with several inputs"
 )
+
+
+def pin_argument(parser: argparse.ArgumentParser) -> None:
+    """``--sha256`` of ``run``, ``bench`` and ``demo``: load the package only when it is
+    the one `edgecv deploy` pinned."""
+    parser.add_argument(
+        "--sha256",
+        metavar="HEX",
+        help="run the package only if its manifest (which lists every file's sha256) has "
+        "this sha256, as `edgecv deploy` printed it; refuse any other before it runs",
+    )

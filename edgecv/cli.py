@@ -19,6 +19,7 @@ from .arguments import (
     input_shapes,
     layout_budget,
     parse_shape,
+    pin_argument,
 )
 from .errors import EdgecvError, ShapeError, foreign_message, missing_extra
 from .outputs import check_image_path, check_output_folder, save_arrays, save_image
@@ -464,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--repeat", type=int, default=5, help="timed runs after one warm-up")
     r.add_argument("--on", help="OpenCL device: part of its platform/device name (intel, pocl)")
-    add_pin_argument(r)
+    pin_argument(r)
     r.set_defaults(func=cmd_run)
 
     from .bench.command import add_parser as add_bench
@@ -491,16 +492,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profiles", parents=[common], help="list device profiles")
     p.set_defaults(func=cmd_profiles)
     return parser
-
-
-def add_pin_argument(parser: argparse.ArgumentParser) -> None:
-    """``--sha256``: load the package only when it is the one `edgecv deploy` pinned."""
-    parser.add_argument(
-        "--sha256",
-        metavar="HEX",
-        help="run the package only if its manifest (which lists every file's sha256) has "
-        "this sha256, as `edgecv deploy` printed it; refuse any other before it runs",
-    )
 
 
 def _refuse(error: EdgecvError):

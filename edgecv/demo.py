@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .arguments import pin_argument
 from .errors import EdgecvError
 from .imaging import Detection, draw, draw_label, opencv
 from .outputs import check_output_folder
@@ -218,7 +219,7 @@ def cmd_demo(args) -> int:
         check_output_folder(args.output)
     many = len(sources) > 1
     # a stream per source: their inferences run at once, each with its share of the cores
-    model = load(args.package, on=args.on, streams=len(sources))
+    model = load(args.package, on=args.on, streams=len(sources), sha256=args.sha256)
     model.require_one_input("demo")
     if many:
         names = ", ".join(f"{i}: {source_name(*s)}" for i, s in enumerate(sources, start=1))
@@ -276,6 +277,7 @@ def add_parser(sub, common) -> None:
         "plays in a thread of its own through one loaded model with a stream per source.",
     )
     d.add_argument("package", help="package folder or .tar.gz")
+    pin_argument(d)
     add = {"action": AddSource, "dest": "sources"}
     d.add_argument("--camera", type=int, const="camera", help="camera index (default 0)", **add)
     d.add_argument("--video", const="video", help="a video file", **add)

@@ -221,3 +221,23 @@ def test_kernels_load_from_a_private_folder_removed_at_exit(packages):
     assert seen[0] != seen[1]
     for folder in seen:
         assert not Path(folder).exists()
+
+
+@pytest.mark.parametrize("command", [["bench", "--repeat", "1", "--warmup", "0"], ["demo"]])
+def test_bench_and_demo_hold_the_package_to_its_pin(packages, tmp_path, command):
+    """`bench` and `demo` load a package as `run` does: with `--sha256`, only the pinned
+    one (refused in one line naming both digests, before anything of it runs)."""
+    package, other = packages["pool"], pin_of(packages["tiny"])
+    extra = (
+        ["--images", tmp_path, "--headless", "-o", tmp_path / "out.mp4"]
+        if command == ["demo"]
+        else []
+    )
+    refused = run_cli(*command[:1], package, *command[1:], *extra, "--sha256", other)
+    line = assert_one_error_line(refused, other)
+    assert pin_of(package) in line
+    if command[0] == "bench":  # the pinned package itself runs
+        ran = run_cli(
+            "bench", package, "--repeat", "1", "--warmup", "0", "--sha256", pin_of(package)
+        )
+        assert ran.returncode == 0, ran.stderr

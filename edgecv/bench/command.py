@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__, progress
+from ..arguments import pin_argument
 from ..errors import EdgecvError, foreign_message
 from ..outputs import check_output_folder
 from ..precision import Precision
@@ -185,7 +186,7 @@ def cmd_bench(args) -> int:
         raise EdgecvError(f"--streams {streams}: give how many callers at once, 1 or more")
     rss_before = _peak_rss_mib()
     start = time.perf_counter()
-    model = load(args.package, on=args.on, streams=streams or 1)
+    model = load(args.package, on=args.on, streams=streams or 1, sha256=args.sha256)
     load_s = time.perf_counter() - start
     model.require_one_input("bench")
     x = bench_input(model)
@@ -196,7 +197,7 @@ def cmd_bench(args) -> int:
     runners = {"edgecv": lambda: model.run(x)}
     callers: dict[str, list] = {"edgecv": [lambda: model.run(x)] * (streams or 1)}
     if streams is not None:
-        one = load(args.package, on=args.on, streams=1)
+        one = load(args.package, on=args.on, streams=1, sha256=args.sha256)
         callers["edgecv 1 stream"] = [lambda: one.run(x)] * streams
     report: dict = {
         "package": str(args.package),
@@ -285,6 +286,7 @@ def add_parser(sub, common) -> None:
     """Register ``bench`` on the CLI's subparsers."""
     b = sub.add_parser("bench", parents=[common], help="time a package, against baselines")
     b.add_argument("package", help="package folder or .tar.gz")
+    pin_argument(b)
     b.add_argument("--on", help="OpenCL device: part of its platform/device name")
     b.add_argument("--repeat", type=int, default=50, help="timed runs of each runtime")
     b.add_argument("--warmup", type=int, default=3, help="untimed runs of each first")
