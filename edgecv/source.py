@@ -9,7 +9,6 @@ unsupported ones in one error), then its parameters, then its input shape.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from .frontend.imported import ImportedModel
 from .frontend.mxnet import zoo
 from .frontend.mxnet.importer import check_supported, from_mxnet
 from .frontend.mxnet.mxnet_graph import load_params, load_symbol
+from .package import sha256
 
 Shapes = tuple[int, ...] | dict[str, tuple[int, ...]] | None
 
@@ -125,20 +125,12 @@ def resolve_onnx(path: Path, input_shape: Shapes = None) -> OnnxSource:
     record = {
         "kind": "onnx",
         "path": str(path.resolve()),
-        "sha256": _sha256(path),
+        "sha256": sha256(path),
         "input_shapes": {n: list(s) for n, s in shapes.items()},
     }
     # a classifier's logits, top-5 for `run IMAGE`; other outputs are plain tensors
     task = "classification" if rank == 2 else "tensor"
     return OnnxSource(path, model, shapes, record, task)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _resolve_symbol(

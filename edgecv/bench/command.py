@@ -21,6 +21,7 @@ from .. import __version__, progress
 from ..arguments import pin_argument
 from ..errors import EdgecvError, foreign_message
 from ..outputs import check_output_folder
+from ..package import sha256
 from ..precision import Precision
 from ..runtime.cpu import pool_threads
 from ..testing import TOLERANCES
@@ -88,16 +89,10 @@ def source_files(manifest: dict, source: str | None, work: Path) -> tuple[Path, 
 def _recorded_onnx(record: dict) -> Path:
     """The ONNX file the package was deployed from, refused when it is gone or changed
     (the baselines would run other weights than the package's)."""
-    import hashlib
-
     path = Path(record["path"])
     if not path.is_file():
         raise EdgecvError(f"the package's source model {path} is no longer there; pass --source")
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    if digest.hexdigest() != record.get("sha256"):
+    if sha256(path) != record.get("sha256"):
         raise EdgecvError(
             f"the package's source model {path} changed since it was deployed (its sha256 "
             "differs); pass --source with the file it was deployed from"
