@@ -3,7 +3,7 @@ the same file (edgecv.testing.compare_with_onnxruntime): a small classifier with
 operator kind torchvision exports (weights in an external data file, a symbolic batch
 given by --input-shape), a custom-domain operator registered with edgecv.register_op
 (against its NumPy reference), `bench --vs` feeding the same file to ONNX Runtime and
-OpenVINO, and the committed torchvision exports (tests/onnx_models/, weights filled from a
+OpenVINO, the classifier in INT8 (`cpu`) and float16 (`deeplens`), and the committed torchvision exports (tests/onnx_models/, weights filled from a
 seed: MobileNetV3-Large here, ResNet-50 and the rest `heavy`)."""
 
 from __future__ import annotations
@@ -26,7 +26,13 @@ import edgecv
 from edgecv.deploy import deploy
 from edgecv.op_registry import register_op, unregister_op
 from edgecv.pipelines import BuildOptions
-from edgecv.testing import assert_close, compare_with_onnxruntime, run_cli
+from edgecv.testing import (
+    assert_close,
+    assert_close_fp16,
+    assert_close_int8,
+    compare_with_onnxruntime,
+    run_cli,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "onnx_models"))
 import seeded  # noqa: E402
@@ -125,3 +131,46 @@ def test_a_torchvision_export_matches_onnxruntime(name, tmp_path):
     package = deploy(path, tmp_path / f"{name}-cpu", "cpu", input_shape=SHAPES.get(name))
     compared = compare_with_onnxruntime(package, path)  # the table's, loosened for depth
     assert compared["scale"] > 0.5, compared  # logits of order 1: the comparison means something
+
+
+# the weighted layers on the small classifier's longest path (3x3 conv, depthwise, the
+# squeeze-and-excitation pair, a 1x1, Gemm, MatMul) and its largest reduction (MatMul's 32)
+CLASSIFIER_LAYERS, CLASSIFIER_REDUCTION = 7, 32
+
+
+def _onnxruntime_outputs(path: Path, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
+def test_the_classifier_deploys_in_int8_calibrated_on_its_inputs(tmp_path):
+    """`--precision int8 --calibrate` applies to an ONNX source unchanged: its
+    convolutions run on the INT8 rule, within the INT8 bound of ONNX Runtime's float32."""
+    path = save(classifier(batch=1), tmp_path / "cls.onnx")
+    calibration = np.random.default_rng(0).normal(size=(16, 1, 3, 32, 32)).astype(np.float32)
+    np.save(tmp_path / "calibration.npy", calibration[:, 0])
+    options = BuildOptions(
+        precision="int8", calibrate=tmp_path / "calibration.npy", calibration_method="minmax"
+    )
+    package = deploy(path, tmp_path / "cls-int8", "cpu", options=options)
+    manifest = json.loads((package / "manifest.json").read_text())
+    assert manifest["build"]["precision"] == "int8"
+    assert "cpu.Conv2DInt8" in json.dumps(manifest["build"]), manifest["build"]
+    model = edgecv.load(package)
+    for x in calibration[:3]:  # inside the calibrated range: nothing clipped
+        assert_close_int8(model.run(x)[0], _onnxruntime_outputs(path, x), CLASSIFIER_LAYERS)
+
+
+def test_the_classifier_deploys_in_fp16_for_intel_graphics(tmp_path):
+    """`--precision fp16` for `deeplens` applies to an ONNX source unchanged, within the
+    float16 bound of ONNX Runtime's float32 on Intel's OpenCL runtime."""
+    on = device_or_skip("intel")
+    path = save(classifier(batch=1), tmp_path / "cls.onnx")
+    package = deploy(path, tmp_path / "cls-fp16", "deeplens", precision="fp16")
+    assert json.loads((package / "manifest.json").read_text())["build"]["precision"] == "fp16"
+    x = np.random.default_rng(1).normal(size=(1, 3, 32, 32)).astype(np.float32)
+    actual = edgecv.load(package, on=on).run(x)[0]
+    expected = _onnxruntime_outputs(path, x)
+    assert_close_fp16(actual, expected, CLASSIFIER_LAYERS, CLASSIFIER_REDUCTION)
