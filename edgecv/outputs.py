@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import durable
 from .errors import EdgecvError, foreign_message
 from .imaging import opencv
 
@@ -36,12 +37,16 @@ def save_image(path: str | Path, image: np.ndarray) -> None:
     """Write an image, raising (not returning False) when it was not written."""
     check_image_path(path)
     cv2 = opencv()
-    try:
-        ok = cv2.imwrite(str(path), image)
+    try:  # encoded first, then written whole: a kill never leaves half an image at `path`
+        ok, encoded = cv2.imencode(Path(path).suffix, image)
     except cv2.error as err:
         raise EdgecvError(f"cannot write image {path}: {foreign_message(err)}") from None
     if not ok:
-        raise EdgecvError(f"cannot write image {path}: OpenCV could not write it (permissions?)")
+        raise EdgecvError(f"cannot write image {path}: OpenCV could not encode it")
+    try:
+        durable.write_bytes(Path(path), encoded.tobytes())
+    except OSError as err:
+        raise EdgecvError(f"cannot write image {path}: {err.strerror or err}") from None
 
 
 def save_arrays(path: str | Path, arrays: dict[str, np.ndarray]) -> Path:
@@ -50,8 +55,9 @@ def save_arrays(path: str | Path, arrays: dict[str, np.ndarray]) -> Path:
     path = Path(path)
     written = path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
     check_output_folder(written)
-    try:
-        np.savez(written, **arrays)
+    try:  # written beside and renamed: a kill never leaves half an archive at `written`
+        with durable.replacing(written) as temporary, open(temporary, "wb") as f:
+            np.savez(f, **arrays)
     except OSError as err:
         raise EdgecvError(f"cannot write {written}: {err.strerror or err}") from None
     return written

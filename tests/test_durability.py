@@ -349,3 +349,32 @@ def test_deploy_tune_and_run_killed_at_random_points(package, reference, tmp_pat
     assert_loads_and_runs(destination, reference, rebuilt=True)
     assert os.listdir(destination.parent) == ["pkg"]
     assert run_cli("run", destination, "--sample", "chelsea").returncode == 0
+
+
+class _Unsaveable:
+    """An array-like whose conversion fails: np.savez has written the members before it."""
+
+    def __array__(self, dtype=None, copy=None):
+        raise RuntimeError("conversion failed")
+
+
+def test_run_outputs_are_replaced_whole_or_not_at_all(tmp_path):
+    """`edgecv run --output`/`--save` write beside the old file and rename over it: a
+    write that stops midway (here an array that cannot be converted, after another was
+    written; in the field a kill) leaves the earlier result as it was, not half a file."""
+    from edgecv.outputs import save_arrays, save_image
+
+    earlier = {"scores": np.arange(1000, dtype=np.float32)}
+    path = save_arrays(tmp_path / "result.npz", earlier)
+    before = path.read_bytes()
+    with pytest.raises(RuntimeError, match="conversion failed"):
+        save_arrays(path, {"boxes": np.ones((50000, 4), np.float32), "bad": _Unsaveable()})
+    assert path.read_bytes() == before
+    np.testing.assert_array_equal(np.load(path)["scores"], earlier["scores"])
+    assert [p.name for p in tmp_path.iterdir()] == ["result.npz"]  # no temporary left
+
+    image = np.full((8, 8, 3), 200, np.uint8)
+    save_image(tmp_path / "boxes.png", image)
+    import cv2
+
+    np.testing.assert_array_equal(cv2.imread(str(tmp_path / "boxes.png")), image)
