@@ -20,9 +20,7 @@ import gzip
 import hashlib
 import json
 import re
-import shutil
 import tarfile
-import tempfile
 from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
@@ -33,6 +31,7 @@ from ._version import __version__
 from .durable import (
     PACKAGE,
     clean_stale_staging,
+    fsync_tree,
     make_staging,
     remove_staging,
     replacing,
@@ -214,17 +213,21 @@ def unpack_if_archive(path: Path, pin: str | None = None) -> Path:
                     f"{target} exists and is not the package in {path.name}; edgecv will not "
                     "overwrite it: move it away or load the folder itself"
                 )
-            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=path.parent))
+            # a marked staging folder: one a killed extraction leaves is removed by the
+            # next extraction or deploy beside it (durable.clean_stale_staging)
+            clean_stale_staging(path.parent, target.name)
+            staging = make_staging(target)
             try:
                 # the members were checked above; Python 3.9-3.11 before mid-2023 releases
                 # lack extraction filters, newer ones warn without one
                 if hasattr(tarfile, "data_filter"):
-                    tar.extractall(staging, filter="data")
+                    tar.extractall(staging / PACKAGE, filter="data")
                 else:
-                    tar.extractall(staging)
-                (staging / target.name).rename(target)
+                    tar.extractall(staging / PACKAGE)
+                fsync_tree(staging / PACKAGE)
+                (staging / PACKAGE / target.name).rename(target)
             finally:
-                shutil.rmtree(staging, ignore_errors=True)
+                remove_staging(staging)
     except KeyError:
         raise PackageError(
             f"{path} is not an edgecv package archive: it has no {target.name}/{MANIFEST}"

@@ -378,3 +378,38 @@ def test_run_outputs_are_replaced_whole_or_not_at_all(tmp_path):
     import cv2
 
     np.testing.assert_array_equal(cv2.imread(str(tmp_path / "boxes.png")), image)
+
+
+# Extracts a package archive with the extraction stopped by SIGKILL after its files are
+# written and before the folder is renamed into place (a kill or a power loss mid-load).
+KILLED_EXTRACTION = """
+import os, signal, sys, tarfile
+from pathlib import Path
+from edgecv.package import unpack_if_archive
+
+extract = tarfile.TarFile.extractall
+
+def extract_then_die(self, *args, **kwargs):
+    extract(self, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+tarfile.TarFile.extractall = extract_then_die
+unpack_if_archive(Path(sys.argv[1]))
+"""
+
+
+def test_an_extraction_killed_midway_leaves_nothing_the_next_load_keeps(package, tmp_path):
+    """A `.tar.gz` is extracted in a marked staging folder beside it: one a killed load
+    left behind is removed by the next load (or deploy) there, which then extracts the
+    package whole; before, the half-extracted folder stayed beside the archive for good."""
+    folder = tmp_path / "copy"
+    shutil.copytree(package, folder)
+    tarred = archive(folder)
+    shutil.rmtree(folder)
+    child = subprocess.run([sys.executable, "-c", KILLED_EXTRACTION, str(tarred)], timeout=120)
+    assert child.returncode == -signal.SIGKILL
+    assert not folder.exists()
+    assert len(list(tmp_path.iterdir())) == 2  # the archive and the killed staging folder
+    model = edgecv.load(tarred)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([tarred.name, folder.name])
+    assert model.run(x_of(0))
