@@ -3,8 +3,9 @@ the same file (edgecv.testing.compare_with_onnxruntime): a small classifier with
 operator kind torchvision exports (weights in an external data file, a symbolic batch
 given by --input-shape), a custom-domain operator registered with edgecv.register_op
 (against its NumPy reference), `bench --vs` feeding the same file to ONNX Runtime and
-OpenVINO, the classifier in INT8 (`cpu`) and float16 (`deeplens`), and the committed torchvision exports (tests/onnx_models/, weights filled from a
-seed: MobileNetV3-Large here, ResNet-50 and the rest `heavy`)."""
+OpenVINO, the classifier in INT8 (`cpu`) and float16 (`deeplens`), and the committed
+torchvision exports (tests/onnx_models/, weights filled from a seed: MobileNetV3-Large
+here, ResNet-50 and the rest `heavy`)."""
 
 from __future__ import annotations
 
