@@ -399,8 +399,8 @@ def check_op(
     from edgecv.model import load
     from edgecv.op_registry import RegistrationError, registered_op
     from edgecv.pipelines import BuildOptions
-    from edgecv.runtime.opencl import is_simulator
     from edgecv.runtime.opencl_devices import opencl_devices
+    from edgecv.runtime.opencl_program import is_simulator
 
     op = registered_op(name)
     if op is None or op.reference is None:

@@ -20,7 +20,8 @@ from conftest import mxnet_forward
 from test_opencl import device_or_skip
 
 from edgecv.runtime import compiler_process
-from edgecv.runtime.opencl import OpenCLBackend, ProgramBuildError
+from edgecv.runtime.opencl import OpenCLBackend
+from edgecv.runtime.opencl_program import ProgramBuildError
 
 HERE = Path(__file__).parent
 

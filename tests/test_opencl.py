@@ -216,13 +216,13 @@ def test_a_view_at_an_offset_is_a_sub_buffer_and_a_misaligned_one_a_clear_error(
 def test_second_start_loads_the_program_from_the_binary_cache(tmp_path, monkeypatch):
     """A new process (the programs kept in memory forgotten) loads the binary cached on
     disk instead of compiling; a corrupt cache entry is compiled again."""
-    from edgecv.runtime import kernel_cache, opencl
+    from edgecv.runtime import kernel_cache, opencl_program
 
     device_or_skip("intel(r) opencl")
     monkeypatch.setenv("EDGECV_CACHE_DIR", str(tmp_path / "cache"))
     source = "__kernel void twice(__global float* y) { y[get_global_id(0)] *= 2.0f; }"
     cold = OpenCLBackend("intel", source, {})
-    opencl._programs.clear()  # as in a new process
+    opencl_program._programs.clear()  # as in a new process
     warm = OpenCLBackend("intel", source, {})
     assert warm.programs["twice"][0] is not cold.programs["twice"][0]
     assert (cold.program_cached, warm.program_cached) == (False, True)
@@ -235,7 +235,7 @@ def test_second_start_loads_the_program_from_the_binary_cache(tmp_path, monkeypa
         backend.cl.enqueue_nd_range_kernel(backend.queue, kernel, (4,), None)
         np.testing.assert_array_equal(backend.download(y), [0, 2, 4, 6])
     entry.write_bytes(b"not a program binary")  # a corrupt entry is rebuilt, not fatal
-    opencl._programs.clear()
+    opencl_program._programs.clear()
     again = OpenCLBackend("intel", source, {})
     assert again.program_cached is False
     assert entry.read_bytes() != b"not a program binary"
@@ -245,9 +245,9 @@ def test_second_start_loads_the_program_from_the_binary_cache(tmp_path, monkeypa
 def test_a_program_loaded_again_in_one_process_is_the_one_kept():
     """Loading the same kernels on the same device again reuses the built program and
     its context (no build; and pyopencl keeps memory for every kernel made from a new
-    program: 8.8 MiB over 1,000 loads of a small detector); other kernels get their own;
+    program, see benchmarks/results/soak-2026-11-26-zen3.md); other kernels get their own;
     the least recently used beyond PROGRAMS_KEPT are let go."""
-    from edgecv.runtime import opencl
+    from edgecv.runtime import opencl_program
 
     device_or_skip("intel(r) opencl")
     source = "__kernel void thrice(__global float* y) { y[get_global_id(0)] *= 3.0f; }"
@@ -257,7 +257,7 @@ def test_a_program_loaded_again_in_one_process_is_the_one_kept():
     assert again.program_cached
     other = OpenCLBackend("intel", source.replace("3.0f", "4.0f"), {})
     assert other.programs is not first.programs
-    for k in range(opencl.PROGRAMS_KEPT):  # pushes `thrice` out
+    for k in range(opencl_program.PROGRAMS_KEPT):  # pushes `thrice` out
         OpenCLBackend("intel", source.replace("3.0f", f"{k + 5}.0f"), {})
     assert OpenCLBackend("intel", source, {}).programs is not first.programs
     y = again.view(again.alloc(16), (4,), "float32")  # the kept program still runs
@@ -270,7 +270,7 @@ def test_a_program_loaded_again_in_one_process_is_the_one_kept():
 
 def test_program_using_intel_subgroups_refused_on_a_device_without_them():
     from edgecv.codegen.opencl import required_extensions
-    from edgecv.runtime.opencl import DeviceNotFoundError
+    from edgecv.runtime.opencl_program import DeviceNotFoundError
 
     source = (
         "__kernel void shuffle(__global float* y) {\n"
@@ -292,7 +292,7 @@ def test_program_using_intel_subgroups_refused_on_a_device_without_them():
 
 
 def test_compile_error_names_the_failing_kernel():
-    from edgecv.runtime.opencl import ProgramBuildError
+    from edgecv.runtime.opencl_program import ProgramBuildError
 
     device_or_skip("intel(r) opencl")
     source = (

@@ -16,9 +16,10 @@ from edgecv.codegen.opencl import build_opencl
 from edgecv.errors import EdgecvError
 from edgecv.lowering import lower
 from edgecv.profiles import load_profile
-from edgecv.runtime import opencl
-from edgecv.runtime.opencl import OpenCLBackend, ProgramBuildError
+from edgecv.runtime import opencl_program
+from edgecv.runtime.opencl import OpenCLBackend
 from edgecv.runtime.opencl_pieces import split_program
+from edgecv.runtime.opencl_program import ProgramBuildError
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,7 @@ def test_pieces_run_and_are_shared_through_the_cache(program, tmp_path, monkeypa
     assert len(entries) == len({p.source for p in pieces})
     # the program of a model holding the same kernels under other names: loaded from
     # the pieces cached for the first, nothing compiled
-    opencl._programs.clear()
+    opencl_program._programs.clear()
     renamed = program.source
     for i, name in enumerate(dict.fromkeys(definitions(program.source))):
         renamed = re.sub(rf"\b{name}\b", f"renamed{i}_kernel", renamed)
@@ -195,7 +196,7 @@ def test_a_piece_is_the_same_in_a_program_that_needs_subgroups(tmp_path, monkeyp
     both = "\n".join(plain + shuffle)
     first = OpenCLBackend(device, both, {}, required_extensions(both))
     assert first.pieces_compiled == (2, 2)
-    opencl._programs.clear()
+    opencl_program._programs.clear()
     alone = "\n".join(plain).replace("plain_kernel", "other_kernel")
     second = OpenCLBackend(device, alone, {}, required_extensions(alone))
     assert second.pieces_compiled == (0, 1)

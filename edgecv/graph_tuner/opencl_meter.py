@@ -24,8 +24,8 @@ from .measure import ROUNDS, Progress, memory_groups
 
 def opencl_meter(profile: Profile, options, database: TuningDatabase | None):
     """(meter, why not): the meter is None when no device of the profile's kind is here."""
-    from ..runtime.opencl import is_simulator
     from ..runtime.opencl_devices import opencl_devices
+    from ..runtime.opencl_program import is_simulator
 
     named = getattr(options, "check_on", None)
     # the device the build is checked on when one is named (`tune --on pocl`), else the

@@ -208,7 +208,7 @@ def check_on_device(
     until each crashing one stands alone."""
     if profile.runtime != "opencl" or check_on is None or not launches:
         return {}
-    from ..runtime.opencl import ProgramBuildError, compile_on_device
+    from ..runtime.opencl_program import ProgramBuildError, compile_on_device
 
     query = profile.default_opencl_device if check_on == "auto" else check_on
     progress(f"compiling the OpenCL program on `{query or 'the first device'}`")
@@ -241,7 +241,7 @@ def _crashing(names: list[str], program: ProgramOf, query: str) -> list[str]:
     alone; all of ``names`` when only together they do."""
     if len(names) == 1:
         return names
-    from ..runtime.opencl import ProgramBuildError, compile_on_device
+    from ..runtime.opencl_program import ProgramBuildError, compile_on_device
 
     found = []
     for part in (names[: len(names) // 2], names[len(names) // 2 :]):

@@ -110,8 +110,8 @@ def opencl_class(target: tvm.target.Target, subgroup: int | None, device) -> Dev
 def find_device(profile: Profile, on: str | None):
     """The pyopencl device ``--on`` names (part of its name), else the profile's default:
     Intel's runtime for a profile with Intel subgroups, else the first real device."""
-    from ..runtime.opencl import is_simulator  # OpenCL's backend: only where it is asked for
     from ..runtime.opencl_devices import register_pip_runtimes
+    from ..runtime.opencl_program import is_simulator  # only where OpenCL is asked for
 
     register_pip_runtimes()
     import pyopencl as cl

@@ -92,7 +92,8 @@ def time_opencl(device_query: str, source: str, candidates: str, config: str) ->
     ...]}`` or ``{"failed_kernels": [...]}`` when the compiler rejects kernels. Runs
     here or on an RPC server (:mod:`..fleet`), whose tuner checks the samples
     (:mod:`..plausibility`)."""
-    from ...runtime.opencl import OpenCLBackend, ProgramBuildError
+    from ...runtime.opencl import OpenCLBackend
+    from ...runtime.opencl_program import ProgramBuildError
 
     cfg = TimingConfig(**json.loads(config))
     items = json.loads(candidates)
