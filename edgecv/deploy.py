@@ -15,6 +15,7 @@ import tvm
 from . import __version__
 from .errors import EdgecvError, ProfileError, foreign_message
 from .frontend.mxnet import zoo
+from .lowering.memory_plan import memory_facts
 from .package import PackageWriter, check_destination, package_manifest
 from .pipelines import BuildOptions, pipeline_for
 from .pipelines import fp16 as fp16_step
@@ -203,19 +204,7 @@ def deploy(
                 "launches": sum(not step.elided for step in plan.steps),
                 "kernel_ops": built.kernel_ops,  # fused MXNet-level ops per kernel
                 "tuning_databases": [str(f) for f in database.folders] if database else [],
-                # the plan's storage and the most of it live at one launch, GPU
-                # kernels' device workspaces included (Step.workspaces); those alone,
-                # as they would take unshared
-                "intermediate_bytes": sum(plan.storage_sizes),
-                "live_bytes_lower_bound": plan.live_bytes_lower_bound(),
-                "workspace_bytes": sum(
-                    plan.buffers[w].nbytes for step in plan.steps for w in step.workspaces
-                ),
-                "launches_in_place": sum(
-                    plan.written_over(i) is not None for i in range(len(plan.steps))
-                ),
-                # concatenations whose inputs are written into their output as made
-                "concats_in_place": sum(step.elided for step in plan.steps),
+                **memory_facts(plan),
                 "constant_bytes": int(sum(a.nbytes for a in built.constants.values())),
                 "timings_s": {k: round(v, 3) for k, v in timings.items()},
                 "total_s": round(time.perf_counter() - started, 3),

@@ -21,7 +21,7 @@ from .durable import clean_stale_staging
 from .errors import EdgecvError, PackageError
 from .imaging import Detection, preprocess
 from .package import Package, open_package, read_package_text
-from .package_format import Plan
+from .plan import Plan
 from .processing import from_manifest
 from .runtime.context import one_line
 from .runtime.cpu import CPUBackend
@@ -190,7 +190,7 @@ def _read_text(package: Package, key: str) -> str:
 
 
 def _read_launches(package: Package, key: str) -> dict:
-    from .package_format import launches_from_json
+    from .plan import launches_from_json
 
     try:
         return launches_from_json(_read_text(package, key))

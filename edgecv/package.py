@@ -38,12 +38,14 @@ from .durable import (
     swap_in,
 )
 from .errors import PackageError
-from .package_format import TVM_RUNTIME_FILES
 from .processing import from_manifest
 
 FORMAT = "edgecv-package"
 FORMAT_VERSION = 2  # 2: plans place steps and buffers on devices (CPU fallback)
 MANIFEST = "manifest.json"
+# TVM's runtime libraries for the package's host, beside its CPU kernels (runtime/cpu.py):
+# the runtime, and its extra library when a kernel calls one of TVM's library functions.
+TVM_RUNTIME_FILES = ("kernels/libtvm_runtime.so", "kernels/libtvm_runtime_extra.so")
 
 
 def sha256(path: Path) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import tvm
 
 from .errors import ProfileError, foreign_message
-from .package_format import PIECE_ALIGNMENT
+from .plan import PIECE_ALIGNMENT
 
 # Backends this build of edgecv can deploy for.
 AVAILABLE_RUNTIMES = ("cpu", "opencl", "cuda")
@@ -97,7 +97,7 @@ class Profile:
     @property
     def piece_alignments(self) -> dict[str, int]:
         """Bytes at which an input of a concatenation may start inside its output on each
-        device of the plan (:meth:`~edgecv.package_format.Plan.plan_memory`): on an
+        device of the plan (:func:`~edgecv.lowering.memory_plan.plan_memory`): on an
         OpenCL device its base address alignment, ``gpu.mem_base_addr_align_bits`` (a
         sub-buffer must start there), else 4096 bits, the largest seen (NVIDIA's)."""
         bits = self.raw.get("gpu", {}).get("mem_base_addr_align_bits", 4096)

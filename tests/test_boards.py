@@ -34,7 +34,7 @@ DEVICE_RUNTIME = [
     "edgecv/errors.py",
     "edgecv/model.py",
     "edgecv/package.py",
-    "edgecv/package_format.py",
+    "edgecv/plan.py",
     "edgecv/durable.py",
     "edgecv/imaging.py",
     "edgecv/outputs.py",

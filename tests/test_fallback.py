@@ -11,7 +11,7 @@ from test_parity import depth_loosening
 
 from edgecv.fallback import GpuOnlyError, insert_copies, place
 from edgecv.fallback.placement import Placement
-from edgecv.package_format import Buffer, Plan, Step
+from edgecv.plan import Buffer, Plan, Step
 from edgecv.testing import assert_close
 
 

@@ -440,7 +440,7 @@ def test_copies_convert_and_a_weight_read_on_both_devices_is_stored_for_each(dev
     it as stored, the CPU a float32 copy under its own name; the tensor between the
     launches is float16 on the GPU, float32 on the CPU, and the copy converts."""
     from edgecv.fallback import Placement, insert_copies, widened_constants
-    from edgecv.package_format import Buffer, Plan, Step
+    from edgecv.plan import Buffer, Plan, Step
 
     buffers = [
         Buffer(0, (4,), "float16", "input", "x"),

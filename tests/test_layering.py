@@ -25,7 +25,7 @@ EDGECV = Path(__file__).resolve().parent.parent / "edgecv"
 FLOORS = [
     # the device side: what a board runs (`edgecv.load(path).run(x)`, `edgecv run`)
     ["errors", "_version", "progress"],
-    ["package_format", "arguments", "imaging", "op_registry", "precision", "durable", "processing"],
+    ["plan", "arguments", "imaging", "op_registry", "precision", "durable", "processing"],
     ["package", "runtime", "outputs", "decoders"],
     ["model"],
     ["__init__"],

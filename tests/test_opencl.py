@@ -11,7 +11,7 @@ from test_parity import depth_loosening
 from edgecv.codegen.opencl import build_opencl
 from edgecv.frontend.mxnet.importer import from_mxnet
 from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
-from edgecv.lowering import lower
+from edgecv.lowering import lower, memory_plan
 from edgecv.package import read_package_text
 from edgecv.profiles import load_profile
 from edgecv.runtime.executor import Executor
@@ -34,7 +34,7 @@ def run_opencl(exported, profile: str, device: str, x: np.ndarray) -> list[np.nd
     lowered = lower(imported.mod)
     # the plan is the CPU's (no placement): place its tensors where the OpenCL device
     # can start sub-buffers, as a GPU package's plan does
-    lowered.plan.plan_memory({"cpu": load_profile(profile).piece_alignments["gpu"]})
+    memory_plan.plan_memory(lowered.plan, {"cpu": load_profile(profile).piece_alignments["gpu"]})
     kernels = build_opencl(lowered.kernels, load_profile(profile).tvm_target())
     assert not kernels.unsupported
     backend = OpenCLBackend(device, kernels.source, kernels.launches)
@@ -107,7 +107,7 @@ def test_gpu_workspaces_are_planned_per_stream_and_old_plans_still_run(tmp_path)
 
     from edgecv.deploy import deploy
     from edgecv.model import _read_params, load
-    from edgecv.package_format import Plan, launches_from_json
+    from edgecv.plan import Plan, launches_from_json
 
     device_or_skip("intel(r) opencl")
     symbol = tmp_path / "det-symbol.json"
@@ -126,7 +126,7 @@ def test_gpu_workspaces_are_planned_per_stream_and_old_plans_still_run(tmp_path)
     assert any(s.kernel == "box_nms" and s.workspaces for s in plan.steps)
     assert build["workspace_bytes"] == sum(b.nbytes for b in workspaces) > 0
     assert build["intermediate_bytes"] == sum(plan.storage_sizes)
-    assert build["live_bytes_lower_bound"] == plan.live_bytes_lower_bound()
+    assert build["live_bytes_lower_bound"] == memory_plan.live_bytes_lower_bound(plan)
     assert backend.allocated_bytes == model.executor.allocated_bytes
     x = np.random.RandomState(0).normal(size=(1, 3, 64, 64)).astype(np.float32)
     with model.executor.context() as first, model.executor.context() as second:
@@ -140,7 +140,7 @@ def test_gpu_workspaces_are_planned_per_stream_and_old_plans_still_run(tmp_path)
     old.buffers = old.buffers[: min(b.id for b in workspaces)]
     for step in old.steps:
         step.workspaces = []
-    old.plan_memory(load_profile("deeplens").piece_alignments)
+    memory_plan.plan_memory(old, load_profile("deeplens").piece_alignments)
     old.check()
     before = backend.allocated_bytes
     executor = Executor(old, model.executor.backends, _read_params(pkg))

@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
-from edgecv.lowering import lower
-from edgecv.package_format import SLOT_MATCH_RANGES, Buffer, Plan, Step
+from edgecv.lowering import lower, memory_plan
+from edgecv.lowering.memory_plan import SLOT_MATCH_RANGES
+from edgecv.plan import Buffer, Plan, Step
 
 
 def live_ranges(plan: Plan) -> dict[int, tuple[int, int]]:
@@ -98,7 +99,7 @@ def test_chain_reuses_two_slots_and_views_reshape():
     assert plan.buffers[plan.outputs[0]].kind == "view"
     assert plan.root(plan.outputs[0]) == plan.root(plan.outputs[1])
     assert len(plan.storage_sizes) == 2  # ping-pong
-    assert sum(plan.storage_sizes) <= 1.3 * plan.live_bytes_lower_bound()
+    assert sum(plan.storage_sizes) <= 1.3 * memory_plan.live_bytes_lower_bound(plan)
     assert len(lowered.constants) == 1  # the shared weight is stored once
     assert_no_overlap(plan)
 
@@ -124,7 +125,7 @@ def test_a_small_tensor_does_not_pin_a_large_slot_another_large_one_needs():
         Step("e", [4, 3, 5]),
     ]
     plan = Plan(buffers, steps, inputs=[0], outputs=[5])
-    plan.plan_memory()
+    memory_plan.plan_memory(plan)
     assert sum(plan.storage_sizes) <= mb + 3 * kb, plan.storage_sizes
     assert plan.buffers[1].storage == plan.buffers[4].storage
     assert_no_overlap(plan)
@@ -143,9 +144,9 @@ def test_buffers_at_offsets_reach_the_live_lower_bound_where_slots_cannot():
     ]
     steps = [Step("p", [0, 1]), Step("q", [0, 2]), Step("r", [2, 3])]
     plan = Plan(buffers, steps, inputs=[0], outputs=[3])
-    assert min(sum(plan._assign_slots(r)[0]) for r in SLOT_MATCH_RANGES) == 256 * 1024
-    plan.plan_memory()
-    assert plan.storage_sizes == [192 * 1024] == [plan.live_bytes_lower_bound()]
+    assert min(sum(memory_plan.assign_slots(plan, r)[0]) for r in SLOT_MATCH_RANGES) == 256 * 1024
+    memory_plan.plan_memory(plan)
+    assert plan.storage_sizes == [192 * 1024] == [memory_plan.live_bytes_lower_bound(plan)]
     assert (plan.buffers[3].offset, plan.buffers[2].offset) == (0, 128 * 1024)
     assert_no_overlap(plan)
 
@@ -166,9 +167,9 @@ def test_random_plans_never_share_live_storage(data):
         steps.append(Step("k", ins + [out.id], elementwise_inputs=elementwise))
     outputs = [buffers[-1].id]
     plan = Plan(buffers, steps, [0], outputs)
-    plan.plan_memory()
+    memory_plan.plan_memory(plan)
     assert_no_overlap(plan)
-    assert sum(plan.storage_sizes) >= plan.live_bytes_lower_bound()
+    assert sum(plan.storage_sizes) >= memory_plan.live_bytes_lower_bound(plan)
 
 
 def run_plan(plan: Plan, x: np.ndarray, planned: bool) -> list[np.ndarray]:
@@ -254,7 +255,7 @@ def test_random_plans_with_concats_compute_what_they_compute_unplanned(data):
             buffers.append(Buffer(len(buffers), (nbytes,), "uint8", "temp", device=step.device))
             step.workspaces.append(buffers[-1].id)
     plan = Plan(buffers, steps, [0], outputs)
-    plan.plan_memory()
+    memory_plan.plan_memory(plan)
     assert_no_overlap(plan)
     x = np.arange(16, dtype=np.float32)
     for got, want in zip(run_plan(plan, x, True), run_plan(plan, x, False), strict=True):
@@ -275,7 +276,7 @@ def test_a_concat_of_a_concat_places_each_piece_at_its_summed_offset():
         Step("concat", [1, 4, 5], pieces=[0, 64]),
     ]
     plan = Plan(buffers, steps, [0], [5])
-    plan.plan_memory()
+    memory_plan.plan_memory(plan)
     assert [s.elided for s in plan.steps] == [False, False, False, True, True]
     assert [plan.buffers[i].offset for i in (1, 2, 3, 4, 5)] == [0, 64, 192, 64, 0]
     assert len({plan.buffers[i].storage for i in (1, 2, 3, 4, 5)}) == 1
@@ -326,7 +327,7 @@ def test_an_arena_past_a_gpu_allocation_limit_is_not_chosen():
     steps = [Step("p", [0, 1], device="gpu"), Step("q", [0, 2], device="gpu")]
     steps.append(Step("r", [1, 2, 3], device="gpu"))
     plan = Plan(buffers, steps, inputs=[0], outputs=[3])
-    plan.plan_memory()
+    memory_plan.plan_memory(plan)
     assert sorted(plan.storage_sizes)[-2:] == [80 << 20, 80 << 20]
     assert_no_overlap(plan)
 
@@ -345,7 +346,7 @@ def workspace_plan() -> Plan:
     steps = [Step(k, args, device="gpu") for k, args in (("p", [0, 1]), ("q", [1, 2]))]
     steps.append(Step("r", [2, 3], device="gpu"))
     plan = Plan(buffers, steps, inputs=[0], outputs=[3])
-    assert plan.add_workspaces({"r": [256 * kb], "q": []}) == [4]
+    assert memory_plan.add_workspaces(plan, {"r": [256 * kb], "q": []}) == [4]
     return plan
 
 
@@ -355,9 +356,9 @@ def test_a_workspace_is_a_temp_of_its_launch_sharing_the_bytes_of_a_dead_tensor(
     assert plan.steps[2].workspaces == [4] and plan.steps[0].workspaces == []
     assert (workspace.kind, workspace.dtype, workspace.shape) == ("temp", "uint8", (256 << 10,))
     assert workspace.device == "gpu"
-    first, last = plan._lifetimes()
+    first, last = memory_plan.lifetimes(plan)
     assert first[4] == last[4] == 2  # live at its launch alone
-    plan.plan_memory()
+    memory_plan.plan_memory(plan)
     assert workspace.storage is not None
     assert_no_overlap(plan)
     a = plan.buffers[1]
@@ -366,11 +367,15 @@ def test_a_workspace_is_a_temp_of_its_launch_sharing_the_bytes_of_a_dead_tensor(
     # at r: b, c and the workspace live; at q: a and b. The plan is that peak, where the
     # workspace on its own (as the runtime allocated it before) would add 256 KB
     peak = (256 + 4 + 4) << 10
-    assert plan.live_bytes_lower_bound() == plan.live_bytes_lower_bound("gpu") == peak
+    assert (
+        memory_plan.live_bytes_lower_bound(plan)
+        == memory_plan.live_bytes_lower_bound(plan, "gpu")
+        == peak
+    )
     assert sum(plan.storage_sizes) == peak
-    assert plan.live_bytes_lower_bound("cpu") == 0
+    assert memory_plan.live_bytes_lower_bound(plan, "cpu") == 0
     for match_range in SLOT_MATCH_RANGES:  # the slot plans too give it a slot of a's
-        sizes, _, storage = plan._assign_slots(match_range)
+        sizes, _, storage = memory_plan.assign_slots(plan, match_range)
         assert 4 in storage and sizes[storage[4]] >= 256 << 10
         assert len(sizes) == 3 or storage[4] == storage[1]
 
@@ -391,17 +396,17 @@ def test_a_workspace_is_never_an_output_donor_or_piece():
         Step("concat", [3, 4, 5], device="gpu", pieces=[0, 512]),  # GPU-aligned pieces
     ]
     plan = Plan(buffers, steps, [0], [2, 5])
-    added = plan.add_workspaces({"add": [64], "k": [128], "concat": [1024]})
+    added = memory_plan.add_workspaces(plan, {"add": [64], "k": [128], "concat": [1024]})
     assert [s.workspaces for s in plan.steps] == [[6], [7], [8], [9], []]
     assert added == [6, 7, 8, 9]
-    plan.plan_memory()
+    memory_plan.plan_memory(plan)
     assert plan.steps[4].elided and plan.buffers[3].piece_of == 5
-    assert plan.written_over(1) == 1  # the output took the dying input's bytes
+    assert memory_plan.written_over(plan, 1) == 1  # the output took the dying input's bytes
     for w in added:
         assert plan.buffers[w].piece_of is None
-        assert all(w not in (plan.written_over(i),) for i in range(len(plan.steps)))
+        assert all(w not in (memory_plan.written_over(plan, i),) for i in range(len(plan.steps)))
     assert_no_overlap(plan)
-    again = plan.add_workspaces({"add": [64]})  # launches that have theirs keep them
+    again = memory_plan.add_workspaces(plan, {"add": [64]})  # launches that have theirs keep them
     assert again == [] and plan.steps[1].workspaces == [7]
 
 
@@ -415,7 +420,7 @@ def test_workspaces_go_only_to_gpu_kernel_launches():
         Step("k", [2, 3], device="gpu"),
     ]
     plan = Plan(buffers, steps, [0], [3])
-    assert plan.add_workspaces({"k": [8], "copy": [8]}) == [4]
+    assert memory_plan.add_workspaces(plan, {"k": [8], "copy": [8]}) == [4]
     assert [s.workspaces for s in plan.steps] == [[], [], [4]]
 
 
@@ -423,12 +428,12 @@ def test_workspaces_survive_a_json_round_trip_and_an_old_plan_loads_without_them
     import json
 
     plan = workspace_plan()
-    plan.plan_memory()
+    memory_plan.plan_memory(plan)
     again = Plan.from_json(plan.to_json())
     assert again.steps == plan.steps and again.buffers == plan.buffers
     assert again.storage_sizes == plan.storage_sizes
     assert again.steps[2].workspaces == [4]
-    assert again.live_bytes_lower_bound() == plan.live_bytes_lower_bound()
+    assert memory_plan.live_bytes_lower_bound(again) == memory_plan.live_bytes_lower_bound(plan)
     raw = json.loads(plan.to_json())
     # launches without workspaces are written as before (earlier runtimes read them)
     assert ["workspaces" in s for s in raw["steps"]] == [False, False, True]
@@ -442,10 +447,10 @@ def test_a_plan_whose_workspaces_are_not_its_launchs_temps_is_refused():
 
     import pytest
 
-    from edgecv.package_format import FormatError
+    from edgecv.plan import FormatError
 
     plan = workspace_plan()
-    plan.plan_memory()
+    memory_plan.plan_memory(plan)
     good = json.loads(plan.to_json())
     cases = {
         "an input": ([0], "workspace 0"),

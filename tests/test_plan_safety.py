@@ -27,7 +27,7 @@ import edgecv
 from edgecv.errors import PackageError
 from edgecv.lowering import lower
 from edgecv.package import sha256
-from edgecv.package_format import Buffer, FormatError, Plan, launches_from_json
+from edgecv.plan import Buffer, FormatError, Plan, launches_from_json
 
 
 @pytest.fixture(scope="module")

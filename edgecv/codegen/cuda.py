@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import tvm
 
-from ..package_format import Launch
+from ..plan import Launch
 from ..runtime.nvcc import (
     CudaCompileError,
     compile_source,

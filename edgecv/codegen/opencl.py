@@ -14,7 +14,7 @@ from pathlib import Path
 
 import tvm
 
-from ..package_format import Launch
+from ..plan import Launch
 from ..schedules.orders import gpu_order
 from ..schedules.stage import KernelChoice, ScheduleOrder
 from .gpu_lowering import device_module, lower_device

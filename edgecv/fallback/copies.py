@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..package_format import Buffer, Plan, Step
+from ..lowering.memory_plan import add_workspaces, plan_memory
+from ..plan import Buffer, Plan, Step
 from .placement import Placement
 
 
@@ -57,12 +58,13 @@ def insert_copies(
     workspaces: dict[str, list[int]] | None = None,
 ) -> tuple[Plan, list[Copy]]:
     """A new plan with devices on every step and buffer, and the copies it needed;
-    memory planned with the devices' ``alignments`` (see :meth:`Plan.plan_memory`).
-    ``widen_on_cpu``: float16 tensors on the CPU become float32 (see the module).
-    ``workspaces``: the bytes of each GPU kernel's device workspaces, by kernel name
-    (:attr:`~edgecv.package_format.Launch.workspaces`): the plan holds them as temp
-    buffers of the GPU launches (:meth:`Plan.add_workspaces`), memory planned with the
-    rest."""
+    memory planned with the devices' ``alignments`` (see
+    :func:`~edgecv.lowering.memory_plan.plan_memory`). ``widen_on_cpu``: float16
+    tensors on the CPU become float32 (see the module). ``workspaces``: the bytes of
+    each GPU kernel's device workspaces, by kernel name
+    (:attr:`~edgecv.plan.Launch.workspaces`): the plan holds them as temp buffers of the
+    GPU launches (:func:`~edgecv.lowering.memory_plan.add_workspaces`), memory planned
+    with the rest."""
     buffers = [replace(b, storage=None) for b in plan.buffers]
     dtypes = [b.dtype for b in plan.buffers]  # as the GPU kernels take them
     steps = [replace(s, device=d) for s, d in zip(plan.steps, placement.devices, strict=True)]
@@ -154,8 +156,8 @@ def insert_copies(
         new_steps.append(replace(step, args=args))
     result = Plan(buffers, new_steps, list(plan.inputs), list(plan.outputs))
     if workspaces:
-        result.add_workspaces(workspaces, alignments)
-    result.plan_memory(alignments)
+        add_workspaces(result, workspaces, alignments)
+    plan_memory(result, alignments)
     return result, copies
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..errors import EdgecvError
-from ..package_format import Plan
+from ..plan import Plan
 
 REASONS = {
     "forced": "forced onto the CPU by --cpu-ops",

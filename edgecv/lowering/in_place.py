@@ -5,7 +5,7 @@ once per output element, at that element's own index, and dies there. Writing th
 output over the shortcut's bytes (in place) keeps the fresh output's cache lines out of
 the memory traffic: ResNet-50's 56x56 stage 0.28 -> 0.21 ms a kernel on Zen 5.
 
-The memory plan (:meth:`~edgecv.package_format.Plan.plan_memory`) decides whether an
+The memory plan (:func:`~edgecv.lowering.memory_plan.plan_memory`) decides whether an
 input dies at its launch; this module decides whether the kernel allows it, on the
 kernel's unscheduled PrimFunc. Any schedule of it then does too: a schedule reorders,
 tiles and inlines the blocks but computes every block instance once, so element ``i``
@@ -135,7 +135,7 @@ def concat_pieces(func: tirx.PrimFunc, blocks: list | None = None) -> list[int]:
     of extent 1: batch 1, NCHW or NCHW[x]c along channels); else ``[]``.
 
     Such a kernel need not run: its producers can write their outputs straight into
-    their ranges of its output (:meth:`~edgecv.package_format.Plan.plan_memory`). It is
+    their ranges of its output (:func:`~edgecv.lowering.memory_plan.plan_memory`). It is
     recognized by what it computes, not by its name: one spatial block writing the
     output at its iterators, whose value, with the concatenated iterator confined to an
     input's range, simplifies to that input read at the shifted iterator. ``blocks``:

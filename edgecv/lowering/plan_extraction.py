@@ -1,6 +1,6 @@
 """Plan extraction: walk ``main``'s bindings in order and record the static plan.
 
-Every ``call_tir`` becomes a launch (a :class:`~edgecv.package_format.Step`), every
+Every ``call_tir`` becomes a launch (a :class:`~edgecv.plan.Step`), every
 reshape a view of its source buffer, every constant a named parameter.
 """
 
@@ -11,7 +11,7 @@ import tvm
 from tvm import relax
 
 from ..errors import EdgecvError
-from ..package_format import Buffer, Plan, Step
+from ..plan import Buffer, Plan, Step
 
 
 class _PlanBuilder:

@@ -6,7 +6,7 @@ The order of what runs, in one place:
    into kernels, turn reshape kernels back into views.
 2. Plan extraction: walk ``main``'s bindings in order; every ``call_tir`` becomes a
    launch, every reshape a view, every constant a named parameter.
-3. Memory planning (:meth:`~edgecv.package_format.Plan.plan_memory`), outputs written
+3. Memory planning (:func:`~edgecv.lowering.memory_plan.plan_memory`), outputs written
    over inputs that die where the kernel allows it (:mod:`.in_place`).
 4. Schedule each kernel for the target and build them into one module.
 """
@@ -22,9 +22,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..package_format import Plan
+from ..plan import Plan
 from .in_place import concat_pieces, elementwise_inputs, root_blocks
 from .legalize import legalize_map
+from .memory_plan import plan_memory
 from .plan_extraction import extract_plan
 
 log = logging.getLogger(__name__)
@@ -211,7 +212,7 @@ def lower(
     for step in plan.steps:
         step.elementwise_inputs = writable.get(step.kernel, [])
         step.pieces = pieces.get(step.kernel, [])
-    plan.plan_memory()
+    plan_memory(plan)
     kernel_ops = {
         gv.name_hint: groups.get(gv.name_hint, [op_name(gv.name_hint)]) for gv in kernels.functions
     }

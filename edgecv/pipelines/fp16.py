@@ -14,7 +14,7 @@ import tvm
 from ..errors import EdgecvError
 from ..lowering import Lowered
 from ..lowering.precision import ACCUMULATE, computes_in_half, to_half
-from ..package_format import Plan
+from ..plan import Plan
 from ..precision import Precision
 from ..profiles import Profile
 from .steps import BuildOptions, Progress

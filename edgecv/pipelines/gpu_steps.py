@@ -13,7 +13,7 @@ from ..errors import EdgecvError
 from ..fallback import Placement, insert_copies, place
 from ..lowering import Lowered
 from ..lowering.precision import widen_kernels
-from ..package_format import Launch, Plan, launches_to_json
+from ..plan import Launch, Plan, launches_to_json
 from ..precision import Precision
 from ..profiles import Profile
 from ..schedules.orders import gpu_order, tuning_database

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import EdgecvError, ShapeError, foreign_message
-from ..package_format import Plan
+from ..plan import Plan
 from .backend import Backend
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import EdgecvError
-from ..package_format import Launch
+from ..plan import Launch
 from .backend import Backend, planned_arguments, planned_workspaces
 
 _CUDA_SUCCESS = 0

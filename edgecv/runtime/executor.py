@@ -1,4 +1,4 @@
-"""The executor: replays a static :class:`~edgecv.package_format.Plan` on a backend,
+"""The executor: replays a static :class:`~edgecv.plan.Plan` on a backend,
 from any number of threads.
 
 Everything is resolved once, at construction, so that ``run`` allocates nothing: it
@@ -46,7 +46,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from ..errors import EdgecvError, PackageError
-from ..package_format import Plan
+from ..plan import Plan
 from .backend import Backend
 from .context import ExecutionContext, input_specs, one_line, prepare_inputs
 from .workers import run_on_kept_thread

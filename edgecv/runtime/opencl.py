@@ -3,7 +3,7 @@
 TVM's wheel has no OpenCL runtime, so this backend is the runtime: the program is built
 once per device and driver (:mod:`.opencl_program` chooses the device and builds or
 finds the program), buffers are allocated once by the executor, and each kernel call
-replays the launches recorded at build time (:class:`~edgecv.package_format.Launch`)
+replays the launches recorded at build time (:class:`~edgecv.plan.Launch`)
 with ``clEnqueueNDRangeKernel``.
 
 The context, programs and memory are shared by every execution context of a model;
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import EdgecvError, PackageError
-from ..package_format import Launch
+from ..plan import Launch
 from .backend import Backend, planned_arguments, planned_workspaces
 from .opencl_devices import register_pip_runtimes
 from .opencl_program import label, open_program

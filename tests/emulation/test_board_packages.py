@@ -50,7 +50,7 @@ if mode == "load":
     outputs = model.run(x)
 else:  # the CPU library of a package whose every launch runs on the CPU
     from edgecv.package import read_manifest
-    from edgecv.package_format import Plan
+    from edgecv.plan import Plan
     from edgecv.runtime.cpu import CPUBackend
     from edgecv.runtime.executor import Executor
     from edgecv.runtime.host import check_host

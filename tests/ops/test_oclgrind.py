@@ -74,7 +74,7 @@ def assert_clean(report: str) -> None:
 
 
 def test_harness_sees_an_out_of_bounds_write_and_a_race():
-    from edgecv.package_format import Launch
+    from edgecv.plan import Launch
 
     source = (
         "__kernel void bad(__global int* y) {\n"

@@ -29,7 +29,7 @@ from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerInput
 
 from ...codegen.gpu_lowering import device_module, lower_kernel
 from ...codegen.opencl import generate_opencl
-from ...package_format import launches_from_json, launches_to_json
+from ...plan import launches_from_json, launches_to_json
 from ..builder import Compiler
 from .llvm import TimingConfig, args_json
 from .results import done, failed
