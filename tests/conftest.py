@@ -12,11 +12,19 @@ import pytest
 
 from edgecv._mxnet import import_mxnet
 
-# Compiled-program cache of this test session only: tests see cold and warm starts
-# they caused themselves, never entries left by earlier runs or by the user.
+# pytest-xdist's workers (addopts: -n 2) import this file too, with the environment of
+# the process that started them: XDIST_WORKER names one, and is absent in that process.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+# Compiled-program cache of this test session (of this worker) only: tests see cold and
+# warm starts they caused themselves, never entries left by earlier runs, the other
+# worker or the user.
 os.environ["EDGECV_CACHE_DIR"] = tempfile.mkdtemp(prefix="edgecv-test-cache-")
-# Nor the user's own tuning records: deploys in tests read the shipped databases only.
-os.environ["EDGECV_TUNING_DIR"] = tempfile.mkdtemp(prefix="edgecv-test-tuning-")
+# Nor the user's own tuning records: deploys in tests read the shipped databases and the
+# layout costs this session measured. One folder for the whole session, made before the
+# workers start: a convolution timed by one worker is read by the other (the cost file is
+# replaced whole under a lock-free re-read, so a lost entry is only measured again).
+if XDIST_WORKER is None:
+    os.environ["EDGECV_TUNING_DIR"] = tempfile.mkdtemp(prefix="edgecv-test-tuning-")
 
 
 def pytest_configure(config):
@@ -29,8 +37,10 @@ def pytest_configure(config):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """The two folders above are this session's own: remove them when it ends."""
-    for key in ("EDGECV_CACHE_DIR", "EDGECV_TUNING_DIR"):
+    """The two folders above are this session's own: remove them when it ends (the
+    shared tuning folder by the process that made it, after its workers)."""
+    keys = ["EDGECV_CACHE_DIR"] if XDIST_WORKER else ["EDGECV_CACHE_DIR", "EDGECV_TUNING_DIR"]
+    for key in keys:
         shutil.rmtree(os.environ[key], ignore_errors=True)
 
 
