@@ -25,8 +25,9 @@ from edgecv.deploy import PREPROCESSING, deploy
 from edgecv.errors import EdgecvError
 from edgecv.imaging import preprocess
 from edgecv.lowering import lower
-from edgecv.lowering.calibration import BINS, TensorStats
-from edgecv.lowering.quantize import TensorQuant, find_sites, quantize
+from edgecv.lowering.calibration import BINS, TensorQuant, TensorStats
+from edgecv.lowering.quantize import quantize
+from edgecv.lowering.quantize_sites import find_sites
 from edgecv.package import sha256
 from edgecv.pipelines import BuildOptions
 from edgecv.pipelines.int8 import model_key, quantize_model, read_calibration, reusable_statistics
@@ -300,7 +301,7 @@ def test_taps_follow_a_nested_tuple_of_outputs():
     the memory plan of an INT8 SSD deploy)."""
     from tvm import relax
 
-    from edgecv.lowering.quantize import with_taps
+    from edgecv.lowering.quantize_sites import with_taps
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 4), "float32"))

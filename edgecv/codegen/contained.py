@@ -112,8 +112,7 @@ def compile_contained(
             try:
                 message = connection.recv()
             except EOFError:  # the child died without a word on its current candidate
-                child.process.join()
-                del running[connection]
+                _bury(running, connection)
                 s.passed_over.append((s.trying, f"crashed (exit {child.process.exitcode})"))
                 if s.next == child.first:  # died before its first candidate: give up
                     finish(child.name, {}, None)
@@ -127,23 +126,17 @@ def compile_contained(
             elif kind == "failed":
                 s.passed_over.append((message[2], message[3]))
             elif kind in ("done", "exhausted"):
-                child.process.join()
-                del running[connection]
-                connection.close()
+                _bury(running, connection)
                 if kind == "done":
                     finish(child.name, message[2], message[1])
                 else:
                     finish(child.name, {}, None)
         now = time.perf_counter()
-        for connection, child in list(running.items()):
-            if now - child.since > time_limit_s:
-                child.process.kill()
-                child.process.join()
-                connection.close()
-                del running[connection]
-                s = state[child.name]
-                s.passed_over.append((s.trying, f"compile exceeded the {time_limit_s:g} s limit"))
-                _restart_or_fail(child.name, s, kernels, order, pending, finish)
+        for connection in [c for c, child in running.items() if now - child.since > time_limit_s]:
+            child = _bury(running, connection, kill=True)
+            s = state[child.name]
+            s.passed_over.append((s.trying, f"compile exceeded the {time_limit_s:g} s limit"))
+            _restart_or_fail(child.name, s, kernels, order, pending, finish)
     return {name: results[name] for name in kernels}
 
 
@@ -187,6 +180,17 @@ class _State:
 
     def __post_init__(self) -> None:
         self.passed_over: list[tuple[str, str]] = []
+
+
+def _bury(running: dict[Connection, _Child], connection: Connection, kill: bool = False) -> _Child:
+    """The child reading into ``connection`` taken out of ``running``: killed first when
+    ``kill`` (past its time limit), waited for, its pipe closed."""
+    child = running.pop(connection)
+    if kill:
+        child.process.kill()
+    child.process.join()
+    connection.close()
+    return child
 
 
 def _restart_or_fail(name, state: _State, kernels, order: ScheduleOrder, pending, finish):

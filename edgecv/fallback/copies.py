@@ -68,28 +68,7 @@ def insert_copies(
     buffers = [replace(b, storage=None) for b in plan.buffers]
     dtypes = [b.dtype for b in plan.buffers]  # as the GPU kernels take them
     steps = [replace(s, device=d) for s, d in zip(plan.steps, placement.devices, strict=True)]
-
-    def root(buffer_id: int) -> Buffer:
-        buf = buffers[buffer_id]
-        while buf.kind == "view":
-            buf = buffers[buf.view_of]
-        return buf
-
-    first_reader: dict[int, str] = {}
-    for step in steps:
-        for arg in step.args[: len(step.args) - step.num_outputs]:
-            first_reader.setdefault(root(arg).id, step.device)
-        for out in step.args[len(step.args) - step.num_outputs :]:
-            buffers[out].device = step.device
-    # an input or constant no step reads (an output that is a constant) stays where the
-    # plan runs: on the CPU of a GPU package it would need CPU kernels to hold it
-    unread = "gpu" if "gpu" in placement.devices else "cpu"
-    for buf in buffers:
-        if buf.kind in ("input", "const"):
-            buf.device = first_reader.get(buf.id, unread)
-    for buf in buffers:  # views follow their root (ids are in definition order)
-        if buf.kind == "view":
-            buf.device = root(buf.id).device
+    _place_buffers(buffers, steps, placement)
 
     def dtype_on(buffer_id: int, device: str) -> str:
         wide = widen_on_cpu and device == "cpu" and dtypes[buffer_id] == "float16"
@@ -133,7 +112,7 @@ def insert_copies(
             key = (arg, step.device)
             if key not in made:
                 source = buffers[arg]
-                if root(arg).kind == "const" and source.kind == "const":
+                if _root(buffers, arg).kind == "const" and source.kind == "const":
                     made[key] = add_buffer(source, "const", step.device)  # uploaded twice
                 else:
                     made[key] = add_buffer(source, "temp", step.device)
@@ -159,6 +138,34 @@ def insert_copies(
         add_workspaces(result, workspaces, alignments)
     plan_memory(result, alignments)
     return result, copies
+
+
+def _root(buffers: list[Buffer], buffer_id: int) -> Buffer:
+    """The buffer a view (of a view...) is of; any other buffer itself."""
+    buf = buffers[buffer_id]
+    while buf.kind == "view":
+        buf = buffers[buf.view_of]
+    return buf
+
+
+def _place_buffers(buffers: list[Buffer], steps: list[Step], placement: Placement) -> None:
+    """Each buffer's device: a step's outputs where it runs, an input or constant where
+    it is first read, a view where its root is."""
+    first_reader: dict[int, str] = {}
+    for step in steps:
+        for arg in step.args[: len(step.args) - step.num_outputs]:
+            first_reader.setdefault(_root(buffers, arg).id, step.device)
+        for out in step.args[len(step.args) - step.num_outputs :]:
+            buffers[out].device = step.device
+    # an input or constant no step reads (an output that is a constant) stays where the
+    # plan runs: on the CPU of a GPU package it would need CPU kernels to hold it
+    unread = "gpu" if "gpu" in placement.devices else "cpu"
+    for buf in buffers:
+        if buf.kind in ("input", "const"):
+            buf.device = first_reader.get(buf.id, unread)
+    for buf in buffers:  # views follow their root (ids are in definition order)
+        if buf.kind == "view":
+            buf.device = _root(buffers, buf.id).device
 
 
 def widened_constants(plan: Plan, constants: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -16,8 +16,8 @@ From it, a threshold ``T`` per tensor (values beyond are clipped), by one of
 - ``entropy``: TensorRT's method: the ``T`` whose quantized histogram is closest
   (Kullback-Leibler divergence) to the histogram clipped at ``T``.
 
-:func:`edgecv.lowering.quantize.TensorQuant.of` turns ``T`` into the scale (``T/255``
-for a tensor never negative, quantized to uint8; ``T/127`` for int8).
+:meth:`TensorQuant.of` turns ``T`` into the scale (``T/255`` for a tensor never
+negative, quantized to uint8; ``T/127`` for int8).
 """
 
 from __future__ import annotations
@@ -160,4 +160,33 @@ class TensorStats:
         )
 
 
-__all__ = ["BINS", "METHODS", "PERCENTILE", "STATS_VERSION", "TensorStats"]
+@dataclass(frozen=True)
+class TensorQuant:
+    """How one float32 tensor is quantized: ``x ~ scale * q``, ``q`` of ``dtype`` in
+    ``[qmin, qmax]`` (zero point 0). ``levels``: the largest ``q`` of an unsigned one,
+    255, or 127 where a kernel sums two steps of products in int16 (7-bit data)."""
+
+    scale: float
+    dtype: str  # "uint8" or "int8"
+    levels: int = 255
+
+    @property
+    def qmin(self) -> int:
+        return 0 if self.dtype == "uint8" else -127
+
+    @property
+    def qmax(self) -> int:
+        return self.levels if self.dtype == "uint8" else 127
+
+    @classmethod
+    def of(cls, threshold: float, nonnegative: bool, levels: int = 255) -> TensorQuant:
+        """The quantization that maps ``[0, threshold]`` onto ``0..levels`` (unsigned)
+        or ``[-threshold, threshold]`` onto ``-127..127`` (signed); values beyond are
+        clipped. A tensor that was 0 everywhere gets scale 1 (any scale is exact)."""
+        dtype = "uint8" if nonnegative else "int8"
+        top = levels if nonnegative else 127
+        threshold = float(threshold)
+        return cls(threshold / top if threshold > 0 else 1.0, dtype, levels)
+
+
+__all__ = ["BINS", "METHODS", "PERCENTILE", "STATS_VERSION", "TensorQuant", "TensorStats"]

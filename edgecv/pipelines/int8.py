@@ -42,17 +42,11 @@ import tvm_ffi
 from ..errors import EdgecvError
 from ..imaging import preprocess, read_image
 from ..lowering import lower
-from ..lowering.calibration import METHODS, PERCENTILE, STATS_VERSION, TensorStats
+from ..lowering.calibration import METHODS, PERCENTILE, STATS_VERSION, TensorQuant, TensorStats
 from ..lowering.legalize import sums_in_pairs
-from ..lowering.quantize import (
-    WEIGHT_MAX,
-    TensorQuant,
-    exact_in_float32,
-    find_sites,
-    quantize,
-    shiftable,
-    with_taps,
-)
+from ..lowering.quantize import quantize
+from ..lowering.quantize_plan import WEIGHT_MAX, exact_in_float32, shiftable
+from ..lowering.quantize_sites import find_sites, with_taps
 from ..precision import Precision
 from ..profiles import Profile
 from ..schedules.cpu.dot_product import DotProduct, runs_on_dot_product
@@ -266,34 +260,12 @@ def quantize_model(
     method = options.calibration_method
     key = model_key(mod)
     found = find_sites(mod)
-    keys = list(found.tensors)
-    saved = reusable_statistics(options.previous_calibration, key, inputs)
-    if saved is not None and set(saved) == set(keys):
-        stats = {k: TensorStats.from_json(saved[k]) for k in keys}
-        progress(
-            f"calibration: reusing the statistics of {len(keys)} tensors ({CALIBRATION_FILE} "
-            "of the package replaced: same model, same inputs)"
-        )
-        reused = True
-    else:
-        tensors = [found.tensors[k] for k in keys]
-        stats = collect_statistics(mod, keys, tensors, inputs, profile, options, progress)
-        reused = False
+    stats, reused = _statistics(mod, found, key, inputs, profile, options, progress)
     calibration_s = time.perf_counter() - started
     thresholds = {k: {m: s.threshold(m) for m in METHODS} for k, s in stats.items()}
-    quants = {k: TensorQuant.of(thresholds[k][method], s.nonnegative) for k, s in stats.items()}
     if dot is None:
-        mcpu = profile.tvm_target().attrs.get("mcpu", "generic")
-        warnings.warn(
-            f"profile {profile.name}: its CPU ({mcpu}) has no "
-            "8-bit dot-product instruction edgecv uses (x86 AVX2 or AVX-512, ARM dotprod): "
-            "its INT8 convolutions compute in int32 lanes, about half float32's speed; "
-            "deploy without --precision int8 for speed (docs/int8.md)",
-            stacklevel=2,
-        )
-    if dot is not None and dot.data_max < 255:  # 7-bit data where the kernels need it
-        for tensor in _seven_bit_inputs(found, quants, dot):
-            quants[tensor] = TensorQuant.of(thresholds[tensor][method], True, dot.data_max)
+        _warn_without_dot_product(profile)
+    quants = choose_quants(found, stats, {k: t[method] for k, t in thresholds.items()}, dot)
     quantized, records = quantize(
         mod,
         quants,
@@ -303,12 +275,14 @@ def quantize_model(
         residual_adds=True,
         shift_signed=lambda site, quant: _shifted(site, quant, dot),
     )
-    adds = [r for r in records if r["op"] == "add"]
-    records = [r for r in records if r["op"] != "add"]
-    counts: dict[str, int] = {}
-    for record in records:
-        counts[record["op"]] = counts.get(record["op"], 0) + 1
-    tensors_json = {
+    calibration = {**inputs.to_json(), "reused": reused, "seconds": round(calibration_s, 3)}
+    facts = _facts(method, dot, found, records, calibration)
+    counts = facts["quantized"]
+    progress(
+        f"quantized {', '.join(f'{n} {op}' for op, n in sorted(counts.items()))} to int8 "
+        f"({method} calibration on {len(inputs.arrays)} inputs)"
+    )
+    tensors = {
         k: {
             **stats[k].to_json(),
             "readers": found.readers[k],
@@ -317,7 +291,7 @@ def quantize_model(
             "scale": quants[k].scale,
             "levels": quants[k].qmax,
         }
-        for k in keys
+        for k in found.tensors
     }
     document = {
         "format": FORMAT,
@@ -326,9 +300,59 @@ def quantize_model(
         "data": inputs.to_json(),
         "method": method,
         "percentile": PERCENTILE,
-        "tensors": tensors_json,
+        "tensors": tensors,
     }
-    facts = {
+    return quantized, facts, {CALIBRATION_FILE: json.dumps(document, separators=(",", ":"))}
+
+
+def _statistics(mod, found, key: str, inputs: CalibrationInputs, profile, options, progress):
+    """(statistics by tensor key, whether they are the package's saved ones): those of
+    the previous ``calibration.json`` when taken on this model and these inputs, else
+    collected by running the float32 model."""
+    keys = list(found.tensors)
+    saved = reusable_statistics(options.previous_calibration, key, inputs)
+    if saved is not None and set(saved) == set(keys):
+        progress(
+            f"calibration: reusing the statistics of {len(keys)} tensors ({CALIBRATION_FILE} "
+            "of the package replaced: same model, same inputs)"
+        )
+        return {k: TensorStats.from_json(saved[k]) for k in keys}, True
+    tensors = [found.tensors[k] for k in keys]
+    return collect_statistics(mod, keys, tensors, inputs, profile, options, progress), False
+
+
+def choose_quants(
+    found, stats: dict[str, TensorStats], thresholds: dict[str, float], dot: DotProduct | None
+) -> dict[str, TensorQuant]:
+    """Each tensor's quantization from its calibration threshold: uint8 where it was
+    never negative (7-bit where a kernel on ``dot`` needs it), else int8."""
+    quants = {k: TensorQuant.of(thresholds[k], s.nonnegative) for k, s in stats.items()}
+    if dot is not None and dot.data_max < 255:  # 7-bit data where the kernels need it
+        for tensor in _seven_bit_inputs(found, quants, dot):
+            quants[tensor] = TensorQuant.of(thresholds[tensor], True, dot.data_max)
+    return quants
+
+
+def _warn_without_dot_product(profile: Profile) -> None:
+    mcpu = profile.tvm_target().attrs.get("mcpu", "generic")
+    warnings.warn(
+        f"profile {profile.name}: its CPU ({mcpu}) has no "
+        "8-bit dot-product instruction edgecv uses (x86 AVX2 or AVX-512, ARM dotprod): "
+        "its INT8 convolutions compute in int32 lanes, about half float32's speed; "
+        "deploy without --precision int8 for speed (docs/int8.md)",
+        stacklevel=3,
+    )
+
+
+def _facts(method: str, dot, found, records: list[dict], calibration: dict) -> dict:
+    """The manifest's ``build.quantization``: how weights and activations were quantized,
+    what was, and each operator's record."""
+    adds = [r for r in records if r["op"] == "add"]
+    records = [r for r in records if r["op"] != "add"]
+    counts: dict[str, int] = {}
+    for record in records:
+        counts[record["op"]] = counts.get(record["op"], 0) + 1
+    return {
         "method": method,
         "weights": "int8, symmetric, per output channel (|q| <= weight_max of each "
         "operator: 63 where the CPU's instruction adds two products in int16)",
@@ -341,19 +365,9 @@ def quantize_model(
         "float32_arithmetic": sum(r["arithmetic"] == "float32" for r in records),
         "not_quantized": len(found.sites) - len(records),
         "adds_reading_8_bits": [{"add": r["name"], "input": r["input"]} for r in adds],
-        "calibration": {
-            "file": CALIBRATION_FILE,
-            **inputs.to_json(),
-            "reused": reused,
-            "seconds": round(calibration_s, 3),
-        },
+        "calibration": {"file": CALIBRATION_FILE, **calibration},
         "operators": records,
     }
-    progress(
-        f"quantized {', '.join(f'{n} {op}' for op, n in sorted(counts.items()))} to int8 "
-        f"({method} calibration on {len(inputs.arrays)} inputs)"
-    )
-    return quantized, facts, {CALIBRATION_FILE: json.dumps(document, separators=(",", ":"))}
 
 
 def _seven_bit_inputs(found, quants: dict, dot) -> set[str]:
@@ -380,7 +394,7 @@ def _seven_bit_inputs(found, quants: dict, dot) -> set[str]:
 
 def _shifted(site, quant: TensorQuant, dot) -> bool:
     """Whether ``site`` reads its signed input shifted into ``uint8``
-    (:data:`edgecv.lowering.quantize.SIGNED_SHIFT`) to run on ``dot``: an operator
+    (:data:`edgecv.lowering.quantize_plan.SIGNED_SHIFT`) to run on ``dot``: an operator
     without padding on an instruction that multiplies unsigned data, whose kernel does
     not need 7-bit data (shifted values span 1..255)."""
     if dot is None or dot.signed_bytes or not shiftable(site, quant):
