@@ -18,8 +18,12 @@ from edgecv.testing import assert_close
 
 @pytest.fixture(scope="module")
 def mobilenet_package(tmp_path_factory):
+    """The package every test here reads. `--layout packed` packs every convolution
+    without timing kernels to choose layouts (most of a deploy's time); `--layout auto`
+    from the command line is tests/graph_tuner/test_cli_layout.py's."""
     out = tmp_path_factory.mktemp("cli") / "mobilenet-cpu"
-    assert main(["deploy", "mobilenet", "--random-weights", "--device", "cpu", "-o", str(out)]) == 0
+    argv = ["deploy", "mobilenet", "--random-weights", "--device", "cpu", "--layout", "packed"]
+    assert main([*argv, "-o", str(out)]) == 0
     return out
 
 
