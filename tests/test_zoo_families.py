@@ -25,16 +25,17 @@ from edgecv.testing import compare_with_mxnet
 # Faster R-CNN builds in NCHW: measuring its 100 layout candidates took 110 s of its
 # 197 s here; the layout choice is covered by tests/graph_tuner and the other families
 NCHW_ONLY = {"rcnn"}
-# The default suite deploys the two quickest; the others take 2-5 minutes each on 2
-# cores (30 minutes together under load) and run with `-m heavy` (YOLOv3 is also the
+# The default suite deploys the quickest, CenterNet; the others take 1-5 minutes each on
+# 2 cores (30 minutes together under load) and run with `-m heavy` (YOLOv3 is also the
 # user detector of tests/test_user_models.py, every family is swept by
-# benchmarks/zoo_coverage.py)
+# benchmarks/zoo_coverage.py). Simple Pose is CenterNet's ResNet-18 and transposed
+# convolutions with a heatmap head and no decoding: nothing CenterNet does not run.
 HEAVY = pytest.mark.heavy
 FAMILIES = [
     pytest.param("yolo3", "yolo3_mobilenet0.25_coco", marks=HEAVY, id="yolo3"),
     pytest.param("rcnn", "faster_rcnn_resnet50_v1b_voc", marks=HEAVY, id="rcnn"),
     pytest.param("centernet", "center_net_resnet18_v1b_voc", id="centernet"),
-    pytest.param("pose", "simple_pose_resnet18_v1b", id="pose"),
+    pytest.param("pose", "simple_pose_resnet18_v1b", marks=HEAVY, id="pose"),
     pytest.param("segmentation", "fastscnn_citys", marks=HEAVY, id="segmentation"),
     pytest.param("other", "monodepth2_resnet18_kitti_mono_640x192", marks=HEAVY, id="other"),
 ]
