@@ -98,7 +98,7 @@ def main() -> None:
                 t_gpu, t_mixed = model_medians([gpu, mixed], x, args.repeat)
                 copy_s, nms_cpu = nms_time(mixed.executor, x, args.repeat)
                 _, nms_gpu = nms_time(gpu.executor, x, args.repeat)
-                placement = mixed.manifest["build"]["placement"]
+                placement = mixed.manifest.placement
                 label = gpu.executor.backends["gpu"].label.split(" / ")[0]
                 print(
                     f"{name:<26}{label[:15]:<16}{t_gpu * 1e3:>11.1f}{t_mixed * 1e3:>11.1f}"

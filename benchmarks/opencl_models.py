@@ -62,8 +62,8 @@ def measure(package: Path, on: str, repeat: int, cache: Path) -> dict:
                 launch()
             enqueue.append(time.perf_counter() - t)
             context.backend.synchronize()
-    build = model.manifest["build"]
-    inputs = sum(int(np.prod(i["shape"])) * 4 for i in model.manifest["inputs"])
+    build = model.manifest.build
+    inputs = sum(int(np.prod(t.shape)) * 4 for t in model.manifest.inputs)
     bound = build["constant_bytes"] + inputs + build["live_bytes_lower_bound"]
     return {
         "device": backend.label,

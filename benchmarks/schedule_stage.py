@@ -45,7 +45,7 @@ def rules_of(path: Path) -> str:
 
 def print_top_kernels(model, x: np.ndarray, top: int) -> None:
     """The ``top`` slowest kernels of one inference, with the rule that scheduled each."""
-    schedules = model.manifest["build"].get("schedules", {}).get("gpu", {}).get("kernels", {})
+    schedules = model.manifest.schedules.get("gpu", {}).get("kernels", {})
     kernels = profile_steps(model, x, repeat=3)
     total = sum(k.seconds for k in kernels) or 1.0
     for k in kernels[:top]:

@@ -22,6 +22,7 @@ from .arguments import (
     pin_argument,
 )
 from .errors import EdgecvError, ShapeError, foreign_message, missing_extra
+from .manifest import Manifest
 from .outputs import check_image_path, check_output_folder, save_arrays, save_image
 from .precision import PRECISIONS, Precision
 from .processing import add_arguments as add_processing_arguments
@@ -114,13 +115,13 @@ def tuning_folders(device: str, user_db: str | None) -> list[str]:
     return folders_of(load_profile(device), user_db)
 
 
-def explain_tuning(manifest: dict) -> None:
+def explain_tuning(manifest: Manifest) -> None:
     """Print the tuning databases the build read, highest priority first."""
-    folders = manifest["build"].get("tuning_databases") or ["none"]
+    folders = manifest.tuning_databases or ["none"]
     print(f"tuning databases: {', '.join(folders)}")
 
 
-def explain_precision(manifest: dict) -> None:
+def explain_precision(manifest: Manifest) -> None:
     """Print which launches run in which precision, or what fp16 would save."""
     from .pipelines.fp16 import explain_lines
 
@@ -128,21 +129,21 @@ def explain_precision(manifest: dict) -> None:
         print(line)
 
 
-def explain_layouts(manifest: dict) -> None:
+def explain_layouts(manifest: Manifest) -> None:
     """Print each convolution's layout and every transform inserted, with their times."""
     from .graph_tuner.explain import describe
 
-    for line in describe(manifest["build"].get("layouts")):
+    for line in describe(manifest.layouts):
         print(line)
 
 
-def explain_schedules(manifest: dict) -> None:
+def explain_schedules(manifest: Manifest) -> None:
     """Print which rule scheduled each kernel, and why earlier rules were passed over;
     kernels of operators registered with ``--ops`` always (the user's own kernels)."""
     from .op_registry import registered_names
 
     registered = set(registered_names())
-    for device, facts in manifest["build"].get("schedules", {}).items():
+    for device, facts in manifest.schedules.items():
         counts = ", ".join(f"{rule} {n}" for rule, n in facts["rules"].items())
         print(f"schedules ({device}): {counts}")
         for name, kernel in facts["kernels"].items():
@@ -155,11 +156,11 @@ def explain_schedules(manifest: dict) -> None:
                 )
 
 
-def explain(manifest: dict) -> None:
+def explain(manifest: Manifest) -> None:
     """Print where each launch runs and every device copy (``deploy --explain``)."""
-    placement = manifest["build"].get("placement")
+    placement = manifest.placement
     if placement is None:
-        print(f"placement: every launch on the {manifest['profile']['runtime']} device")
+        print(f"placement: every launch on the {manifest.runtime} device")
         return
     counts = placement["launches"]
     print(f"placement: {counts['gpu']} launches on the GPU, {counts['cpu']} on the CPU")
@@ -193,7 +194,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise EdgecvError("nothing to run: give image files, --sample NAME or --input X.npy")
     if images:
         model.require_one_input("run IMAGE")
-    names = [i["name"] for i in model.manifest["inputs"]]
+    names = [tensor.name for tensor in model.manifest.inputs]
     if args.input:
         if len(args.input) != len(names):
             raise ShapeError(
@@ -277,7 +278,7 @@ def _timed(fn, x, repeat: int):
 
 def _report_outputs(model, outputs: list[np.ndarray], path: str | None) -> None:
     for i, out in enumerate(outputs):
-        print(f"output{i} {model.manifest['outputs'][i]['name']}: shape {out.shape} {out.dtype}")
+        print(f"output{i} {model.manifest.outputs[i].name}: shape {out.shape} {out.dtype}")
     if path:
         written = save_arrays(path, {f"output{i}": o for i, o in enumerate(outputs)})
         print(f"wrote {written}")

@@ -16,6 +16,7 @@ from . import __version__
 from .errors import EdgecvError, ProfileError, foreign_message
 from .frontend.mxnet import zoo
 from .lowering.memory_plan import memory_facts
+from .manifest import Manifest, Tensor
 from .package import PackageWriter, check_destination, package_manifest
 from .pipelines import BuildOptions, pipeline_for
 from .pipelines import fp16 as fp16_step
@@ -168,25 +169,21 @@ def deploy(
             writer.write_text(relative, text)
         writer.write_text("plan.json", plan.to_json())
         writer.write_arrays("params.npz", built.constants)
-        manifest = {
-            "model": {
+        manifest = Manifest.new(
+            model={
                 "name": source.name,
                 "task": source.task if processing is None else processing.decoder.task,
                 "weights": source.weights,
                 "symbol": source.file.name,
                 "source": source.record,
             },
-            "profile": profile.raw,
-            "inputs": [
-                {
-                    "name": n,
-                    "shape": list(imported.input_shapes[n]),
-                    "dtype": imported.input_dtypes[n],
-                }
+            profile=profile.raw,
+            inputs=[
+                Tensor(n, tuple(imported.input_shapes[n]), imported.input_dtypes[n])
                 for n in imported.input_names
             ],
-            "outputs": [
-                {"name": n, "shape": list(s), "dtype": d}
+            outputs=[
+                Tensor(n, tuple(s), d)
                 for n, s, d in zip(
                     imported.output_names,
                     imported.output_shapes,
@@ -194,10 +191,9 @@ def deploy(
                     strict=True,
                 )
             ],
-            "classes": source.classes,
-            **sections,  # preprocessing, decoder, and classes the source does not carry
-            "versions": {"edgecv": __version__, "tvm": tvm.__version__},
-            "build": {
+            classes=source.classes,
+            sections=sections,  # preprocessing, decoder, and classes the source does not carry
+            build={
                 "kernels": kernel_files,
                 "precision": options.precision.value,
                 **built.facts,
@@ -209,12 +205,13 @@ def deploy(
                 "timings_s": {k: round(v, 3) for k, v in timings.items()},
                 "total_s": round(time.perf_counter() - started, 3),
             },
-        }
+            versions={"edgecv": __version__, "tvm": tvm.__version__},
+        )
         path = writer.commit(manifest)
     except BaseException:
         writer.abort()
         raise
-    progress(f"wrote {path} ({manifest['build']['launches']} launches)")
+    progress(f"wrote {path} ({manifest.launches} launches)")
     return path
 
 

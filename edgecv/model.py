@@ -20,9 +20,9 @@ from .decoders import decode
 from .durable import clean_stale_staging
 from .errors import EdgecvError, PackageError
 from .imaging import Detection, preprocess
+from .manifest import Manifest
 from .package import Package, open_package, read_package_text
 from .plan import Plan
-from .processing import from_manifest
 from .runtime.context import one_line
 from .runtime.cpu import CPUBackend
 from .runtime.executor import Executor, check_streams
@@ -58,11 +58,11 @@ class DeployedModel:
                 f"cannot set up {root} on its device: {type(err).__name__}: {one_line(err)}"
             ) from None
         self.load_s = time.perf_counter() - t
-        self.processing = from_manifest(self.manifest, root)  # pre- and post-processing
+        self.processing = self.manifest.processing(root)  # pre- and post-processing
 
     def _backends(self, package: Package, plan: Plan, on: str | None) -> dict:
         """One backend per device the plan uses: the GPU's, and the CPU's for fallback."""
-        kernels = self.manifest["build"]["kernels"]
+        kernels = self.manifest.kernels
         if "opencl" not in kernels and "cuda" not in kernels:
             return {"cpu": self._cpu_backend(package)}
         backends = {"gpu": self._gpu_backend(package, on)}
@@ -75,8 +75,8 @@ class DeployedModel:
     def _cpu_backend(self, package: Package) -> CPUBackend:
         """The CPU kernels, once this machine is known to execute them: loaded from the
         bytes that were checked (the package's files may have changed since)."""
-        check_host(self.manifest["build"].get("host"), self.root)
-        kernels = self.manifest["build"]["kernels"]
+        check_host(self.manifest.host, self.root)
+        kernels = self.manifest.kernels
         if "cpu" not in kernels:
             raise PackageError(
                 f"{self.root}/manifest.json names no CPU kernels (`build.kernels.cpu`) for a "
@@ -89,20 +89,20 @@ class DeployedModel:
         )
 
     def _gpu_backend(self, package: Package, on: str | None):
-        kernels = self.manifest["build"]["kernels"]
+        kernels = self.manifest.kernels
         if "opencl" in kernels:
             from .runtime.opencl import OpenCLBackend
 
             launches = _read_launches(package, "opencl_launches")
             source = _read_text(package, "opencl")
-            requires = self.manifest["build"].get("requires", [])
-            return OpenCLBackend(on or _default_device(self.manifest), source, launches, requires)
+            device = on or _default_device(self.manifest)
+            return OpenCLBackend(device, source, launches, self.manifest.requires)
         if "cuda" in kernels:
             from .runtime.cuda import CUDABackend, CudaImages
 
             launches = _read_launches(package, "cuda_launches")
             images = CudaImages(
-                arch=self.manifest["build"]["cuda"]["arch"],
+                arch=self.manifest.cuda_arch,
                 source=_read_text(package, "cuda"),
                 cubin=_read_optional(package, kernels.get("cuda_cubin"), binary=True),
                 ptx=_read_optional(package, kernels.get("cuda_ptx"), binary=False),
@@ -112,16 +112,16 @@ class DeployedModel:
 
     @property
     def task(self) -> str:
-        return self.manifest["model"]["task"]
+        return self.manifest.task
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.manifest["inputs"][0]["shape"])
+        return self.manifest.input_shape
 
     def require_one_input(self, command: str) -> None:
         """Refuse ``command`` (which feeds one image or tensor) for a model with several
         inputs (a tracker's template and search image)."""
-        names = [i["name"] for i in self.manifest["inputs"]]
+        names = [tensor.name for tensor in self.manifest.inputs]
         if len(names) > 1:
             raise PackageError(
                 f"{self.root} takes {len(names)} inputs ({', '.join(names)}); `edgecv "
@@ -131,7 +131,7 @@ class DeployedModel:
 
     @property
     def classes(self) -> list[str]:
-        return self.manifest.get("classes", [])
+        return self.manifest.classes
 
     @property
     def streams(self) -> int:
@@ -147,7 +147,7 @@ class DeployedModel:
     def preprocess(self, image_bgr: np.ndarray) -> np.ndarray:
         """An image as the model's input tensor (see :meth:`predict` for the images it
         takes)."""
-        return preprocess(image_bgr, self.manifest["preprocessing"], self.input_shape)
+        return preprocess(image_bgr, self.manifest.preprocessing, self.input_shape)
 
     def predict(self, image_bgr: np.ndarray, threshold: float | None = None, k: int = 5):
         """Classify (top-k ``(label, prob)``) or detect (:class:`Detection` list) one image,
@@ -183,7 +183,7 @@ def _read_optional(package: Package, relative: str | None, binary: bool):
 
 def _read_text(package: Package, key: str) -> str:
     """The package's text file ``build.kernels[key]``, refused when absent or not text."""
-    kernels = package.manifest["build"]["kernels"]
+    kernels = package.manifest.kernels
     if key not in kernels:
         raise PackageError(f"{package.root}/manifest.json names no `build.kernels.{key}`; redeploy")
     return _read_optional(package, kernels[key], binary=False)
@@ -195,7 +195,7 @@ def _read_launches(package: Package, key: str) -> dict:
     try:
         return launches_from_json(_read_text(package, key))
     except ValueError as err:  # not JSON, or not launches (FormatError)
-        path = package.root / package.manifest["build"]["kernels"][key]
+        path = package.root / package.manifest.kernels[key]
         raise PackageError(f"{path} is malformed: {err}; redeploy") from None
 
 
@@ -208,7 +208,7 @@ def _read_plan(package: Package) -> Plan:
     except ValueError as err:  # not UTF-8 or JSON, or not a plan (FormatError)
         reason = err.msg if isinstance(err, json.JSONDecodeError) else one_line(err)
         raise PackageError(f"{path} is malformed: {reason}; redeploy the model") from None
-    declared = [(i["shape"], i["dtype"]) for i in manifest["inputs"]]
+    declared = [(list(t.shape), t.dtype) for t in manifest.inputs]
     planned = [(list(plan.buffers[b].shape), plan.buffers[b].dtype) for b in plan.inputs]
     if declared != planned:
         raise PackageError(
@@ -233,10 +233,9 @@ def _read_params(root: Path, data: bytes | None = None) -> dict[str, np.ndarray]
         ) from None
 
 
-def _default_device(manifest: dict) -> str:
+def _default_device(manifest: Manifest) -> str:
     """The OpenCL device a package runs on unless ``--on`` says otherwise."""
-    gpu = manifest["profile"].get("gpu") or {}
-    if gpu.get("intel_subgroups") is True:
+    if manifest.gpu.get("intel_subgroups") is True:
         return "intel"  # needs cl_intel_subgroups: Intel's runtime
     return ""  # the first device found
 

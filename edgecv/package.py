@@ -23,11 +23,10 @@ import re
 import tarfile
 from collections import Counter
 from pathlib import Path, PurePosixPath
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
-from ._version import __version__
 from .durable import (
     PACKAGE,
     clean_stale_staging,
@@ -38,14 +37,7 @@ from .durable import (
     swap_in,
 )
 from .errors import PackageError
-from .processing import from_manifest
-
-FORMAT = "edgecv-package"
-FORMAT_VERSION = 2  # 2: plans place steps and buffers on devices (CPU fallback)
-MANIFEST = "manifest.json"
-# TVM's runtime libraries for the package's host, beside its CPU kernels (runtime/cpu.py):
-# the runtime, and its extra library when a kernel calls one of TVM's library functions.
-TVM_RUNTIME_FILES = ("kernels/libtvm_runtime.so", "kernels/libtvm_runtime_extra.so")
+from .manifest import FORMAT, MANIFEST, SHA256_DIGEST, Manifest
 
 
 def sha256(path: Path) -> str:
@@ -138,15 +130,12 @@ class PackageWriter:
         with open(self.path(relative), "wb") as f:
             np.savez(f, **arrays)
 
-    def commit(self, manifest: dict[str, Any]) -> Path:
+    def commit(self, manifest: Manifest) -> Path:
+        """Write ``manifest``, sealed with the sha256 of every file written, and move the
+        package into place."""
         files = sorted(p for p in self.root.rglob("*") if p.is_file())
-        manifest = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            **manifest,
-            "files": {str(p.relative_to(self.root)): sha256(p) for p in files},
-        }
-        (self.root / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        sealed = manifest.sealed({str(p.relative_to(self.root)): sha256(p) for p in files})
+        (self.root / MANIFEST).write_text(sealed.to_json())
         # Checked again: something may have appeared there while the model compiled.
         check_destination(self.destination, self.force)
         swap_in(self.staging, self.destination)
@@ -244,10 +233,10 @@ class Package:
     of the manifest), and the bytes of each file the loader reads as they were checked
     (:meth:`take`): what runs is what was checked, whatever the file holds by then."""
 
-    def __init__(self, root: Path, manifest: dict[str, Any], pin: str, checked: dict):
+    def __init__(self, root: Path, manifest: Manifest, pin: str, checked: dict):
         self.root, self.manifest, self.sha256 = root, manifest, pin
         self._checked = checked
-        self._uses = Counter(loaded_files(manifest))
+        self._uses = Counter(manifest.loaded_files)
 
     def take(self, relative: str) -> bytes:
         """The checked bytes of package file ``relative``; dropped after its last use, so
@@ -261,7 +250,7 @@ class Package:
 
 def read_manifest(
     path: str | Path, verify: bool = True, sha256: str | None = None
-) -> tuple[Path, dict[str, Any]]:
+) -> tuple[Path, Manifest]:
     """Locate a package, check its manifest (and checksums), return (folder, manifest);
     see :func:`open_package`."""
     package = open_package(path, verify, sha256, keep=False)
@@ -272,9 +261,9 @@ def open_package(
     path: str | Path, verify: bool = True, sha256: str | None = None, keep: bool = True
 ) -> Package:
     """Locate a package and check it: its manifest against the pin ``sha256`` when given,
-    then field by field (:func:`check_manifest`); with ``verify`` every file it lists
-    against its sha256, and every file the loader reads (the plan, the params, each
-    kernel file) must be listed. Nothing of a package is read, and no kernel library
+    then field by field (:func:`~edgecv.manifest.check_manifest`); with ``verify`` every
+    file it lists against its sha256, and every file the loader reads (the plan, the
+    params, each kernel file) must be listed. Nothing of a package is read, and no kernel library
     reaches the dynamic loader, before its bytes are known to be the ones the deploy
     wrote; with ``keep`` the bytes checked of those files are kept for the loader.
 
@@ -300,15 +289,15 @@ def open_package(
         ) from None
     except OSError as err:
         raise PackageError(f"cannot read {manifest_path}: {err.strerror or err}") from None
-    check_manifest(manifest, root)
-    checked = _check_files(root, manifest, keep) if verify else {}
-    return Package(root, manifest, hashlib.sha256(data).hexdigest(), checked)
+    checked_manifest = Manifest.checked(manifest, root)
+    checked = _check_files(root, checked_manifest, keep) if verify else {}
+    return Package(root, checked_manifest, hashlib.sha256(data).hexdigest(), checked)
 
 
-def _check_files(root: Path, manifest: dict[str, Any], keep: bool) -> dict[str, bytes]:
+def _check_files(root: Path, manifest: Manifest, keep: bool) -> dict[str, bytes]:
     """Check every file the manifest lists; return the bytes checked of those the loader
     reads (with ``keep``)."""
-    files, loaded = manifest["files"], loaded_files(manifest)
+    files, loaded = manifest.files, manifest.loaded_files
     for relative in loaded:
         if relative not in files:
             raise PackageError(
@@ -339,7 +328,7 @@ def check_pin(sha256: str | None) -> str | None:
     if sha256 is None:
         return None
     pin = sha256.strip().lower() if isinstance(sha256, str) else None
-    if pin is None or not _SHA256.fullmatch(pin):
+    if pin is None or not SHA256_DIGEST.fullmatch(pin):
         raise PackageError(
             f"sha256 {sha256!r:.80} is not a package pin: give the 64 hex digits `edgecv "
             "deploy` printed (the sha256 of the package's manifest.json)"
@@ -361,177 +350,6 @@ def manifest_sha256(root: str | Path) -> str:
     """The pin of the package folder ``root``: the sha256 of its manifest, which lists
     the sha256 of every other file (``edgecv.load(path, sha256=...)``)."""
     return hashlib.sha256((Path(root) / MANIFEST).read_bytes()).hexdigest()
-
-
-def loaded_files(manifest: dict[str, Any]) -> list[str]:
-    """The package files :func:`edgecv.load` reads, relative to the package folder."""
-    return ["plan.json", "params.npz", *manifest["build"]["kernels"].values()]
-
-
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-# The shared libraries a package's loader opens, by their key in build.kernels: each is
-# always this file (written by edgecv.pipelines, see also TVM_RUNTIME_FILES).
-LIBRARY_FILES = {
-    "cpu": "kernels/cpu.so",
-    "tvm_runtime": TVM_RUNTIME_FILES[0],
-    "tvm_runtime_extra": TVM_RUNTIME_FILES[1],
-}
-
-
-def check_manifest(manifest: Any, root: Path) -> None:
-    """Refuse, with one line naming the field, a manifest the loader could not use: its
-    format, format version and edgecv version first (a manifest of another version may
-    hold other fields), then every field that loading and running the package read."""
-    if not isinstance(manifest, dict):
-        raise PackageError(
-            f"{root / MANIFEST} holds a JSON {type(manifest).__name__}, not an edgecv "
-            "manifest; redeploy the model"
-        )
-    if manifest.get("format") != FORMAT:
-        raise PackageError(
-            f"{root} is not an edgecv package (format {manifest.get('format')!r:.60})"
-        )
-    version = manifest.get("format_version")
-    if type(version) is not int or version != FORMAT_VERSION:
-        raise PackageError(
-            f"{root} has package format {version!r:.40}, this edgecv reads format "
-            f"{FORMAT_VERSION}; redeploy the model with this edgecv"
-        )
-    versions = manifest.get("versions")
-    built_with = versions.get("edgecv") if isinstance(versions, dict) else None
-    if built_with != __version__:
-        if not (isinstance(built_with, str) and built_with.isprintable()):
-            built_with = f"{built_with!r:.40}"
-        raise PackageError(
-            f"{root} was built by edgecv {built_with}, this is edgecv {__version__}; kernels and "
-            "plans are not portable across versions: redeploy the model"
-        )
-    fields = _Fields(manifest, root)
-    files = fields.get("files", dict)
-    for relative, digest in files.items():
-        _check_relative(relative, f"files: {relative!r}", root)
-        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
-            fields.fail(f"files.{relative}", "a sha256 (64 hex digits)", digest)
-    kernels = fields.get("build.kernels", dict)
-    if not kernels:
-        fields.fail("build.kernels", "the package's kernel files", kernels)
-    for name, relative in kernels.items():
-        field = f"build.kernels.{name if name.isprintable() else repr(name)}"
-        if not isinstance(relative, str):
-            fields.fail(field, "a file of the package", relative)
-        _check_relative(relative, field, root)
-        # what the dynamic loader opens is named by the format, not by the manifest: the
-        # package's TVM runtime opened as its kernel library registers TVM's functions a
-        # second time, and the process aborts
-        expected = LIBRARY_FILES.get(name)
-        if relative != expected and (expected or relative in LIBRARY_FILES.values()):
-            fields.fail(
-                field,
-                f"{expected!r}" if expected else "a file no other entry of build.kernels names",
-                relative,
-            )
-    host = fields.get("build.host", (dict, type(None)), required=False)
-    if host:
-        fields.get("build.host.triple", str)
-        fields.get("build.host.cpu", (str, type(None)), required=False)
-        fields.strings("build.host.features", required=False)
-    fields.strings("build.requires", required=False)
-    if "cuda" in kernels:
-        fields.get("build.cuda.arch", (str, int))
-    inputs = fields.get("inputs", list)
-    if not inputs:
-        fields.fail("inputs", "one entry per model input", inputs)
-    for index in range(len(inputs)):
-        fields.tensor(f"inputs.{index}")
-    for index in range(len(fields.get("outputs", list))):
-        fields.tensor(f"outputs.{index}")
-    fields.get("model.name", str)
-    fields.get("model.task", str)
-    fields.get("profile.name", str)
-    fields.get("profile.runtime", str)
-    fields.get("profile.gpu", dict, required=False)
-    fields.get("preprocessing.color", str, required=False)
-    fields.get("preprocessing.scale", (int, float), required=False)
-    for key in ("mean", "std"):
-        values = fields.get(f"preprocessing.{key}", list)
-        if len(values) != 3 or not all(_is_number(v) for v in values):
-            fields.fail(f"preprocessing.{key}", "3 numbers (R, G, B)", values)
-    fields.strings("classes", required=False)
-    from_manifest(manifest, root)  # resize, pad, layout, decoder: their owner's checks
-
-
-class _Fields:
-    """Typed reads of a manifest's fields by dotted path, refusing a missing or
-    ill-typed one with its path, what it should be and what was found."""
-
-    _MISSING = object()
-
-    def __init__(self, manifest: dict[str, Any], root: Path):
-        self.manifest, self.root = manifest, root
-
-    def fail(self, path: str, expected: str, found: Any) -> NoReturn:
-        shown = "nothing" if found is self._MISSING else f"{type(found).__name__} {found!r:.60}"
-        raise PackageError(
-            f"{self.root / MANIFEST}: field `{path}` should be {expected}, found {shown}; the "
-            "manifest is damaged or from another tool: redeploy the model"
-        )
-
-    def get(self, path: str, kinds: type | tuple[type, ...], required: bool = True) -> Any:
-        value: Any = self.manifest
-        for key in path.split("."):
-            if isinstance(value, list) and key.isdigit() and int(key) < len(value):
-                value = value[int(key)]
-            elif isinstance(value, dict) and key in value:
-                value = value[key]
-            else:
-                value = self._MISSING
-                break
-        if value is self._MISSING and not required:
-            return None
-        if value is self._MISSING or not isinstance(value, kinds) or isinstance(value, bool):
-            kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-            names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-            self.fail(path, f"a {names}", value)
-        return value
-
-    def strings(self, path: str, required: bool = True) -> list[str] | None:
-        values = self.get(path, list, required)
-        if values is not None and not all(isinstance(v, str) for v in values):
-            self.fail(path, "a list of strings", values)
-        return values
-
-    def tensor(self, path: str) -> None:
-        self.get(f"{path}.name", str)
-        shape = self.get(f"{path}.shape", list)
-        if not all(type(d) is int and d >= 0 for d in shape):
-            self.fail(f"{path}.shape", "a list of sizes (whole numbers >= 0)", shape)
-        dtype = self.get(f"{path}.dtype", str)
-        try:
-            np.dtype(dtype)
-        except TypeError:
-            self.fail(f"{path}.dtype", "a NumPy dtype name", dtype)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check_relative(relative: str, field: str, root: Path) -> None:
-    """A file named by the manifest must lie inside the package folder: a relative
-    path, no ``..``, so a damaged or hostile manifest cannot make the loader read or
-    load a file from elsewhere."""
-    parts = PurePosixPath(relative).parts
-    if (
-        not relative
-        or relative.startswith(("/", "\\"))
-        or re.match(r"^[A-Za-z]:", relative)
-        or ".." in parts
-        or not relative.isprintable()  # a control character: no file deploy writes
-    ):
-        raise PackageError(
-            f"{root / MANIFEST}: `{field}` names {relative!r}, which is not a file inside the "
-            "package; the manifest is damaged: redeploy the model"
-        )
 
 
 def archive(root: str | Path, force: bool = False) -> Path:

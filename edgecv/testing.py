@@ -287,11 +287,11 @@ def compare_with_onnxruntime(
 
     loaded = isinstance(package_or_model, DeployedModel)
     model = package_or_model if loaded else load(package_or_model)
-    specs = model.manifest["inputs"]
+    specs = model.manifest.inputs
     if inputs is None:
         rng = np.random.RandomState(seed)
-        inputs = [rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in specs]
-    xs = [inputs[i["name"]] for i in specs] if isinstance(inputs, dict) else list(inputs)
+        inputs = [rng.standard_normal(t.shape).astype(t.dtype) for t in specs]
+    xs = [inputs[t.name] for t in specs] if isinstance(inputs, dict) else list(inputs)
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])

@@ -34,6 +34,7 @@ DEVICE_RUNTIME = [
     "edgecv/errors.py",
     "edgecv/model.py",
     "edgecv/package.py",
+    "edgecv/manifest.py",
     "edgecv/plan.py",
     "edgecv/durable.py",
     "edgecv/imaging.py",

@@ -28,6 +28,7 @@ from test_run_faults import SHAPE, quick_package, tiny_model, x_of
 
 import edgecv
 from edgecv.errors import PackageError
+from edgecv.manifest import Manifest
 from edgecv.package import PackageWriter, archive
 from edgecv.runtime import kernel_cache
 from edgecv.testing import assert_one_error_line, run_cli
@@ -41,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 REWRITE = r"""
 import json, os, signal, sys, time
 from pathlib import Path
+from edgecv.manifest import Manifest
 from edgecv.package import PackageWriter
 
 source, destination, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
@@ -65,7 +67,7 @@ while True:
     if mode == "wait-at-commit":
         print("waiting", flush=True)
         time.sleep(600)
-    writer.commit(manifest)
+    writer.commit(Manifest(manifest))
     if mode != "loop":
         break
 """
@@ -192,7 +194,7 @@ def test_a_package_is_synced_before_it_is_renamed_into_place(package, tmp_path, 
     writer = PackageWriter(destination)
     for relative in child_files:
         writer.path(str(relative)).write_bytes((package / relative).read_bytes())
-    writer.commit({"model": {"name": "tiny"}})
+    writer.commit(Manifest({"model": {"name": "tiny"}}))
     into_place = ("renamed to", os.path.realpath(destination))
     (moved,) = [k for k, e in enumerate(events) if e == into_place]
     synced = [path for kind, path in events[:moved] if kind == "fsync"]

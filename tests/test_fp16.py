@@ -328,11 +328,12 @@ def test_check_on_a_device_without_fp16_is_said_before_compiling():
 
 
 def test_explain_says_what_fp16_saves_and_which_launches_run_in_it(packages):
+    from edgecv.manifest import Manifest
     from edgecv.pipelines.fp16 import explain_lines
 
-    fp32_lines = explain_lines(_manifest(packages["fp32"]))
+    fp32_lines = explain_lines(Manifest(_manifest(packages["fp32"])))
     assert len(fp32_lines) == 1 and "--precision fp16 would store the weights" in fp32_lines[0]
-    fp16_lines = explain_lines(_manifest(packages["fp16"]))
+    fp16_lines = explain_lines(Manifest(_manifest(packages["fp16"])))
     assert fp16_lines[0].startswith("precision: fp16")
     assert any("mean" in line for line in fp16_lines[1:])  # global pooling stays fp32
 

@@ -775,7 +775,7 @@ def test_int8_package_matches_fp32_within_the_quantization_step(small, tmp_path)
     ]
     assert max(errors) > 0, "int8 gave exactly the float32 outputs: was anything quantized?"
     print(f"int8 vs fp32: largest error {max(errors):.2%} of the output's scale (5 layers)")
-    build = int8.manifest["build"]
+    build = int8.manifest.build
     dot = dot_product_of(load_profile("cpu").tvm_target())
     if dot is not None:  # the 1x1 and the residual 3x3 (16 -> 16 channels, uint8 inputs)
         assert build["schedules"]["cpu"]["rules"].get("cpu.Conv2DInt8") == 2
@@ -800,12 +800,12 @@ def test_int8_package_matches_fp32_within_the_quantization_step(small, tmp_path)
             "conv2d_3": "int32",
             "dense_0": "float32",
         }
-    assert build["precision"] == "int8" and fp32.manifest["build"]["precision"] == "fp32"
+    assert build["precision"] == "int8" and fp32.manifest.precision.value == "fp32"
     facts = build["quantization"]
     assert facts["quantized"] == {"conv2d": 4, "dense": 1} and facts["method"] == "minmax"
     assert [a["input"] for a in facts["adds_reading_8_bits"]] == ["t3"]  # the residual
     assert facts["calibration"]["inputs"] == 16 and not facts["calibration"]["reused"]
-    files = int8.manifest["files"]
+    files = int8.manifest.files
     assert files["calibration.json"] == sha256(Path(int8_path) / "calibration.json")
     saved = json.loads((Path(int8_path) / "calibration.json").read_text())
     assert saved["data"]["sha256"] == facts["calibration"]["sha256"]
@@ -861,7 +861,7 @@ def test_int8_convolutions_in_the_packed_layout_give_the_nchw_answers(small, tmp
         )
         for layout in ("NCHW", "packed")
     }
-    packed = packages["packed"].manifest["build"]
+    packed = packages["packed"].manifest.build
     assert packed["layouts"]["chosen"] == f"NCHW{dot.lanes}c"
     kernels = packed["schedules"]["cpu"]["kernels"].values()
     # the 1x1 and the residual 3x3 on the dot product, the first and the depthwise
@@ -954,7 +954,7 @@ def test_int8_package_calibrated_on_a_folder_of_images(small, tmp_path):
         options=_options(precision="int8", calibrate=folder, calibration_size=3),
     )
     model = edgecv.load(path)
-    facts = model.manifest["build"]["quantization"]["calibration"]
+    facts = model.manifest.quantization["calibration"]
     assert (facts["kind"], facts["inputs"], facts["available"]) == ("images", 3, 5)
     # the first convolution's input is the preprocessed image: its range is that of
     # ImageNet normalization of pixels in [0, 255]

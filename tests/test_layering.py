@@ -26,7 +26,8 @@ FLOORS = [
     # the device side: what a board runs (`edgecv.load(path).run(x)`, `edgecv run`)
     ["errors", "_version", "progress"],
     ["plan", "arguments", "imaging", "op_registry", "precision", "durable", "processing"],
-    ["package", "runtime", "outputs", "decoders"],
+    ["manifest", "runtime", "outputs", "decoders"],
+    ["package"],
     ["model"],
     ["__init__"],
     # the compiler side, in the order of the flow

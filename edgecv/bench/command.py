@@ -20,9 +20,9 @@ import numpy as np
 from .. import __version__, progress
 from ..arguments import pin_argument
 from ..errors import EdgecvError, foreign_message
+from ..manifest import Manifest
 from ..outputs import check_output_folder
 from ..package import sha256
-from ..precision import Precision
 from ..runtime.cpu import pool_threads
 from ..testing import TOLERANCES
 from .baselines import KNOWN
@@ -36,7 +36,7 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def source_files(manifest: dict, source: str | None, work: Path) -> tuple[Path, Path | None]:
+def source_files(manifest: Manifest, source: str | None, work: Path) -> tuple[Path, Path | None]:
     """The files of the package's source model: an ONNX file (and None), or the symbol
     and params files of an MXNet graph. ``--source`` (an ``.onnx`` file, or a
     ``*-symbol.json`` with its ``-0000.params`` beside it), else what the manifest records
@@ -53,7 +53,7 @@ def source_files(manifest: dict, source: str | None, work: Path) -> tuple[Path, 
             if not path.is_file():
                 raise EdgecvError(f"--source: {path} does not exist")
         return symbol, params
-    record = manifest["model"].get("source")
+    record = manifest.source
     if record is None:
         raise EdgecvError(
             "this package does not record its source model (deployed by an older edgecv); "
@@ -188,7 +188,7 @@ def cmd_bench(args) -> int:
     ours = model.run(x)
     kernels = profile_steps(model, x, repeat=min(args.repeat, 10))
     rss_after = _peak_rss_mib()  # before any baseline is loaded into this process
-    detection = model.manifest["model"].get("task") == "detection"
+    detection = model.manifest.task == "detection"
     runners = {"edgecv": lambda: model.run(x)}
     callers: dict[str, list] = {"edgecv": [lambda: model.run(x)] * (streams or 1)}
     if streams is not None:
@@ -196,12 +196,12 @@ def cmd_bench(args) -> int:
         callers["edgecv 1 stream"] = [lambda: one.run(x)] * streams
     report: dict = {
         "package": str(args.package),
-        "model": model.manifest["model"]["name"],
-        "profile": model.manifest["profile"]["name"],
+        "model": model.manifest.model_name,
+        "profile": model.manifest.profile_name,
         "device": getattr(model.executor.backend, "label", model.executor.backend.name),
         "input_shape": list(x.shape),
         "threads": pool_threads(),
-        "precision": model.manifest.get("build", {}).get("precision", Precision.FP32.value),
+        "precision": model.manifest.precision.value,
         "load_s": load_s,
         "peak_rss_mib": rss_after,
         "rss_growth_mib": rss_after - rss_before,

@@ -47,13 +47,13 @@ def calibration_set(model) -> CalibrationSet:
     """The inputs the INT8 baselines are calibrated on (module docstring)."""
     from ..pipelines.int8 import CalibrationError, read_calibration
 
-    recorded = model.manifest.get("build", {}).get("quantization", {}).get("calibration")
+    recorded = model.manifest.quantization.get("calibration")
     why = "the package is not INT8"
     if recorded:
         source = recorded.get("source")
         try:
             inputs = read_calibration(
-                source, model.input_shape, model.manifest["preprocessing"], recorded["inputs"]
+                source, model.input_shape, model.manifest.preprocessing, recorded["inputs"]
             )
         except (CalibrationError, KeyError, TypeError) as err:
             why = f"its calibration source {source} cannot be read again ({err})"

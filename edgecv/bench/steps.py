@@ -43,7 +43,7 @@ def profile_steps(model, x: np.ndarray, repeat: int = 5) -> list[KernelTime]:
     list of KernelTime
         Sorted by time, largest first.
     """
-    kernel_ops = model.manifest["build"].get("kernel_ops", {})
+    kernel_ops = model.manifest.kernel_ops
     with model.executor.context() as context:  # no other call runs in it meanwhile
         runs, counts = _profile_in(context, x, repeat)
     keys = {k for r in runs for k in r}

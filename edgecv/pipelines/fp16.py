@@ -14,6 +14,7 @@ import tvm
 from ..errors import EdgecvError
 from ..lowering import Lowered
 from ..lowering.precision import ACCUMULATE, computes_in_half, to_half
+from ..manifest import Manifest
 from ..plan import Plan
 from ..precision import Precision
 from ..profiles import Profile
@@ -104,12 +105,11 @@ def launch_facts(plan: Plan, lowered: Lowered) -> dict:
     }
 
 
-def explain_lines(manifest: dict) -> list[str]:
+def explain_lines(manifest: Manifest) -> list[str]:
     """``deploy --explain``: which launches run in which precision (an fp16 package), or
     what fp16 would save (an fp32 package for a profile whose device has float16)."""
-    build = manifest["build"]
-    recorded = build.get("precision", Precision.FP32.value)  # older manifests: none
-    if recorded == Precision.FP16.value and "fp16" in build:
+    build, recorded = manifest.build, manifest.precision
+    if recorded is Precision.FP16 and "fp16" in build:
         facts = build["fp16"]
         counts = ", ".join(f"{n} {key.replace('_', ' ')}" for key, n in facts["counts"].items())
         lines = [f"precision: fp16 (accumulating in {facts['accumulate']}): {counts} launches"]
@@ -118,8 +118,7 @@ def explain_lines(manifest: dict) -> list[str]:
             for kernel, ops in facts["fp32_gpu_kernels"].items()
         ]
         return lines
-    gpu = manifest["profile"].get("gpu") or {}
-    if recorded != Precision.FP32.value or gpu.get("fp16") not in (True, "auto"):
+    if recorded is not Precision.FP32 or manifest.gpu.get("fp16") not in (True, "auto"):
         return []
     weights, activations = build.get("constant_bytes", 0), build.get("intermediate_bytes", 0)
     return [

@@ -18,7 +18,7 @@ from ..codegen.contained import DEFAULT_TIME_LIMIT_S, Compiled, CompileOne, comp
 from ..codegen.op_versions import OpVersions
 from ..errors import EdgecvError
 from ..lowering import Lowered
-from ..package import TVM_RUNTIME_FILES
+from ..manifest import TVM_RUNTIME_FILES
 from ..plan import Plan
 from ..precision import Precision
 from ..schedules.orders import cpu_order, tuning_database

@@ -56,9 +56,8 @@ else:  # the CPU library of a package whose every launch runs on the CPU
     from edgecv.runtime.host import check_host
 
     root, manifest = read_manifest(package)
-    build = manifest["build"]
-    check_host(build["host"], root)
-    kernels = build["kernels"]
+    check_host(manifest.host, root)
+    kernels = manifest.kernels
     backend = CPUBackend.load(root / kernels["cpu"], [root / kernels["tvm_runtime"]])
     plan = Plan.from_json((root / "plan.json").read_text())
     with np.load(root / "params.npz") as npz:
