@@ -152,20 +152,10 @@ def main() -> None:
             bench_device(device, args.repeat, mx)
 
 
-def bench_device(device: str, repeat: int, mx) -> None:
-    """Every row of one device's table (none past a device that cannot build NMS)."""
+def nms_rows(device: str, repeat: int, mx, subgroups: bool) -> bool:
+    """box_nms at SSD's and YOLOv3's box counts; False when the device cannot build it."""
     import cv2
 
-    subgroups = any(d.matches(device) and d.intel_subgroups for d in opencl_devices())
-    print(
-        f"\n== {device} ==  (ms; x = that version's time / edgecv's work-group version; "
-        f"subgroup: edgecv's Intel-subgroup variant, subgroups of 16)"
-    )
-    print(
-        f"{'operator':<34}{'edgecv':>10}{'lnch':>5}{'subgroup':>10}{'naive GPU':>10}"
-        f"{'TVM GPU':>10}{'MXNet CPU':>10}{'NumPy/CV':>10}{'sub x':>8}{'naive x':>8}"
-        f"{'TVM x':>8}{'MXNet x':>8}"
-    )
     for label, n in (
         ("box_nms SSD-512 (122640 boxes)", 122640),
         ("box_nms YOLOv3-512 (16128 boxes)", 16128),
@@ -185,7 +175,7 @@ def bench_device(device: str, repeat: int, mx) -> None:
         )
         if op is None:
             print(f"{label:<34} not run: {err}")
-            return
+            return False
         ours = median_time(op, repeat)
         sub = subgroup_time(
             subgroups,
@@ -223,6 +213,11 @@ def bench_device(device: str, repeat: int, mx) -> None:
             opencv,
             "TVM: no GPU NMS; CV: cv2.dnn.NMSBoxes, class-agnostic",
         )
+    return True
+
+
+def argsort_rows(device: str, repeat: int, mx, subgroups: bool) -> None:
+    """The segmented argsort: one long row, and one row per class."""
     for label, lengths in (
         ("argsort 1 x 122640", [122640]),
         ("argsort 20 classes x 6132", [6132] * 20),
@@ -282,6 +277,10 @@ def bench_device(device: str, repeat: int, mx) -> None:
             numpy_s,
             f"TVM: {why}" if why else "",
         )
+
+
+def scan_rows(device: str, repeat: int, mx, subgroups: bool) -> None:
+    """The inclusive scan (int32): one long row, and one row per class."""
     for label, shape in (
         ("scan 1 x 122640 (int32)", (1, 122640)),
         ("scan 20 x 6132 (int32)", (20, 6132)),
@@ -339,6 +338,24 @@ def bench_device(device: str, repeat: int, mx) -> None:
             numpy_s,
             f"TVM: {why}" if why else "",
         )
+
+
+def bench_device(device: str, repeat: int, mx) -> None:
+    """Every row of one device's table (none past a device that cannot build NMS)."""
+    subgroups = any(d.matches(device) and d.intel_subgroups for d in opencl_devices())
+    print(
+        f"\n== {device} ==  (ms; x = that version's time / edgecv's work-group version; "
+        f"subgroup: edgecv's Intel-subgroup variant, subgroups of 16)"
+    )
+    print(
+        f"{'operator':<34}{'edgecv':>10}{'lnch':>5}{'subgroup':>10}{'naive GPU':>10}"
+        f"{'TVM GPU':>10}{'MXNet CPU':>10}{'NumPy/CV':>10}{'sub x':>8}{'naive x':>8}"
+        f"{'TVM x':>8}{'MXNet x':>8}"
+    )
+    if not nms_rows(device, repeat, mx, subgroups):
+        return  # a device that cannot build NMS runs nothing more
+    argsort_rows(device, repeat, mx, subgroups)
+    scan_rows(device, repeat, mx, subgroups)
     # ROIAlign at a Faster-RCNN-like size; MultiBoxDetection at SSD-300's anchors
     rng = np.random.RandomState(3)
     feat = rng.standard_normal((1, 256, 32, 32)).astype(np.float32)

@@ -9,17 +9,16 @@ from ._version import __version__
 # user chose otherwise. Must happen before TVM's runtime starts its pool.
 _os.environ.setdefault("TVM_NUM_THREADS", str(len(_os.sched_getaffinity(0))))
 # TVM pins each pool worker to a core but leaves the calling thread free; when the OS
-# runs the caller on a worker's core the two share it for every kernel (mobilenet1.0 on
-# 2 cores: 3.0 ms, 5.8-6.3 ms with the caller on the worker's core, which happened on its
-# own in about half of the benchmark runs). Unpinned workers let the OS keep them apart
-# (3.0-3.1 ms wherever the caller runs). TVM_BIND_THREADS=1 restores the pinning.
+# runs the caller on a worker's core the two share it for every kernel, which the OS
+# does on its own in a good share of runs. Unpinned workers let the OS keep them apart
+# (benchmarks/results/thread_pinning-2026-11-25-zen5-2core.md). TVM_BIND_THREADS=1
+# restores the pinning.
 _os.environ.setdefault("TVM_BIND_THREADS", "0")
 # After each task a pool worker spins (yielding the core) before it sleeps: 300000
 # times by default, which on busy cores lasts up to seconds and takes cycles from
-# whatever runs next. Two 1-thread streams of mobilenet1.0 on 2 cores, right after a
-# 2-thread inference of it: 47-107 inferences/s a round (p90 40 ms) with TVM's count,
-# 79-104 (p90 25 ms) with 10000, which still spans the gap between two kernels of an
-# inference (single-stream p50 unchanged: 10.6-13.0 ms either way, 4 runs each).
+# whatever runs next (other streams' kernels); 10000 still spans the gap between two
+# kernels of an inference, so one stream loses nothing
+# (benchmarks/results/streams-2026-11-26-zen3.md, the spin count).
 _os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "10000")
 
 from .errors import EdgecvError  # noqa: E402  (after the environment is set)

@@ -539,72 +539,89 @@ def mutate_package(root: Path, data) -> tuple[str, bool, list[str]]:
             ]
         )
     )
-    if kind == "missing":
-        relative = data.draw(st.sampled_from(PACKAGE_FILES))
-        (root / relative).unlink()
-        return f"delete {relative}", False, []
-    if kind == "bytes":
-        relative = data.draw(st.sampled_from(PACKAGE_FILES))
-        original = (root / relative).read_bytes()
-        content = bytearray(original)
-        how = data.draw(st.sampled_from(["truncate", "flip", "flip", "empty", "append"]))
-        if how == "truncate":
-            content = content[: data.draw(st.integers(0, len(content) - 1))]
-        elif how == "flip":
-            for _ in range(data.draw(st.integers(1, 4))):
-                at = data.draw(st.integers(0, len(content) - 1))
-                content[at] ^= 1 << data.draw(st.integers(0, 7))
-        elif how == "empty":
-            content = bytearray()
-        else:
-            content += data.draw(st.binary(min_size=1, max_size=64))
-        _rewrite(root, relative, bytes(content))
-        damaged = relative in LIBRARIES and content != original  # two flips may cancel
-        return f"{how} {relative}", False, [relative] if damaged else []
-    if kind == "manifest":
-        manifest = json.loads((root / "manifest.json").read_text())
-        path = data.draw(st.sampled_from(MANIFEST_PATHS))
-        value = data.draw(MANIFEST_VALUES | JSON_VALUES)
-        try:
-            if not path:
-                manifest = value
-            elif data.draw(st.booleans()):
-                *parents, last = path
-                tree = manifest
-                for key in parents:
-                    tree = tree[key]
-                del tree[last]
-                value = "(deleted)"
-            else:
-                _set(manifest, path, value)
-        except (KeyError, IndexError, TypeError):
-            pass  # the path is not in this manifest
-        _rewrite(root, "manifest.json", json.dumps(manifest).encode())
-        return f"manifest {'.'.join(map(str, path))} = {value!r:.50}", False, []
-    if kind == "plan":
-        plan = json.loads((root / "plan.json").read_text())
-        part = data.draw(st.sampled_from(["buffers", "steps", "top"]))
-        if part == "top":
-            key = data.draw(st.sampled_from(sorted(plan)))
-            target, where = plan, key
-        else:
-            index = data.draw(st.integers(0, len(plan[part]) - 1))
-            target = plan[part][index]
-            key = data.draw(st.sampled_from(sorted(target)))
-            where = f"{part}[{index}].{key}"
-        change = data.draw(st.integers(0, 5))
-        if change == 0:
-            del target[key]
+    return MUTATIONS[kind](root, data)
+
+
+def _delete_file(root: Path, data) -> tuple[str, bool, list[str]]:
+    relative = data.draw(st.sampled_from(PACKAGE_FILES))
+    (root / relative).unlink()
+    return f"delete {relative}", False, []
+
+
+def _damage_bytes(root: Path, data) -> tuple[str, bool, list[str]]:
+    """A file truncated, emptied, grown, or a few of its bits flipped."""
+    relative = data.draw(st.sampled_from(PACKAGE_FILES))
+    original = (root / relative).read_bytes()
+    content = bytearray(original)
+    how = data.draw(st.sampled_from(["truncate", "flip", "flip", "empty", "append"]))
+    if how == "truncate":
+        content = content[: data.draw(st.integers(0, len(content) - 1))]
+    elif how == "flip":
+        for _ in range(data.draw(st.integers(1, 4))):
+            at = data.draw(st.integers(0, len(content) - 1))
+            content[at] ^= 1 << data.draw(st.integers(0, 7))
+    elif how == "empty":
+        content = bytearray()
+    else:
+        content += data.draw(st.binary(min_size=1, max_size=64))
+    _rewrite(root, relative, bytes(content))
+    damaged = relative in LIBRARIES and content != original  # two flips may cancel
+    return f"{how} {relative}", False, [relative] if damaged else []
+
+
+def _edit_manifest(root: Path, data) -> tuple[str, bool, list[str]]:
+    """A manifest field set to a drawn value, or deleted; or the whole manifest replaced."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    path = data.draw(st.sampled_from(MANIFEST_PATHS))
+    value = data.draw(MANIFEST_VALUES | JSON_VALUES)
+    try:
+        if not path:
+            manifest = value
+        elif data.draw(st.booleans()):
+            *parents, last = path
+            tree = manifest
+            for key in parents:
+                tree = tree[key]
+            del tree[last]
             value = "(deleted)"
-        elif change == 1:
-            value = data.draw(st.text(max_size=6))
-            target[value] = target.pop(key)
-            where, value = f"{where} (renamed)", f"-> {value!r}"
         else:
-            value = target[key] = data.draw(PLAN_VALUES)
-        _rewrite(root, "plan.json", json.dumps(plan).encode())
-        _rehash(root, "plan.json")
-        return f"plan {where} = {value!r:.50} (rehashed)", True, []
+            _set(manifest, path, value)
+    except (KeyError, IndexError, TypeError):
+        pass  # the path is not in this manifest
+    _rewrite(root, "manifest.json", json.dumps(manifest).encode())
+    return f"manifest {'.'.join(map(str, path))} = {value!r:.50}", False, []
+
+
+def _edit_plan(root: Path, data) -> tuple[str, bool, list[str]]:
+    """A field of the plan (of a buffer, a step, or the top) deleted, renamed or set; the
+    checksum updated to match."""
+    plan = json.loads((root / "plan.json").read_text())
+    part = data.draw(st.sampled_from(["buffers", "steps", "top"]))
+    if part == "top":
+        key = data.draw(st.sampled_from(sorted(plan)))
+        target, where = plan, key
+    else:
+        index = data.draw(st.integers(0, len(plan[part]) - 1))
+        target = plan[part][index]
+        key = data.draw(st.sampled_from(sorted(target)))
+        where = f"{part}[{index}].{key}"
+    change = data.draw(st.integers(0, 5))
+    if change == 0:
+        del target[key]
+        value = "(deleted)"
+    elif change == 1:
+        value = data.draw(st.text(max_size=6))
+        target[value] = target.pop(key)
+        where, value = f"{where} (renamed)", f"-> {value!r}"
+    else:
+        value = target[key] = data.draw(PLAN_VALUES)
+    _rewrite(root, "plan.json", json.dumps(plan).encode())
+    _rehash(root, "plan.json")
+    return f"plan {where} = {value!r:.50} (rehashed)", True, []
+
+
+def _edit_params(root: Path, data) -> tuple[str, bool, list[str]]:
+    """A parameter dropped, reshaped or retyped, or one added; the checksum updated."""
     with np.load(root / "params.npz") as npz:
         arrays = {k: npz[k] for k in npz.files}
     name = data.draw(st.sampled_from(sorted(arrays)))
@@ -624,6 +641,15 @@ def mutate_package(root: Path, data) -> tuple[str, bool, list[str]]:
         np.savez(f, **arrays)
     _rehash(root, "params.npz")
     return f"params {how} {name} (rehashed)", True, []
+
+
+MUTATIONS = {
+    "missing": _delete_file,
+    "bytes": _damage_bytes,
+    "manifest": _edit_manifest,
+    "plan": _edit_plan,
+    "params": _edit_params,
+}
 
 
 def fuzz_loader(package: str, examples: int) -> None:

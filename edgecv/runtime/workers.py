@@ -105,9 +105,8 @@ class _Worker:
 
 # idle kept threads by the size of their TVM pool: a thread serves only inferences
 # asking for the pool size it was set to, so it is set once. Setting it again costs
-# more than the call: TVM's pool workers then spin on a core for about 0.3 s
-# (measured on 2 cores: two 1-thread streams served by threads that also ran
-# 2-thread calls made 68 inferences/s of mobilenet1.0 where 100 were possible).
+# more than the call: TVM's pool workers then spin on a core for a while, taking it
+# from the other streams (benchmarks/results/streams-2026-11-26-zen3.md).
 _idle: dict[int, queue.SimpleQueue] = {}
 _count_lock = threading.Lock()
 _made = [0]

@@ -35,8 +35,9 @@ def default_rules(target: Target, subgroup: int | None = None) -> list[ScheduleR
     subgroup : int or None
         The device's Intel subgroup size. No rule uses it: the Intel-subgroup 1x1 conv
         (weights one per lane, broadcast by shuffles; ``benchmarks/subgroup_pointwise.py``)
-        measured 1.04-3.6x slower than the plain rule on Intel's CPU OpenCL runtime, so
-        it stays out of the order until it pays on a device.
+        ran slower than the plain rule on Intel's CPU OpenCL runtime, so it stays out of
+        the order until it pays on a device (the times: ``benchmarks/results/``,
+        ``subgroup_pointwise-2026-11-23-intel-cpu-opencl.md``).
 
     Returns
     -------
