@@ -173,11 +173,10 @@ def _build_and_time(
 
 
 HEAD_TO_HEAD_ROUNDS = 4  # even: each of a pair timed first as often
-# How much faster a record must come out, side by side, to win: the default schedules
-# of the seven zoo models' 247 CPU workloads, each timed this way beside a copy of
-# itself (in one order), came out 0-2% apart for most, up to 8.8% (Zen 5, 2 cores); on
-# Intel's OpenCL runtime 31 of 251 copies came out 3-16% ahead. Copies of the default
-# are not timed at all (same code): the margin is for true rivals.
+# How much faster a record must come out, side by side, to win: above what timing a
+# schedule beside a copy of itself gives for most workloads, on the CPU and Intel's
+# OpenCL runtime (benchmarks/results/head_to_head_margin-2026-11-25-zen5-2core.md).
+# Copies of the default are not timed at all (same code): the margin is for true rivals.
 HEAD_TO_HEAD_MARGIN = 0.03
 
 

@@ -49,8 +49,7 @@ def _pixels(height: int, width: int, cap: int) -> tuple[int, int]:
     if 2 * pixels < cap <= width:
         # a prime width (squeezenet's 109) leaves one pixel a tile: a tile of columns
         # instead, the last one of each row predicated. Predicated tiles run best at
-        # PREDICATED_COLUMNS (squeezenet's 7x7/2 stem on Zen 5: 29 columns 0.90 ms, 14
-        # 1.05, 10 0.75, 8 0.66, 6 0.69, 4 0.78)
+        # PREDICATED_COLUMNS (benchmarks/results/cpu_packed_tiles-2026-11-25-zen5.md)
         return 1, min(cap, PREDICATED_COLUMNS)
     return pixels // columns, columns
 
@@ -160,8 +159,7 @@ def schedule_depthwise_nchwc(
     lane_rows, lane_vec, vectors = _vector(sch, lane, simd)
     # Half the registers hold accumulators, half the input vectors a tap row shares
     # with the next taps. Accumulators in all but two (the weight, one input) spilled
-    # or reloaded: 128 channels at 56x56 on Zen 5 57 us with 30 pixels a tile, 30 with
-    # 16; 32 at 112x112 62 -> 36; AVX2 (haswell) 51 -> 45 with 8 of 14.
+    # or were reloaded (benchmarks/results/cpu_packed_tiles-2026-11-25-zen5.md).
     rows, columns = _pixels(extent(sch, h), extent(sch, w), simd.registers // (2 * vectors))
     h_o, h_i = sch.split(h, [None, rows])
     w_o, w_i = sch.split(w, [None, columns])
@@ -188,7 +186,7 @@ def _vector_lanes(sch: s_tir.Schedule, producer: SBlockRV) -> None:
     """A padding nest copied a channel-block vector at a time: its condition is the
     same for every lane (the pad is spatial), so the copy is one vector load or a zero
     vector; element by element, the pad cost more than the stride-2 depthwise conv
-    it fed (0.15 of 0.22 ms, 64 channels at 112x112 on AVX-512)."""
+    it fed (benchmarks/results/cpu_packed_padding-2026-11-24-zen5.md)."""
     sch.vectorize(sch.get_loops(producer)[-1])
 
 

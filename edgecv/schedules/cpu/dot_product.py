@@ -5,9 +5,9 @@ that schedules on it (:mod:`.conv2d_int8`); their tensor intrinsics are
 
 Written as they are, ``conv2d(uint8, int8, out_dtype=int32)`` convolutions multiply in
 int32 lanes: 8 products per AVX2 instruction where float32 has 8 fused multiply-adds,
-so an INT8 package ran about 2x *slower* than the float32 one (MobileNet1.0 on Zen 3:
-86 ms vs 40 ms). The instructions made for it multiply four u8 x s8 pairs and add them
-into each int32 lane:
+so an INT8 package ran at about half the float32 one's speed
+(benchmarks/results/int8_cpu-2026-11-26-zen3.md). The instructions made for it multiply
+four u8 x s8 pairs and add them into each int32 lane:
 
 =====================  =========================================  ==================
 target features        instructions (one int32 lane += 4 pairs)   lanes (int32)
@@ -28,8 +28,8 @@ keep 8 bits (no int16 step to saturate).
 ``vpmaddubsw`` adds each two u8 x s8 products in int16 with saturation: with weights
 of 7 bits (|w| <= 63) two products stay within it (2 x 255 x 63 = 32130 < 32767), so on
 targets without VNNI the INT8 step quantizes weights to 7 bits
-(:func:`dot_product_of` says how many: measured on MobileNet1.0, the logit error
-grew from 4.30% to 4.40% rms of the output's scale).
+(:func:`dot_product_of` says how many; the bit lost barely moves MobileNet1.0's
+logits: benchmarks/results/int8_cpu-2026-11-26-zen3.md).
 
 Those two instructions are both multiplies, and the CPU has two multiply ports: 32
 u8 x s8 products per two multiplies. With 7-bit data as well (0..127), two steps'
@@ -37,13 +37,10 @@ int16 pair sums add up without overflow (2 x 2 x 127 x 63 = 32,004), so a packed
 kernel can sum the pair sums of two steps with one ``vpaddw`` and widen them with one
 ``vpmaddwd``: three multiplies per 64 products instead of four (the ``*_PAIRS``
 intrinsics, weights packed ``[O/L, C/8, KH, KW, 2, L, 4]`` by the legalization's
-``int8_pairs``). Zen 3, one kernel alternating with the one-step kernel: 3x3
-convolutions 1.14-1.39x faster (ResNet-50's 256 -> 256 at 14x14 0.830 -> 0.726 ms,
-512 -> 512 at 7x7 1.023 -> 0.736), 1x1 1.04-1.07x, a stride-2 1x1 unchanged. The INT8
-step therefore gives 7 bits to the tensors spatial convolutions read
-(:func:`edgecv.lowering.legalize.sums_in_pairs`) and keeps 8 for the 1x1s: with 7 bits
-everywhere MobileNet1.0 (whose 3x3s are depthwise) gained 3% and its logit error grew
-from 4.84% to 5.08% rms.
+``int8_pairs``). The 3x3 convolutions gain most from it, the 1x1s little, and 7-bit data
+costs accuracy (benchmarks/results/int8_cpu-2026-11-27-zen3.md, section 3), so the INT8
+step gives 7 bits to the tensors spatial convolutions read
+(:func:`edgecv.lowering.legalize.sums_in_pairs`) and keeps 8 for the 1x1s.
 """
 
 from __future__ import annotations
