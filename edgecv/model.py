@@ -8,8 +8,6 @@ never computed in memory another call is writing.
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import time
 from pathlib import Path
@@ -21,7 +19,7 @@ from .durable import clean_stale_staging
 from .errors import EdgecvError, PackageError
 from .imaging import Detection, preprocess
 from .manifest import Manifest
-from .package import Package, open_package, read_package_text
+from .package import Package, open_package
 from .plan import Plan
 from .runtime.context import one_line
 from .runtime.cpu import CPUBackend
@@ -38,8 +36,8 @@ class DeployedModel:
         self.root = root = package.root
         self.manifest = package.manifest
         self.sha256 = package.sha256  # the pin: edgecv.load(path, sha256=...)
-        plan = _read_plan(package)
-        constants = _read_params(root, package.take("params.npz"))
+        plan = package.plan()
+        constants = package.params()
         t = time.perf_counter()
         backends = self._backends(package, plan, on)
         try:
@@ -93,19 +91,19 @@ class DeployedModel:
         if "opencl" in kernels:
             from .runtime.opencl import OpenCLBackend
 
-            launches = _read_launches(package, "opencl_launches")
-            source = _read_text(package, "opencl")
+            launches = package.launches("opencl_launches")
+            source = package.kernel_text("opencl")
             device = on or _default_device(self.manifest)
             return OpenCLBackend(device, source, launches, self.manifest.requires)
         if "cuda" in kernels:
             from .runtime.cuda import CUDABackend, CudaImages
 
-            launches = _read_launches(package, "cuda_launches")
+            launches = package.launches("cuda_launches")
             images = CudaImages(
                 arch=self.manifest.cuda_arch,
-                source=_read_text(package, "cuda"),
-                cubin=_read_optional(package, kernels.get("cuda_cubin"), binary=True),
-                ptx=_read_optional(package, kernels.get("cuda_ptx"), binary=False),
+                source=package.kernel_text("cuda"),
+                cubin=package.file(kernels.get("cuda_cubin"), binary=True),
+                ptx=package.file(kernels.get("cuda_ptx"), binary=False),
             )
             return CUDABackend(on or "", images, launches)
         raise PackageError(f"{self.root} has no kernels for a backend this edgecv can run")
@@ -168,69 +166,6 @@ class DeployedModel:
     def decode(self, outputs: list[np.ndarray], image_hw, threshold=None, k: int = 5):
         """:meth:`predict`'s results from outputs of an image of ``image_hw`` pixels."""
         return decode(outputs, self.processing, self.input_shape[2:], image_hw, threshold, k)
-
-
-def _read_optional(package: Package, relative: str | None, binary: bool):
-    """The package file ``relative`` as it was checked: bytes, or text (gunzipped)."""
-    if relative is None:
-        return None
-    path, data = package.root / relative, package.take(relative)
-    try:
-        return data if binary else read_package_text(path, data)
-    except (OSError, ValueError, EOFError) as err:  # gzip: BadGzipFile, EOFError
-        raise PackageError(f"cannot read {path}: {one_line(err)}; redeploy the model") from None
-
-
-def _read_text(package: Package, key: str) -> str:
-    """The package's text file ``build.kernels[key]``, refused when absent or not text."""
-    kernels = package.manifest.kernels
-    if key not in kernels:
-        raise PackageError(f"{package.root}/manifest.json names no `build.kernels.{key}`; redeploy")
-    return _read_optional(package, kernels[key], binary=False)
-
-
-def _read_launches(package: Package, key: str) -> dict:
-    from .plan import launches_from_json
-
-    try:
-        return launches_from_json(_read_text(package, key))
-    except ValueError as err:  # not JSON, or not launches (FormatError)
-        path = package.root / package.manifest.kernels[key]
-        raise PackageError(f"{path} is malformed: {err}; redeploy") from None
-
-
-def _read_plan(package: Package) -> Plan:
-    """The package's plan, checked (:meth:`Plan.check`) and matching the manifest's
-    inputs: a damaged plan is refused here, not met half-way through an inference."""
-    path, manifest = package.root / "plan.json", package.manifest
-    try:
-        plan = Plan.from_json(package.take("plan.json").decode("utf-8"))
-    except ValueError as err:  # not UTF-8 or JSON, or not a plan (FormatError)
-        reason = err.msg if isinstance(err, json.JSONDecodeError) else one_line(err)
-        raise PackageError(f"{path} is malformed: {reason}; redeploy the model") from None
-    declared = [(list(t.shape), t.dtype) for t in manifest.inputs]
-    planned = [(list(plan.buffers[b].shape), plan.buffers[b].dtype) for b in plan.inputs]
-    if declared != planned:
-        raise PackageError(
-            f"{path} takes inputs {planned} (shape, dtype) and its manifest says {declared}; "
-            "the package is inconsistent: redeploy the model"
-        )
-    return plan
-
-
-def _read_params(root: Path, data: bytes | None = None) -> dict[str, np.ndarray]:
-    """The package's constants by name (from ``data``, the bytes of params.npz as they
-    were checked, when given); an unreadable params.npz is refused in one line."""
-    path = root / "params.npz"
-    try:
-        with np.load(path if data is None else io.BytesIO(data)) as npz:
-            return {k: npz[k] for k in npz.files}
-    except MemoryError:
-        raise PackageError(f"{path} needs more memory than this machine has") from None
-    except Exception as err:  # BadZipFile, zlib.error, ValueError, EOFError, OSError, ...
-        raise PackageError(
-            f"cannot read {path} ({type(err).__name__}: {one_line(err)}); redeploy the model"
-        ) from None
 
 
 def _default_device(manifest: Manifest) -> str:

@@ -4,20 +4,23 @@ Layout::
 
     manifest.json        model, profile, inputs/outputs, preprocessing, classes,
                          versions, build facts, sha256 of every other file
-    plan.json            the static execution plan
+                         (:mod:`.manifest`, its one writer and reader)
+    plan.json            the static execution plan (:mod:`.plan`)
     params.npz           constant tensors by name
     kernels/cpu.so       kernels per device (one file per backend)
 
 Writing goes to a staging folder beside the destination, renamed into place at the
 end (:mod:`.durable`), so a failed or killed deploy never leaves a half-written package
-and never loses the one it replaces. Reading checks the format
-version, the edgecv version and every checksum before anything is executed.
+and never loses the one it replaces. Reading checks the format version, the edgecv
+version and every checksum before anything is executed, and :class:`Package` hands the
+loader each file from the bytes that were checked.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import re
 import tarfile
@@ -36,8 +39,9 @@ from .durable import (
     replacing,
     swap_in,
 )
-from .errors import PackageError
+from .errors import PackageError, foreign_message
 from .manifest import FORMAT, MANIFEST, SHA256_DIGEST, Manifest
+from .plan import Launch, Plan, launches_from_json
 
 
 def sha256(path: Path) -> str:
@@ -246,6 +250,76 @@ class Package:
         if self._uses[relative] <= 0:
             del self._checked[relative]
         return data
+
+    def plan(self) -> Plan:
+        """The package's plan, checked (:meth:`Plan.check`) and matching the manifest's
+        inputs: a damaged plan is refused here, not met half-way through an inference."""
+        path = self.root / "plan.json"
+        try:
+            plan = Plan.from_json(self.take("plan.json").decode("utf-8"))
+        except ValueError as err:  # not UTF-8 or JSON, or not a plan (FormatError)
+            reason = err.msg if isinstance(err, json.JSONDecodeError) else _reason(err)
+            raise PackageError(f"{path} is malformed: {reason}; redeploy the model") from None
+        declared = [(list(t.shape), t.dtype) for t in self.manifest.inputs]
+        planned = [(list(plan.buffers[b].shape), plan.buffers[b].dtype) for b in plan.inputs]
+        if declared != planned:
+            raise PackageError(
+                f"{path} takes inputs {planned} (shape, dtype) and its manifest says "
+                f"{declared}; the package is inconsistent: redeploy the model"
+            )
+        return plan
+
+    def params(self) -> dict[str, np.ndarray]:
+        """The package's constants by name, from the bytes of params.npz as checked."""
+        return read_params(self.root, self.take("params.npz"))
+
+    def file(self, relative: str | None, binary: bool) -> bytes | str | None:
+        """The package file ``relative`` as it was checked: bytes, or text (gunzipped);
+        None for no file."""
+        if relative is None:
+            return None
+        path, data = self.root / relative, self.take(relative)
+        try:
+            return data if binary else read_package_text(path, data)
+        except (OSError, ValueError, EOFError) as err:  # gzip: BadGzipFile, EOFError
+            raise PackageError(f"cannot read {path}: {_reason(err)}; redeploy the model") from None
+
+    def kernel_text(self, key: str) -> str:
+        """The text file ``build.kernels[key]`` (OpenCL C, CUDA, launches), refused when
+        the manifest names none or it is not text."""
+        kernels = self.manifest.kernels
+        if key not in kernels:
+            raise PackageError(f"{self.root}/{MANIFEST} names no `build.kernels.{key}`; redeploy")
+        return self.file(kernels[key], binary=False)
+
+    def launches(self, key: str) -> dict[str, list[Launch]]:
+        """The GPU launches recorded in ``build.kernels[key]``, checked."""
+        try:
+            return launches_from_json(self.kernel_text(key))
+        except ValueError as err:  # not JSON, or not launches (FormatError)
+            path = self.root / self.manifest.kernels[key]
+            raise PackageError(f"{path} is malformed: {err}; redeploy") from None
+
+
+def read_params(root: Path, data: bytes | None = None) -> dict[str, np.ndarray]:
+    """The constants of the package at ``root`` by name (from ``data``, the bytes of its
+    params.npz as they were checked, when given); an unreadable params.npz is refused in
+    one line."""
+    path = root / "params.npz"
+    try:
+        with np.load(path if data is None else io.BytesIO(data)) as npz:
+            return {k: npz[k] for k in npz.files}
+    except MemoryError:
+        raise PackageError(f"{path} needs more memory than this machine has") from None
+    except Exception as err:  # BadZipFile, zlib.error, ValueError, EOFError, OSError, ...
+        raise PackageError(
+            f"cannot read {path} ({type(err).__name__}: {_reason(err)}); redeploy the model"
+        ) from None
+
+
+def _reason(err: BaseException) -> str:
+    """Why reading a package file failed, on one line."""
+    return foreign_message(err, limit=300)
 
 
 def read_manifest(

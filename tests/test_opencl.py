@@ -106,7 +106,8 @@ def test_gpu_workspaces_are_planned_per_stream_and_old_plans_still_run(tmp_path)
     from test_demo import tiny_detector
 
     from edgecv.deploy import deploy
-    from edgecv.model import _read_params, load
+    from edgecv.model import load
+    from edgecv.package import read_params
     from edgecv.plan import Plan, launches_from_json
 
     device_or_skip("intel(r) opencl")
@@ -143,7 +144,7 @@ def test_gpu_workspaces_are_planned_per_stream_and_old_plans_still_run(tmp_path)
     memory_plan.plan_memory(old, load_profile("deeplens").piece_alignments)
     old.check()
     before = backend.allocated_bytes
-    executor = Executor(old, model.executor.backends, _read_params(pkg))
+    executor = Executor(old, model.executor.backends, read_params(pkg))
     allocated = backend.allocated_bytes - before - executor.allocated_bytes
     assert allocated >= build["workspace_bytes"]  # the backend's own, per launch
     for got, want in zip(executor.run([x]), outputs, strict=True):

@@ -28,7 +28,7 @@ import pytest
 
 import edgecv
 from edgecv.errors import EdgecvError, ShapeError
-from edgecv.model import _read_params
+from edgecv.package import read_params
 from edgecv.runtime.context import InferenceError, prepare_input
 from edgecv.runtime.cpu import CPUBackend, CPUTensor
 from edgecv.runtime.executor import Executor
@@ -329,7 +329,7 @@ def faulty_model(package: Path, streams: int) -> tuple[Executor, FaultyCPU, np.n
     outputs (computed before any fault is armed)."""
     loaded = edgecv.load(package).executor
     backend = FaultyCPU(loaded.backends["cpu"].module)  # the package's own kernels
-    executor = Executor(loaded.plan, backend, _read_params(Path(package)), streams)
+    executor = Executor(loaded.plan, backend, read_params(Path(package)), streams)
     x = x_of(3)
     return executor, backend, x, executor.run([x])
 
