@@ -75,8 +75,8 @@ def use_threads(count: int) -> None:
         # the process-wide concurrency, which configuring sets to the cpus given: made
         # for ``count`` cpus it has no workers to spare. Spare workers are not idle:
         # after being made or set, each spins for 300000 yields before sleeping, which
-        # on busy cores lasts seconds (two 1-thread streams of mobilenet1.0 on 2 cores
-        # ran at half speed for the first 0.5 s after their pools were set).
+        # on busy cores lasts seconds and slows the streams that share those cores
+        # (benchmarks/results/streams-2026-11-26-zen3.md, the spin count).
         configure(_SHARE_ALL_CORES, count, cpus[:count])
     # the process-wide concurrency back to every core (the next pools' size)
     configure(_SHARE_ALL_CORES, count, cpus)

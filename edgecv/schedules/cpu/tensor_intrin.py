@@ -165,7 +165,8 @@ def _pairs(lanes: int, madd_bytes: str, madd_words: str):
 def register_intrinsics() -> None:
     """Register edgecv's dot-product intrinsics with TVM (once per process). TVM's own
     (``tvm.s_tir.tensor_intrin.x86``, no AVX2 one) are not imported: importing that
-    package registers every target's intrinsics, 35-48 s on these machines."""
+    package registers every target's intrinsics, which takes tens of seconds
+    (benchmarks/results/int8_cpu-2026-11-26-zen3.md)."""
     if s_tir.TensorIntrin.get(AVX2_DOT, allow_missing=True) is not None:
         return
     s_tir.TensorIntrin.register(
