@@ -18,7 +18,9 @@ CPU runtimes standing in for integrated GPUs.
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import tvm
@@ -35,7 +37,6 @@ from edgecv.ops.segmented_argsort import segmented_argsort_gpu, segmented_argsor
 from edgecv.profiles import load_profile
 from edgecv.runtime.opencl import OpenCLBackend
 from edgecv.runtime.opencl_devices import opencl_devices
-from edgecv.testing import detector_inputs
 
 SSD = dict(
     overlap_thresh=0.45,
@@ -386,6 +387,12 @@ def bench_device(device: str, repeat: int, mx) -> None:
             None,
             "no subgroup variant: one work-item per output, nothing shared",
         )
+    # the synthetic detector inputs the tests feed MultiBoxDetection (tests/helpers.py)
+    tests = str(Path(__file__).resolve().parent.parent / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from helpers import detector_inputs
+
     cls, loc, anchors = detector_inputs(np.random.RandomState(4), 1, 21, 8732)
     det = dict(nms_threshold=0.45, nms_topk=400)
     ref = multibox_detection_reference(cls, loc, anchors, **det)

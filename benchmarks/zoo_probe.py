@@ -3,7 +3,7 @@ model that does not match MXNet first departs, and whether the difference is a t
 
 For each model: export it as ``zoo_coverage.py`` does (``pretrained=False``, seeded
 random weights), take the sweep's input (``example_input(shape, seed)``), and run
-:func:`edgecv.divergence_probe.probe_divergence` over the model's stages. A backbone's
+:func:`edgecv.testing.probe_divergence` over the model's stages. A backbone's
 convolutions, BatchNorms and adds are compared at their residual blocks' outputs (the
 activation after each add); everything else (the RPN, the heads, proposals, ROIAlign,
 decoding, NMS) node by node. Writes, per model, ``<out>/<model>-seed<N>-<profile>.txt``
@@ -86,10 +86,10 @@ def _commit() -> str:
 
 
 def probe_model(name: str, seed: int, profile: str, layout: str, out: Path, work: Path) -> dict:
-    from edgecv.divergence_probe import probe_divergence
     from edgecv.frontend.mxnet import zoo
     from edgecv.frontend.mxnet.random_weights import example_input
     from edgecv.pipelines import BuildOptions
+    from edgecv.testing import probe_divergence
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the random-weights warning

@@ -8,6 +8,7 @@ import shutil
 import cv2
 import numpy as np
 import pytest
+from helpers import assert_one_error_line, run_cli
 
 from edgecv._mxnet import import_mxnet
 from edgecv.cli import main
@@ -23,7 +24,7 @@ from edgecv.errors import (
 )
 from edgecv.frontend.mxnet.importer import from_mxnet
 from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol, parse_symbol
-from edgecv.testing import assert_close, assert_one_error_line, run_cli
+from edgecv.testing import assert_close
 
 mx = import_mxnet()
 S = mx.sym

@@ -11,10 +11,11 @@ import time
 
 import numpy as np
 import pytest
+from helpers import assert_one_error_line, run_cli
 from test_bad_input import mx, small_net, small_params
 
 from edgecv.bench.harness import alternate
-from edgecv.testing import INT8_PER_LAYER, TOLERANCES, assert_one_error_line, run_cli
+from edgecv.testing import INT8_PER_LAYER, TOLERANCES
 
 
 @pytest.fixture(scope="module")

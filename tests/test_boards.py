@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 from conftest import mxnet_forward
 from graph_tuner.small_model import SHAPE, export_small_model
+from helpers import assert_one_error_line, run_cli
 from test_wheel import build_wheel
 
 import edgecv
 from edgecv.deploy import deploy
 from edgecv.errors import PackageError
 from edgecv.runtime.host import X86_FEATURES, this_arch, this_cpu_features
-from edgecv.testing import assert_close, assert_one_error_line, run_cli
+from edgecv.testing import assert_close
 
 REPO = Path(__file__).resolve().parent.parent
 EM_AARCH64 = 183  # ELF e_machine of aarch64

@@ -26,7 +26,8 @@ from edgecv.frontend.mxnet.importer import from_mxnet
 from edgecv.frontend.mxnet.mxnet_graph import parse_symbol
 from edgecv.op_registry import RegistrationError, load_ops, registered_op, unregister_op
 from edgecv.pipelines import BuildOptions
-from edgecv.testing import _one_node_symbol, assert_close, check_op
+from edgecv.testing import assert_close, check_op
+from edgecv.testing.op_check import _one_node_symbol
 
 DEMO = Path(__file__).resolve().parent.parent / "demos" / "custom_ops"
 OPS = load_ops(DEMO / "my_ops.py")  # as `deploy --ops` does; the models import it again

@@ -8,9 +8,9 @@ import cv2
 import numpy as np
 import pytest
 import skimage.data
+from helpers import assert_one_error_line, run_cli
 
 from edgecv._mxnet import import_mxnet
-from edgecv.testing import assert_one_error_line, run_cli
 
 mx = import_mxnet()
 S = mx.sym

@@ -1,4 +1,4 @@
-"""The divergence probe (edgecv.divergence_probe.probe_divergence) names the stage where edgecv
+"""The divergence probe (edgecv.testing.probe_divergence) names the stage where edgecv
 first departs from MXNet: a small model whose one convolution weight is changed in the
 weights edgecv deploys only must be reported at that convolution, and nowhere before."""
 
@@ -96,7 +96,7 @@ def test_a_stage_where_mxnet_writes_nan_is_compared_by_position():
     """MXNet leaves NaN where it reads memory it never wrote (a mask R-CNN stage did):
     NaN at the same positions compares equal, NaN only on one side departs, and the
     stage's scale is that of its finite values (it was NaN: a ZeroDivisionError)."""
-    from edgecv.divergence_probe import _compare_stage, _drift
+    from edgecv.testing.probe.stages import _compare_stage, _drift
 
     ref = np.array([[np.nan, 1.0, 2.0], [3.0, np.nan, 0.0]], np.float32)
     ours = ref.copy()
@@ -135,7 +135,8 @@ def test_a_sort_that_gives_mxnets_answer_on_mxnets_input_is_a_tie(mxnet_order):
     MXNet's by rounding. Run alone on MXNet's input, edgecv's argsort gives MXNet's
     order, so the stage is a tie and the stage reading it follows the tie; if it did not
     (another order than MXNet's on the same input), the stage still departs."""
-    from edgecv.divergence_probe import StageDifference, _rerun_discrete
+    from edgecv.testing.probe.report import StageDifference
+    from edgecv.testing.probe.ties import _rerun_discrete
 
     mx = import_mxnet()
     # exact ties too: MXNet's std::sort leaves their order unspecified
@@ -165,7 +166,7 @@ def test_passes_split_stages_by_bytes_and_give_one_passs_report(tmp_path):
     """A model whose stage outputs do not fit in memory at once (a mask head on 1,000
     ROIs: 6 GB) is probed in passes, each deploying the graph cut at its own stages:
     the report is the one a single pass gives, stage for stage."""
-    from edgecv.divergence_probe import _output_bytes, _passes
+    from edgecv.testing.probe.divergence import _output_bytes, _passes
 
     assert _passes([4, 4, 4, 9, 1, 1], 8) == [(0, 2), (2, 3), (3, 4), (4, 6)]
     assert _passes([3, 3], 100) == [(0, 2)]
@@ -198,7 +199,7 @@ def test_kept_rows_are_matched_within_the_tolerance_in_every_field():
     order; -1 rows are padding. The k-d tree that matches 80,000 rows gives the
     pair-by-pair answer, a field exactly at the tolerance included, and a row holding
     NaN (compared pair by pair: a k-d tree cannot hold it) matches nothing."""
-    from edgecv.divergence_probe import _unmatched_rows
+    from edgecv.testing.probe.stages import _unmatched_rows
 
     def pairwise(ours, ref, tol):
         a, b = (r[~(r == -1).all(1)] for r in (ours, ref))

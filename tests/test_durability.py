@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import assert_one_error_line, run_cli
 from test_run_faults import SHAPE, quick_package, tiny_model, x_of
 
 import edgecv
@@ -31,7 +32,6 @@ from edgecv.errors import PackageError
 from edgecv.manifest import Manifest
 from edgecv.package import PackageWriter, archive
 from edgecv.runtime import kernel_cache
-from edgecv.testing import assert_one_error_line, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -385,7 +385,7 @@ def test_zoo_classifier_in_fp16_agrees_with_mxnet_on_intel(exported, tmp_path, n
 )
 def test_zoo_detector_convolutions_in_fp16_agree_with_mxnet_on_intel(exported, tmp_path, name):
     """A zoo detector (seeded random weights) in fp16 on deeplens: every convolution's
-    output against MXNet float32 on a sample photo (edgecv.divergence_probe), each within
+    output against MXNet float32 on a sample photo (edgecv.testing.probe), each within
     the fp16 bound of the float16 layers up to it. The vision operators after them run in
     float32 (tested exact against MXNet in tests/ops/); the detections themselves are not
     compared: random weights amplify a one-step input change about 200x into the SSD boxes
@@ -395,10 +395,10 @@ def test_zoo_detector_convolutions_in_fp16_agree_with_mxnet_on_intel(exported, t
 
 def assert_convolutions_within_fp16_bound(model, device: str, work, minimum: int) -> None:
     """Every convolution of ``model`` deployed for deeplens in fp16 against MXNet float32
-    on a sample photo (edgecv.divergence_probe): at least ``minimum`` of them, each within
+    on a sample photo (edgecv.testing.probe): at least ``minimum`` of them, each within
     the fp16 bound of the float16 layers up to it."""
-    from edgecv.divergence_probe import probe_divergence
     from edgecv.pipelines import BuildOptions
+    from edgecv.testing import probe_divergence
 
     _, reduction = _depth_and_reduction(model.symbol_path, model.params_path)
     report = probe_divergence(

@@ -38,12 +38,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_run_faults import SHAPE, only_error_line, quick_package, tiny_model, x_of
 
 from edgecv.errors import EdgecvError
-from edgecv.testing import run_cli
 
 # examples per property: the default suite / -m heavy
 EXAMPLES = {

@@ -26,7 +26,6 @@ STILL_OVER = {
     "edgecv/bench/command.py",  # cmd_bench
     "edgecv/cli.py",  # the module; build_parser
     "edgecv/deploy.py",  # deploy
-    "edgecv/divergence_probe.py",  # the module; probe_divergence
 }
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from digits import accuracy, train_digits
+from helpers import assert_one_error_line, run_cli
 
 import edgecv
 from edgecv._mxnet import import_mxnet
@@ -33,7 +34,7 @@ from edgecv.pipelines import BuildOptions
 from edgecv.pipelines.int8 import model_key, quantize_model, read_calibration, reusable_statistics
 from edgecv.profiles import load_profile
 from edgecv.schedules.cpu.dot_product import dot_product_of
-from edgecv.testing import assert_close_int8, assert_one_error_line, run_cli
+from edgecv.testing import assert_close_int8
 
 SHAPE = (1, 3, 24, 24)
 

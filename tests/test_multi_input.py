@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import assert_one_error_line, run_cli
 
 from edgecv._mxnet import import_mxnet
-from edgecv.testing import assert_close, assert_one_error_line, run_cli
+from edgecv.testing import assert_close
 
 mx = import_mxnet()
 S = mx.sym

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from helpers import run_cli
 from onnx import numpy_helper
 from onnx_graphs import classifier, custom_domain, save
 from test_opencl import device_or_skip
@@ -32,7 +33,6 @@ from edgecv.testing import (
     assert_close_fp16,
     assert_close_int8,
     compare_with_onnxruntime,
-    run_cli,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "onnx_models"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from helpers import assert_one_error_line, run_cli
 from onnx_graphs import classifier, custom_domain, save, with_ops
 from tvm import relax, te
 
@@ -18,7 +19,6 @@ from edgecv.frontend.onnx.importer import from_onnx
 from edgecv.frontend.onnx.model_file import load_model, max_opset
 from edgecv.op_registry import register_op, unregister_op
 from edgecv.source import OnnxSource, resolve_source
-from edgecv.testing import assert_one_error_line, run_cli
 
 
 def _ops(mod) -> list[str]:

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import assert_one_error_line, run_cli
 from test_bad_input import mx, small_net, small_params
 
 import edgecv
 import edgecv.runtime.cpu as cpu_runtime
 from edgecv.errors import PackageError
-from edgecv.testing import assert_one_error_line, run_cli
 
 TINY_SHAPE = (1, 2, 5, 5)
 POOL_SHAPE = (1, 3, 8, 8)

@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 import pytest
 import skimage.data
+from helpers import assert_one_error_line, run_cli
 
 from edgecv.decoders import decode, nms, ultralytics_raw
 from edgecv.errors import EdgecvError, PackageError
@@ -29,7 +30,6 @@ from edgecv.processing import (
     resolve,
     to_manifest,
 )
-from edgecv.testing import assert_one_error_line, run_cli
 
 
 def astronaut_bgr() -> np.ndarray:

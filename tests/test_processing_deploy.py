@@ -12,12 +12,12 @@ import re
 import cv2
 import numpy as np
 import onnxruntime
+from helpers import run_cli
 from onnx import helper
 from onnx_graphs import Graph, save, tensor
 
 import edgecv
 from edgecv.decoders import decode
-from edgecv.testing import run_cli
 
 ANCHORS = 64
 

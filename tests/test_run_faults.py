@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import assert_one_error_line, run_cli
 
 import edgecv
 from edgecv.errors import EdgecvError, ShapeError
@@ -32,7 +33,6 @@ from edgecv.package import read_params
 from edgecv.runtime.context import InferenceError, prepare_input
 from edgecv.runtime.cpu import CPUBackend, CPUTensor
 from edgecv.runtime.executor import Executor
-from edgecv.testing import assert_one_error_line, run_cli
 
 SHAPE = (1, 3, 8, 8)
 THREADS = 4

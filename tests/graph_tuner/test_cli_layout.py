@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import mxnet_forward, needs_pocl
+from helpers import run_cli
 from small_model import SHAPE, export_small_model
 
-from edgecv.testing import assert_close, run_cli
+from edgecv.testing import assert_close
 
 
 def test_deploy_layout_auto_explains_and_matches_mxnet(tmp_path, monkeypatch):

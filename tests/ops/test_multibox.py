@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import needs_pocl
+from helpers import detector_inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernels import run_cpu, run_opencl
@@ -21,7 +22,7 @@ from edgecv.ops.multibox import (
 )
 from edgecv.package import read_package_text
 from edgecv.runtime.opencl_devices import opencl_devices
-from edgecv.testing import assert_close, detector_inputs
+from edgecv.testing import assert_close
 
 mx = import_mxnet()
 HAVE_INTEL = any(d.matches("intel(r) opencl") for d in opencl_devices())

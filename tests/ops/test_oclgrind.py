@@ -198,8 +198,9 @@ def test_roi_align_kernel_is_clean(attrs):
     ],
 )
 def test_multibox_detection_kernels_are_clean(shape, attrs):
+    from helpers import detector_inputs
+
     from edgecv.ops.multibox import multibox_detection_gpu, multibox_detection_reference
-    from edgecv.testing import detector_inputs
 
     batch, classes, n = shape
     cls, loc, anchors = detector_inputs(np.random.RandomState(n), batch, classes, n)

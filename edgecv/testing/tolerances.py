@@ -1,5 +1,6 @@
-"""One tolerance table by dtype, and the asserts that read it (re-exported by
-:mod:`edgecv.testing`): plain NumPy, so any floor of edgecv and any test may use it.
+"""The one tolerance table by dtype, and the asserts that read it (re-exported by
+:mod:`edgecv.testing`): plain NumPy. A comparison that needs more room passes ``loosen``
+and says why.
 
 Floats compare with ``|a - b| <= atol * scale + rtol * |b|`` where ``scale`` is the
 largest magnitude of the reference (at least 1): a network's outputs differ from the
