@@ -59,6 +59,17 @@ class Manifest:
 
     raw: dict[str, Any]
 
+    def __getitem__(self, key: str) -> Any:
+        """The JSON's top-level sections by key, read-only (``model.manifest["build"]``),
+        as the manifest was a plain dict before it had an owner: user code keeps working."""
+        return self.raw[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.raw.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.raw
+
     @classmethod
     def new(
         cls,

@@ -91,3 +91,14 @@ def test_a_build_without_precision_is_fp32_and_an_unknown_one_is_refused(tmp_pat
     raw["build"]["precision"] = "int4"
     with pytest.raises(PackageError, match=r"`build.precision` should be one of fp32, int8"):
         Manifest.checked(raw, tmp_path)
+
+
+def test_code_that_read_the_manifest_as_a_dict_still_reads_it(tmp_path):
+    """``model.manifest["build"]`` worked while the manifest was a plain dict: its
+    sections still read by key, and nothing can be written through it."""
+    manifest = Manifest.checked(json.loads(made(["cat"]).to_json()), tmp_path)
+    assert manifest["build"]["precision"] == "fp32"
+    assert manifest.get("classes") == ["cat"] and manifest.get("absent", 7) == 7
+    assert "versions" in manifest and "absent" not in manifest
+    with pytest.raises(TypeError):
+        manifest["build"] = {}
