@@ -150,9 +150,9 @@ def work_items(value: int, limit: int) -> int:
     ``limit``.
 
     A split the thread count does not divide puts a predicate on every statement of
-    the kernel; on Intel's CPU runtime that made 1x1 convs 3x slower (64 predicated
-    threads over 14x14: 10.8 ms; 196 exact: 2.5 ms) and a 3x3 4x slower. Extents with
-    no divisor of at least 16 (a prime width) are split 32-wide, predicated.
+    the kernel, which made convolutions several times slower on Intel's CPU runtime
+    (``benchmarks/results/gpu_rules-2026-11-23-intel-cpu-opencl.md``). Extents with no
+    divisor of at least 16 (a prime width) are split 32-wide, predicated.
     """
     best = divisor_at_most(value, limit)
     if best < 16 and value > best:
@@ -221,7 +221,7 @@ def flatten_block(sch: s_tir.Schedule, block) -> list | None:
     Fusing the loops of a 4-D block and splitting the fused loop instead leaves div/mod
     chains in every address that TVM's simplifier only partly folds back (a leaky ReLU
     at 64x208x208 indexed ``(g / 169) * 43264 + ...``): Intel's CPU runtime then gathers
-    every load, 200x slower than the 1-D version. Returns the (new) buffers read
+    every load, far slower than the 1-D version. Returns the (new) buffers read
     elementwise, or None when the block's iterators are not spatial then reduction
     (``SSSSRR``) or its output is not written at its spatial iterators (the block is
     left unchanged then)."""

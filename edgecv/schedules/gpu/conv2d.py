@@ -64,23 +64,20 @@ def channel_tile(channels: int, preferred: int = 8) -> int:
 def conv_tile(shape: dict[str, int], target: Target, depthwise: bool = False) -> ConvTile:
     """The default tile of a conv with output ``f, h, w`` and reduction ``c, kh, kw``.
 
-    Measured on Intel's CPU OpenCL runtime (8-wide vectors, 16 vector registers), each
-    variant against the others in one process:
+    Each choice won against the others on Intel's CPU OpenCL runtime (8-wide vectors,
+    16 vector registers; the times: ``benchmarks/results/``,
+    ``gpu_rules-2026-11-23-intel-cpu-opencl.md``):
 
     - A stride-1 conv has its work-items along the fused H*W positions, up to 256 per
       work-group: its input rows are read at ``position + offset``, contiguous across
-      work-items, and small or odd maps still fill the group (3x3 at 13x13: 3.2x faster
-      than 13 work-items along the width; 26x26 1.3x, 52x52 1.5x, 104x104 even). Strided
-      convs keep work-items along the output width with rows added to small groups
-      (their loads are strided either way; fused positions were 1.16x slower on the 7x7
-      stem).
+      work-items, and small or odd maps still fill the group. Strided convs keep
+      work-items along the output width with rows added to small groups (their loads
+      are strided either way).
     - 8 output channels per work-item on convs with a window, each input load feeding 8
-      FMAs: 1.2-1.3x faster than 16 on 3x3 convs (16 accumulators spill). 1x1 convs take
-      16: they stream their whole input once per channel tile, and at 256x256 the
-      bandwidth decides (16: 1.3x faster than 8).
+      FMAs (16 accumulators spill). 1x1 convs take 16: they stream their whole input
+      once per channel tile, and on large maps the bandwidth decides.
     - Depthwise: 1 channel by 4 rows per work-item along the width, the rows sharing
-      the kernel's overlapping input rows (fused positions: 3-6x slower at 56x56 and
-      112x112, even at 14x14).
+      the kernel's overlapping input rows.
     """
     limit = max_threads(target)
     f, h, w = shape["f"], shape["h"], shape["w"]

@@ -5,7 +5,7 @@ work-item per output element, consecutive work-items on consecutive elements. A 
 that writes its output elementwise is first made 1-D (:func:`.base.flatten_block`), so
 its output and the inputs it reads elementwise are addressed ``group * size + item``:
 contiguous across work-items, which Intel's CPU runtime turns into vector loads and
-stores (its gathers made a leaky ReLU 200x slower) and a GPU coalesces. An input read
+stores (its gathers made a leaky ReLU far slower) and a GPU coalesces. An input read
 there more than once (the ``x > 0 ? x : a * x`` of a leaky ReLU) is loaded once into a
 register, so the select has no loads in its arms and stays a select, not a branch.
 
@@ -13,12 +13,11 @@ A block that computes math per field of a short last axis (a detector's box
 decoding: the 4 box coordinates or 6 detection fields from sigmoids and exps,
 assembled by slices, concats and reshapes) gets one work-item per row of that axis
 instead, the row unrolled: each field's ``if_then_else`` on the position in the row is
-decided at compile time and the row's index arithmetic is shared. On Intel's CPU
-runtime YOLOv3's output decoding (5.9M outputs of 6 fields) took 30 ms that way and
-580 ms with one work-item per element, whose masked branches all ran every field's
-math and whose addresses needed a 64-bit division per field; SSD's box decoding 0.8
--> 0.14 ms. Without per-field math the 1-D schedule stays (SSD's concat of 20 classes'
-detection rows: 1.2 ms 1-D, 21 ms by rows, whose loads and stores are strided).
+decided at compile time and the row's index arithmetic is shared; with one work-item
+per element the masked branches all ran every field's math and the addresses needed a
+64-bit division per field. Without per-field math the 1-D schedule stays (by rows, the
+loads and stores of a concat are strided). The times on Intel's CPU runtime:
+benchmarks/results/gpu_rules-2026-11-23-intel-cpu-opencl.md.
 """
 
 from __future__ import annotations

@@ -40,7 +40,8 @@ def _lanes_first(sch: s_tir.Schedule, pool, lanes: int, limit: int):
     then the lane id plus terms uniform across the lanes: one vector load on Intel's
     CPU runtime, one coalesced row on a GPU. Flattened, consecutive work-items met a
     new column every ``lanes`` items, and a stride-2 window made every tap a gather
-    (squeezenet's 96 channels at 109x109 -> 54x54: 0.35 ms). Returns the lane loop."""
+    (benchmarks/results/gpu_pool-2026-11-25-intel-cpu-opencl.md). Returns the lane
+    loop."""
     n, c, h, w, lane, *_ = sch.get_loops(pool)
     w_o, w_i = sch.split(w, [None, divisor_at_most(extent(sch, w), limit // lanes)])
     sch.reorder(n, c, h, w_o, w_i, lane)

@@ -3,8 +3,9 @@ normalizations; one work-item per reduced value, its reduction serial in a regis
 
 dlight's cross-thread rules give every row a work-group that reduces through local
 memory and a barrier per step: right for a few long rows, costly for many short ones
-(SSD's softmax over 21 classes for 6,132 anchors took 204 ms of a 1.7 s inference on
-Intel's CPU runtime, 256 work-items and 9 barriers per row of 21). Here each block of
+(SSD's softmax over 21 classes for 6,132 anchors: 256 work-items and 9 barriers per row
+of 21, a large share of the inference on Intel's CPU runtime; the times:
+benchmarks/results/gpu_rules-2026-11-23-intel-cpu-opencl.md). Here each block of
 the kernel is its own launch: a reduction gets one work-item per output in work-groups
 that divide the outputs, a spatial block the injective rule's 1-D schedule, and
 intermediate results go through global memory. Kernels with few rows or long ones are
