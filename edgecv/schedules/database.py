@@ -25,9 +25,9 @@ before a rule edit, does not hide the shipped one compared since). Where the def
 the record is that day's default; where the rules changed since, the record may have
 beaten a rule that is gone; a record with no verdict (another tool's, or a search
 stopped before its summary) was never compared: today's default rule schedules the
-kernel in each case. (A record of the old default kept ResNet-50's packed max pool at
-0.47 ms after its rule had become ten times faster; records with no verdict in a
-user's cache folder made mobilenet1.0 4% slower than today's rules.)
+kernel in each case. (A record of the old default kept a kernel slow after its rule had
+become far faster, and records with no verdict slowed a model:
+benchmarks/results/packed_max_pool-2026-11-24.md.)
 
 A folder may be written by several ``edgecv tune`` processes at once and read by deploys
 meanwhile: every append takes the folder's lock (:func:`locked`, exclusive) and every

@@ -103,9 +103,9 @@ def sweep_variants(
     (all timed) or ``time`` (the time budget ran out between batches).
 
     This is the search around edgecv's own schedules (AutoTVM's templates and knobs):
-    MetaSchedule's generic spaces start from scratch: on Intel's OpenCL runtime the best
-    of 32 of its candidates for SqueezeNet's stem ran 7.4x slower than the default
-    (6.65 vs 0.90 ms)."""
+    MetaSchedule's generic spaces start from scratch, and their best candidates ran far
+    slower than the default schedules
+    (benchmarks/results/metaschedule_spaces-2026-11-25-intel-cpu-opencl.md)."""
     started = time.perf_counter()
     work = []
     for task in tasks:
@@ -287,8 +287,9 @@ def contexts(tasks: list[Task], target: tvm.target.Target, cores: int, per_itera
 
 def evolutionary(per_iteration: int, gpu: bool = False):
     """MetaSchedule's evolutionary search, smaller than its defaults (population 512,
-    4 generations): on 2 cores the default spent 26 s per batch in mutation alone, more
-    than building and timing the batch. Four candidates bred per one measured (at most
+    4 generations): on 2 cores the default spent longer per batch in mutation alone
+    than building and timing the batch (benchmarks/results/tuning_search-2026-11-23-2core.md).
+    Four candidates bred per one measured (at most
     128) keeps the search's share small.
 
     On GPUs two per one measured (at most 64), two tries to fill the first population,

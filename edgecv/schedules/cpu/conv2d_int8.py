@@ -50,8 +50,8 @@ def _tile(out_channels: int, lanes: int, height: int, width: int, simd: Simd):
     """(output-channel vectors, pixels, whether the pixels span whole rows) of the
     register tile: the most accumulators within half the registers, then the fewest
     loads per step (vectors of weights + broadcast pixels). Late layers have narrow
-    rows: at 7x7, 2 vectors x 1 pixel (every weight read once per pixel) took 7.3 ms
-    for ResNet-50's 3x3 512 -> 512, where 1 vector x 7 pixels reuses each 7 times."""
+    rows: at 7x7, 2 vectors x 1 pixel reads every weight once per pixel, where 1 vector
+    x 7 pixels reuses each 7 times (benchmarks/results/int8_cpu-2026-11-26-zen3.md)."""
     budget = simd.registers // 2
     best = None
     for rows in (4, 2, 1):
@@ -190,8 +190,8 @@ def _packed_tile(simd: Simd, chunks: int, height: int, width: int) -> tuple[int,
         cap = (simd.registers - 3 - blocks) // blocks
         for columns in range(1, min(width, cap) + 1):
             # whole tiles only: a predicated tile leaves the intrinsic's loads and
-            # stores guarded element by element (ResNet-50's 3x3 512 -> 512 at 7x7:
-            # 5 predicated columns x 2 blocks 13.6 ms, 7 columns x 1 block 2.8)
+            # stores guarded element by element, several times slower
+            # (benchmarks/results/int8_cpu-2026-11-26-zen3.md, register tiles)
             if width % columns == 0:
                 rows = largest_divisor(height, cap // columns)
                 best = max(best, (rows * columns * blocks, blocks, rows, columns))

@@ -30,8 +30,8 @@ def _vectorizable_nearbyint() -> None:
     """Let TVM's vectorizer keep ``nearbyint`` (the rounding of every INT8
     quantization) in vectors. TVM 0.27 marks ``round``, ``floor`` and ``trunc``
     vectorizable but not ``nearbyint``, so a vectorized loop holding one became scalar
-    code: LLVM re-vectorized some of it and not the rest (ResNet-50's last INT8 block of
-    a stage, residual add + ReLU + the next layer's quantization: 1.42 -> 0.57 ms).
+    code: LLVM re-vectorized some of it and not the rest, a residual block's last kernel
+    running mostly scalar (benchmarks/results/int8_cpu-2026-11-27-zen3.md).
     ``llvm.nearbyint`` takes vectors (``vroundps``); OpenCL's ``rint`` too; TVM's CUDA
     code calls ``nearbyintf`` per lane."""
     op = tvm.ir.Op.get("tirx.nearbyint")

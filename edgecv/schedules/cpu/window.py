@@ -99,7 +99,8 @@ def schedule_window(
         if spatial == 5 and extent(sch, innermost) == lane_extent <= 4 * simd.lanes:
             # NCHW[x]c: the padding's condition is the same for every lane of the channel
             # block (the innermost axis, never padded), so it copies vectors (element by
-            # element it took 0.27 of the 0.30 ms of ResNet-50's packed 3x3/2 max pool)
+            # element it took most of the pool's time:
+            # benchmarks/results/packed_max_pool-2026-11-24.md)
             sch.vectorize(innermost)
         placed.add(sch.get(producer).name_hint)
     return placed

@@ -24,8 +24,9 @@ class TimingConfig:
     """How long each candidate is timed: ``repeat`` measurements, each averaging as many
     calls as fill ``min_repeat_ms`` (0: one call each); the fastest is reported. On a
     shared machine other processes only ever add time, and a parallel kernel waits for
-    its slowest thread: with 2 threads on 2 busy cores a 33 us conv measured 3.9 ms when
-    averaged over 25 ms, so single calls, the fastest of many, come closest."""
+    its slowest thread, so an average over many calls on busy cores can be many times
+    the kernel's time; single calls, the fastest of many, come closest
+    (benchmarks/results/tuning_search-2026-11-23-2core.md)."""
 
     repeat: int = 15
     min_repeat_ms: int = 0
