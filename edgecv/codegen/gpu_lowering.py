@@ -211,8 +211,9 @@ def lower_kernel(name: str, func: tirx.PrimFunc) -> tuple[tvm.IRModule, list[Lau
     code; raises (:class:`UnsupportedHostCode`, TVM errors) when it cannot."""
     # OpenCL keeps Relax's 64-bit indices: Intel's CPU OpenCL compiler vectorizes across
     # work-items only where an address is a 64-bit work-item id plus uniform terms; a
-    # 32-bit index (a truncated id) makes every load a gather and every store a scatter
-    # (3x3 conv 2.6x, depthwise 6x, elementwise up to 200x slower). PoCL is unaffected.
+    # 32-bit index (a truncated id) makes every load a gather and every store a scatter,
+    # several times slower (benchmarks/results/gpu_rules-2026-11-23-intel-cpu-opencl.md).
+    # PoCL is unaffected.
     target = func.attrs.get("target") if func.attrs else None
     narrow = target is None or target.kind.name != "opencl"
     split = _lower_to_split(tvm.IRModule({name: func.with_attr("global_symbol", name)}), narrow)
@@ -279,7 +280,8 @@ def _device_passes(device: tvm.IRModule) -> tvm.IRModule:
 def _calls_subgroups(func) -> bool:
     """Hand-written (already scheduled) kernels that call subgroup builtins: their
     device functions get the subgroup size fixed; others are left to the compiler
-    (forcing 16 lanes on a merge pass made it 3.5x slower on Intel's CPU runtime)."""
+    (forcing 16 lanes on a merge pass made it several times slower on Intel's CPU
+    runtime: benchmarks/results/gpu_rules-2026-11-23-intel-cpu-opencl.md)."""
     return "sub_group_" in func.script()
 
 

@@ -3,11 +3,12 @@
 A convolution packs only when its output channels divide into the block: SqueezeNet's
 classifier (1000 channels, 13x13) and the detection heads (SSD's 84 and 126 channels,
 YOLOv3's 255) stayed plain, where their vectors take a divisor of the channel count (10
-lanes of 16 for 1000: squeezenet1.0's last convolution ran at 0.87 ms, OpenVINO's at
-0.40). Given zero weights up to the next multiple of the block, the convolution computes
-its real channels as before plus a few zeros, which a ``strided_slice`` right after it
-drops; the graph tuner then weighs it in every layout like any other convolution (the
-slice keeps a plain layout, so a packed plan pays one transform there).
+lanes of 16 for 1000), far slower than OpenVINO's
+(benchmarks/results/graph_tuner-2026-11-25-zen5-2core.md). Given zero weights up to
+the next multiple of the block, the convolution computes its real channels as before
+plus a few zeros, which a ``strided_slice`` right after it drops; the graph tuner then
+weighs it in every layout like any other convolution (the slice keeps a plain layout,
+so a packed plan pays one transform there).
 
 Only convolutions whose padding adds at most :data:`MAX_GROWTH` of their work are
 padded: 3 or 21 channels would more than double theirs.

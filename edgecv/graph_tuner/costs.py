@@ -177,9 +177,9 @@ def _current(data: dict) -> bool:
 def cpu_costs_key(device_class: str, threads: int) -> str:
     """The key of a CPU's costs in ``layout_costs.json``: its tuning device class and
     the threads its kernels ran on. A kernel's time depends on both, and times of one
-    thread count beside another's weigh a plan wrongly: costs a one-thread process had
-    cached (1.5-5.3x, median 2.2x the two-thread times of the same kernels) left a
-    two-core ResNet-50 plan 7 of its 16 Winograd convolutions, 31.0 -> 31.7 ms."""
+    thread count beside another's weigh a plan wrongly (costs a one-thread process had
+    cached made a two-core plan slower:
+    benchmarks/results/graph_tuner-2026-11-25-zen5-2core.md)."""
     return f"{device_class} threads={threads}"
 
 

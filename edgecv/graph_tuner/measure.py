@@ -70,8 +70,8 @@ MEMORY_SHARE = 0.25
 
 # Before each call every argument but the first (the data, which the kernel before
 # wrote) leaves the cache, as the weights have in a model: ResNet-50's 100 MB of weights
-# stream from memory layer after layer. Timed warm, a Winograd kernel whose 9.4 MB of
-# transformed weights sat in cache ran at 0.18 ms alone and 0.38 ms in the model.
+# stream from memory layer after layer. Timed warm, a Winograd kernel ran at half its
+# time in the model (benchmarks/results/winograd-2026-11-24.md).
 FLUSH = "cache_flush_cpu_non_first_arg"
 
 

@@ -446,8 +446,8 @@ def _arithmetic(dot: DotProduct | None):
             return "float32"
         # int32 lanes run at about half float32's speed: where the CPU has a dot
         # product but this operator cannot use it (SSD's 126-channel class heads, a
-        # signed input read with padding), it stays float32 (ssd_512_mobilenet1.0_voc:
-        # six such heads took 75 of its 129 ms in INT8)
+        # signed input read with padding), it stays float32 (SSD's heads took most of
+        # its INT8 time in int32: benchmarks/results/int8_cpu-2026-11-26-zen3.md)
         return None if dot is not None else "int32"
 
     return arithmetic
@@ -457,8 +457,8 @@ def _dense_on_dot(site, quant: TensorQuant, dot) -> bool:
     """Whether a dense layer runs on the dot product as the 1x1 convolution it is (the
     INT8 convolution kernels: ``uint8`` data of 2 dimensions, output channels in the
     instruction's lanes, inputs in fours). In float32 a dense layer reads its float32
-    weights once per inference: MobileNet1.0's 1024 x 1000, 4 MB, took 0.59 ms of its
-    INT8 package's 11.7 (loaded); in 8 bits a quarter of the bytes."""
+    weights once per inference, in 8 bits a quarter of the bytes
+    (benchmarks/results/int8_cpu-2026-11-27-zen3.md)."""
     out_channels, in_channels = site.weight.shape
     return len(site.call.args[0].ty.shape) == 2 and runs_on_dot_product(
         (out_channels, in_channels, 1, 1), 1, _dot_dtype(site, quant, dot), dot
