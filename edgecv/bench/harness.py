@@ -8,9 +8,8 @@ Each turn starts by SETTLING: untimed runs of the turn's runtime for at least
 SETTLE_S (and at least one run), while the threads of the runtime timed before it
 spin and then sleep; then TURN timed runs. ONNX Runtime's and OpenVINO's pool threads
 keep spinning for milliseconds after a run returns, and TVM's pool yields the cores to
-them: with one settle run and one timed run a turn (squeezenet1.0, 2 cores, medians
-of 60), edgecv measured 8.2 ms and OpenVINO 8.0; in turns of 5 settle and 10 timed
-runs, 5.0 and 4.8, as each measures alone.
+them: with one settle run and one timed run a turn both measured far slower than alone
+(benchmarks/results/bench_turns-2026-11-25-2core.md).
 
 Throughput under concurrent callers (``edgecv bench --streams N``) is timed the same
 way, a ROUND at a time: N threads, each one runtime's caller, start together and make

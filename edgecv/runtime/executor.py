@@ -110,8 +110,8 @@ class Executor:
         self._pool = self.contexts[0].calling_thread_pool
         self.allocated_bytes = self._constant_bytes + sum(c.allocated_bytes for c in self.contexts)
         # idle contexts; a get waits while there is none. SimpleQueue is C: a get and a
-        # put take 0.1 us, where a pool guarded by a threading.Condition took 1.3 us,
-        # 2% of a small model's 60 us run
+        # put cost a tenth of a pool guarded by a threading.Condition, whose cost showed
+        # on small models (benchmarks/results/execution_contexts-2026-11-25.md)
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
         for context in self.contexts:
             self._idle.put(context)
