@@ -181,9 +181,9 @@ def _costs(
 # at the rate the batches before them ran, within these bounds.
 FIRST_BATCH, SMALLEST_BATCH, LARGEST_BATCH = 16, 8, 64
 # ... taken RATE_MARGIN times slower: kernels compile at rates of their own and a batch
-# is not cut short once started. SqueezeNet's first batch on Intel's runtime took 1.5 s
-# a kernel, its second 3.1 s, and sized at the first's rate it spent 162 s of a 90 s
-# budget (Zen 3, 2026-11-27).
+# is not cut short once started (a second batch sized at the first's rate compiled at
+# half that rate and overran the budget:
+# benchmarks/results/first_deploy-2026-11-27-zen3.md, SqueezeNet for deeplens).
 RATE_MARGIN = 2.0
 
 
@@ -244,11 +244,9 @@ def _in_doubt_first(
     candidate's) first, then the transforms the plan inserts, the longest first; the
     rest keep their order behind them.
 
-    Replayed on fully measured costs (Zen 3, Intel's runtime, 2026-11-27), the plan
-    from the first N measured plus predictions, priced at the measured costs:
-    SSD-512 MobileNet's 169 kernels 1.146x / 1.07x / 1.005x at N = 32 / 48 / 64, where
-    the fixed order gave 1.266x / 1.19x / 1.127x; SSD-512 ResNet-50's 179 1.004x /
-    1.004x / 1.007x, where it gave 1.016x at each."""
+    Replayed on fully measured costs, the plan from the first kernels measured plus
+    predictions comes closer to the fully measured plan, sooner, than with a fixed
+    order (benchmarks/results/first_deploy-2026-11-27-zen3.md, the replays)."""
     names_of: dict[str, list[str]] = {}  # a kernel key -> the convolutions it runs
     for name, _, _, key in convs:
         names_of.setdefault(key, []).append(name)

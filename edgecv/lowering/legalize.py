@@ -39,9 +39,10 @@ PAIRS_WEIGHT_MAX = 63
 
 def sums_in_pairs(kernel_h: int, kernel_w: int) -> bool:
     """Whether an INT8 convolution of this kernel size sums two steps in int16 where the
-    CPU's dot product allows it (``int8_pairs``): the spatial ones, which gain 1.14-1.39x
-    on Zen 3, where a 1x1 gains 1.04-1.07x and a stride-2 1x1 nothing. The INT8 step
-    gives exactly the tensors they read 7-bit data, so the 1x1s keep 8 bits."""
+    CPU's dot product allows it (``int8_pairs``): the spatial ones, which gain from it,
+    where a 1x1 gains little (benchmarks/results/int8_cpu-2026-11-27-zen3.md, section 3).
+    The INT8 step gives exactly the tensors they read 7-bit data, so the 1x1s keep 8
+    bits."""
     return kernel_h * kernel_w > 1
 
 
