@@ -18,6 +18,7 @@ import tvm
 from tvm import relax
 from tvm.relax import op as R
 
+from .ultralytics_nms import NMS as UltralyticsNMS
 from .vision import NonMaxSuppression, TopK
 
 Converter = Callable[..., relax.Expr | None]
@@ -63,4 +64,5 @@ CONVERTERS: dict[str, Converter] = {
     "Clip": Clip,
     "NonMaxSuppression": NonMaxSuppression,
     "TopK": TopK,
+    "UltralyticsNMS": UltralyticsNMS,  # ultralytics_nms.rewrite's node
 }

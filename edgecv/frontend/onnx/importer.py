@@ -23,6 +23,7 @@ from .graph_inputs import graph_inputs, static_shapes
 from .model_file import check_opset
 from .normalize import normalize
 from .ops import registered_ops
+from .ultralytics_nms import rewrite as rewrite_ultralytics_nms
 from .vision import check_nms_readers
 
 
@@ -51,6 +52,7 @@ def from_onnx(
     """
     opset = check_opset(model, source)
     registered = registered_ops(model)
+    model = rewrite_ultralytics_nms(model, source)
     check_nms_readers(model, source)
     inputs = graph_inputs(model)
     shapes = check_input_shapes(static_shapes(inputs, input_shapes, source))

@@ -1,0 +1,162 @@
+"""Ultralytics YOLOv8n and YOLO11n, built from their model files and exported by
+Ultralytics' own exporter (tests/onnx_models/export_ultralytics.py, weights filled from a
+seed here), against ONNX Runtime's CPU forward of the same file: the raw head on `cpu`
+and on `deeplens` (every launch on Intel's OpenCL), the end-to-end NMS head
+(``nms=True``) on edgecv's box NMS with ONNX Runtime's kept rows (count, class and order
+exact), and `edgecv run IMAGE` drawing its detections. YOLOv8n at 320 x 320 in the
+default suite; at 640 and YOLO11n `heavy`."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from helpers import run_cli
+from test_opencl import device_or_skip
+
+import edgecv
+from edgecv.deploy import deploy
+from edgecv.errors import ConversionError
+from edgecv.frontend.onnx.importer import from_onnx
+from edgecv.processing import preset
+from edgecv.testing import compare_with_onnxruntime, match_detections
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "onnx_models"))
+import seeded  # noqa: E402
+
+FOLDER = seeded.FOLDER / "ultralytics"
+
+
+def _filled(stem: str, folder: Path) -> Path:
+    return seeded.filled(FOLDER / f"{stem}.onnx", folder)
+
+
+def _input(path: Path) -> np.ndarray:
+    """A standard normal image tensor of the model's input shape (seed 0)."""
+    dims = onnx.load(str(path), load_external_data=False).graph.input[0].type.tensor_type
+    shape = [d.dim_value for d in dims.shape.dim]
+    return np.random.RandomState(0).standard_normal(shape).astype(np.float32)
+
+
+def _onnxruntime(path: Path, x: np.ndarray) -> np.ndarray:
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
+@pytest.fixture(scope="module")
+def raw_320(tmp_path_factory):
+    """YOLOv8n's raw head at 320 x 320, deployed for `cpu` with the ultralytics preset."""
+    folder = tmp_path_factory.mktemp("yolov8n_320")
+    path = _filled("yolov8n_320", folder)
+    package = deploy(path, folder / "cpu", "cpu", processing=preset("ultralytics"))
+    return path, package
+
+
+@pytest.fixture(scope="module")
+def nms_320(tmp_path_factory):
+    """YOLOv8n exported with ``nms=True`` at 320 x 320, deployed for `cpu`."""
+    folder = tmp_path_factory.mktemp("yolov8n_320_nms")
+    path = _filled("yolov8n_320_nms", folder)
+    package = deploy(path, folder / "cpu", "cpu", processing=preset("ultralytics-nms"))
+    return path, package
+
+
+def test_yolov8n_matches_onnxruntime_on_cpu(raw_320):
+    path, package = raw_320
+    compared = compare_with_onnxruntime(package, path, [_input(path)])
+    assert compared["scale"] > 1, compared  # boxes in pixels: the comparison means something
+
+
+def assert_same_kept_rows(actual: np.ndarray, expected: np.ndarray, path: Path) -> int:
+    """The rows ONNX Runtime keeps (score above 0; zeros after), the same in number and
+    class, boxes and scores within the tolerance table loosened for depth, in ONNX
+    Runtime's order except within a run of scores tied to that tolerance (compared as a
+    set: edgecv.testing.match_detections); returns their count."""
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    kept = int((expected[0, :, 4] > 0).sum())
+    assert int((actual[0, :, 4] > 0).sum()) == kept
+    assert not actual[0, kept:].any(), "rows after the kept ones are zeros"
+
+    def gluoncv(rows):  # (ids, scores, boxes), padding ids -1
+        ids = np.where(rows[..., 4:5] > 0, rows[..., 5:6], -1.0)
+        return [ids, rows[..., 4:5], rows[..., :4]]
+
+    size = onnx.load(str(path), load_external_data=False).graph.input[0]
+    side = max(d.dim_value for d in size.type.tensor_type.shape.dim)
+    graph = onnx.load(str(path), load_external_data=False).graph
+    depth = max(1.0, sum(n.op_type == "Conv" for n in graph.node) / 10)
+    return match_detections(gluoncv(actual), gluoncv(expected), depth, box_scale=side)
+
+
+def test_the_nms_export_keeps_onnxruntimes_rows(nms_320):
+    path, package = nms_320
+    manifest = json.loads((package / "manifest.json").read_text())
+    kernels = json.dumps(manifest["build"])
+    assert "box_nms" in kernels, "the head runs on edgecv's box NMS"
+    x = _input(path)
+    (actual,) = edgecv.load(package).run(x)
+    kept = assert_same_kept_rows(actual, _onnxruntime(path, x), path)
+    assert 10 <= kept < actual.shape[1], kept  # some boxes kept, some padding
+
+
+def test_run_image_draws_the_raw_heads_detections(raw_320, tmp_path):
+    """`edgecv run IMAGE` through the ultralytics decoder (letterbox, NMS in NumPy); the
+    threshold under the random weights' scores on a photo (about 0.1)."""
+    _, package = raw_320
+    image = np.random.RandomState(1).randint(0, 255, (240, 400, 3)).astype(np.uint8)
+    cv2.imwrite(str(tmp_path / "street.png"), image)
+    saved = tmp_path / "out.png"
+    ran = run_cli("run", package, tmp_path / "street.png", "--threshold", "0.05", "--save", saved)
+    assert ran.returncode == 0, ran.stderr
+    rows = re.findall(r"^\s+([\d.]+)\s+(\w[\w ]*?)\s+\[([-\d, ]+)\]$", ran.stdout, re.M)
+    assert rows and all(float(score) >= 0.05 for score, _, _ in rows), ran.stdout
+    drawn = cv2.imread(str(saved))
+    assert drawn.shape == image.shape and (drawn != image).any()
+
+
+def test_yolov8n_runs_every_launch_on_intel_opencl(tmp_path):
+    on = device_or_skip("intel")
+    path = _filled("yolov8n_320", tmp_path)
+    package = deploy(path, tmp_path / "deeplens", "deeplens")
+    manifest = json.loads((package / "manifest.json").read_text())
+    assert manifest["build"]["placement"]["launches"].get("cpu", 0) == 0, manifest["build"]
+    compare_with_onnxruntime(edgecv.load(package, on=on), path, [_input(path)])
+
+
+def test_an_nms_head_in_another_form_is_refused_in_one_line(tmp_path):
+    """The head with its score threshold computed at run time (from the input) is not
+    Ultralytics' export: one error naming what, not a wrong mapping."""
+    path = FOLDER / "yolov8n_320_nms.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    greater = next(n for n in model.graph.node if n.op_type == "Greater")
+    image = model.graph.input[0].name
+    computed = [
+        onnx.helper.make_node("ReduceMin", [image], ["lowest"], keepdims=0),
+        onnx.helper.make_node("Mul", [greater.input[1], "lowest"], ["computed"]),
+    ]
+    greater.input[1] = "computed"
+    nodes = computed + list(model.graph.node)  # the image and a constant: first
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    with pytest.raises(ConversionError, match="confidence threshold computed at run time"):
+        from_onnx(model, source="yolo.onnx")
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("stem", ["yolov8n", "yolo11n", "yolov8n_nms", "yolo11n_nms"])
+def test_the_640_exports_match_onnxruntime(stem, tmp_path):
+    path = _filled(stem, tmp_path)
+    package = deploy(path, tmp_path / "cpu", "cpu")
+    x = _input(path)
+    if stem.endswith("_nms"):
+        (actual,) = edgecv.load(package).run(x)
+        assert assert_same_kept_rows(actual, _onnxruntime(path, x), path) >= 10
+    else:
+        compare_with_onnxruntime(package, path, [x])
