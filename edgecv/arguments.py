@@ -8,11 +8,10 @@ import argparse
 
 from .errors import EdgecvError
 
-# The graph tuner's default measuring budget (seconds). A first deploy of SSD-512
-# ResNet-50 for `deeplens` on a 2-core Zen 3 spends about 90 s outside the graph tuner
-# and about 1.1 s a kernel measuring (2026-11-27): 90 s keeps it within the four
-# minutes, and plans from a measured part are within 2% of the fully measured one
-# (docs/graph-tuner.md).
+# The graph tuner's default measuring budget (seconds): it keeps a first deploy of a
+# large detector within the four minutes, and plans from the part measured in it come
+# close to the fully measured one (docs/graph-tuner.md; the times:
+# benchmarks/results/first_deploy-2026-11-27-zen3.md).
 DEFAULT_LAYOUT_BUDGET_S = 90.0
 
 
