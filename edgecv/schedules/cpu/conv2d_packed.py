@@ -56,8 +56,8 @@ def _pixels(height: int, width: int, cap: int) -> tuple[int, int]:
 
 def _tile_shape(simd: Simd, vectors: int, chunks: int, height: int, width: int):
     """(channel blocks, rows, columns) of a conv2d tile: the most accumulators that fit
-    beside the tile's weight vectors, one broadcast input and a spare (measured on
-    AVX2: 14 accumulators spill, 7-8 run at 80-90% of peak), more channel blocks on a
+    beside the tile's weight vectors, one broadcast input and a spare (more spill:
+    benchmarks/results/cpu_packed_tiles-2026-11-23-avx2.md), more channel blocks on a
     tie (each broadcast then feeds more multiply-adds)."""
     best = (0, 0, 0, 0)
     for blocks in (1, 2) if vectors == 1 and chunks % 2 == 0 else (1,):
