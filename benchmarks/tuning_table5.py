@@ -26,10 +26,11 @@ from pathlib import Path
 from edgecv.bench.command import bench_input, source_files
 from edgecv.bench.harness import alternate
 from edgecv.bench.lineup import build_baselines
-from edgecv.cli import tuning_folders
 from edgecv.deploy import deploy
 from edgecv.model import load
 from edgecv.pipelines import BuildOptions
+from edgecv.profiles import load_profile
+from edgecv.schedules.device_class import tuning_folders
 
 
 def tuning_minutes(times: Path | None) -> dict[tuple[str, str], float]:
@@ -60,8 +61,8 @@ def row(
     work: Path,
     baselines: list[str],
 ) -> dict:
-    folders = tuning_folders(device, db)
-    common = dict(device=device, pretrained=False, host="native", force=True)
+    folders = tuning_folders(load_profile(device), db)
+    common = dict(profile=device, pretrained=False, host="native", force=True)
     # checked and layouts measured on the device the rows run on, as `tune --on` tuned
     # them: layouts measured on another device are another plan, with other kernels
     check = on or "auto"

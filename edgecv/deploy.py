@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -14,19 +16,21 @@ import tvm
 
 from . import __version__
 from .errors import EdgecvError, ProfileError, foreign_message
+from .frontend.imported import ImportedModel
 from .frontend.mxnet import zoo
 from .lowering.memory_plan import memory_facts
 from .manifest import Manifest, Tensor
 from .package import PackageWriter, check_destination, package_manifest
-from .pipelines import BuildOptions, pipeline_for
+from .pipelines import BuildOptions, Built, pipeline_for
 from .pipelines import fp16 as fp16_step
 from .pipelines import int8 as int8_step
+from .pipelines import int8_given
 from .precision import Precision
 from .processing import Processing, preset, to_manifest
 from .profiles import AVAILABLE_RUNTIMES, Profile, check_profile, load_profile
 from .schedules.device_class import tuning_folders
 from .schedules.orders import tuning_database
-from .source import resolve_source
+from .source import MXNetSource, OnnxSource, resolve_source
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +48,7 @@ PREPROCESSING = {
 def deploy(
     model: str | Path,
     output: str | Path | None = None,
-    device: str = "cpu",
+    profile: str | Path | Profile | None = None,
     params: str | Path | None = None,
     input_shape: tuple[int, ...] | dict[str, tuple[int, ...]] | None = None,
     pretrained: bool = True,
@@ -60,8 +64,9 @@ def deploy(
     calibrate: str | Path | None = None,
     calibration_size: int | None = None,
     processing: Processing | None = None,
+    device: str | None = None,
 ) -> Path:
-    """Compile ``model`` for the device profile ``device`` and write a package.
+    """Compile ``model`` for the device profile ``profile`` and write a package.
 
     Parameters
     ----------
@@ -69,9 +74,11 @@ def deploy(
         A zoo name or alias (``ssd_mobilenet``), a path to ``*-symbol.json``, or a path
         to an ``.onnx`` file (its weights inside it or in external data files beside it).
     output : path, optional
-        The package folder; ``./<model>-<device>`` by default.
-    device : str
-        A device profile name (see ``edgecv profiles``).
+        The package folder; ``./<model>-<profile>`` by default.
+    profile : str, path or Profile
+        The device profile: its name (see ``edgecv profiles``; ``cpu`` by default), its
+        JSON file, or a :class:`~edgecv.profiles.Profile` already loaded (as ``edgecv
+        deploy`` passes the one it read for the device check and the tuning databases).
     params : str or Path, optional
         Weights: export-style ``.params`` for a symbol file, ``save_parameters`` style
         for a zoo model.
@@ -101,6 +108,9 @@ def deploy(
         How images become the input and outputs become results (a preset, sidecar or
         flags: :func:`edgecv.processing.resolve`); by default a zoo model's ImageNet one
         and GluonCV's outputs, an ONNX classifier's torchvision preset.
+    device : str, optional
+        The old name of ``profile`` (it names a profile, not a device): still accepted
+        in this release with a ``DeprecationWarning``, removed in the next.
 
     Returns
     -------
@@ -111,39 +121,78 @@ def deploy(
     params = None if params is None else os.fspath(params)
     if output is not None:
         check_destination(output, force)  # before minutes of compiling, not after
-    profile = load_profile(device)
-    _check_buildable(profile)
-    if host == "native":
-        profile = profile.with_native_host()
-    elif host is not None:
-        raise ProfileError(f"--host accepts `native` only, not `{host}`")
-    check_profile(profile)  # the native host may differ from the loaded one
-    if options is None:  # the databases the CLI reads: the user's, then the shipped one
-        options = BuildOptions(
-            list(cpu_ops),
-            gpu_only,
-            check_on,
-            tuning=tuning_folders(profile, None),
-            precision=precision,
-            calibrate=calibrate,
-            calibration_size=calibration_size,
+    profile = _profile_to_build(_renamed_device(profile, device), host)
+    if options is None:
+        options = _default_options(
+            profile, cpu_ops, gpu_only, check_on, precision, calibrate, calibration_size
         )
     int8_step.check_request(options, profile)  # before minutes of exporting
     fp16_step.check_request(options, profile, progress)
     started = time.perf_counter()
     timings: dict[str, float] = {}
+    where = functools.partial(_destination, output, profile.name, force)
+    source, imported, destination = _import(
+        model, params, input_shape, pretrained, seed, progress, timings, where
+    )
+    processing, sections = _processing_of(source, processing)
+    if imported.quantization is not None:  # a QDQ model: int8 with the file's scales
+        options = int8_given.with_model_scales(options, imported.quantization, profile)
+    elif options.precision is Precision.INT8:
+        options = _with_calibration(options, imported, destination, sections["preprocessing"])
+    built = pipeline_for(profile.runtime).build(imported.mod, profile, options, progress)
+    timings.update(built.timings)
+    model = _Model(source, imported, destination, processing, sections)
+    return _write_package(model, force, progress, profile, options, built, timings, started)
+
+
+def _default_options(
+    profile: Profile, cpu_ops, gpu_only, check_on, precision, calibrate, calibration_size
+) -> BuildOptions:
+    """A Python caller's options without ``options=``: the shorthands, and the tuning
+    databases ``edgecv deploy`` reads (the user's folder of the device class, then the
+    shipped one)."""
+    return BuildOptions(
+        list(cpu_ops),
+        gpu_only,
+        check_on,
+        tuning=tuning_folders(profile, None),
+        precision=precision,
+        calibrate=calibrate,
+        calibration_size=calibration_size,
+    )
+
+
+def _import(
+    model: str, params, input_shape, pretrained, seed, progress, timings: dict, destination_of
+):
+    """The model's source resolved (a zoo model exported, a file read) and imported into
+    a Relax module: (source, imported, the package folder ``destination_of`` its name),
+    the time of each step added to ``timings``."""
     with tempfile.TemporaryDirectory(prefix="edgecv-export-") as tmp:
         progress(f"resolving {model}")
         t = time.perf_counter()
         source = resolve_source(model, Path(tmp), params, input_shape, pretrained, seed, progress)
-        if output is None:
-            check_destination(f"{source.name}-{profile.name}", force)
+        destination = destination_of(source.name)  # checked before minutes of importing
         timings["export_s"] = time.perf_counter() - t
         progress(f"importing {source.file.name} ({source.weights} weights)")
         t = time.perf_counter()
         imported = source.import_model()
         timings["import_s"] = time.perf_counter() - t
-    destination = Path(output) if output else Path(f"{source.name}-{profile.name}")
+    return source, imported, destination
+
+
+def _destination(output: str | Path | None, profile: str, force: bool, model: str) -> Path:
+    """``output`` (checked before the build began), else ``./<model>-<profile>``, checked
+    to be free or an edgecv package that ``force`` replaces."""
+    if output is not None:
+        return Path(output)
+    check_destination(f"{model}-{profile}", force)
+    return Path(f"{model}-{profile}")
+
+
+def _processing_of(source, processing: Processing | None) -> tuple[Processing | None, dict]:
+    """The processing the package records (an ONNX classifier's default: torchvision's)
+    and its manifest sections (GluonCV's ImageNet preprocessing when there is none)."""
     if (
         processing is None
         and source.record.get("kind") == "onnx"
@@ -153,10 +202,35 @@ def deploy(
     sections = (
         {"preprocessing": dict(PREPROCESSING)} if processing is None else to_manifest(processing)
     )
-    if options.precision is Precision.INT8:
-        options = _with_calibration(options, imported, destination, sections["preprocessing"])
-    built = pipeline_for(profile.runtime).build(imported.mod, profile, options, progress)
-    timings.update(built.timings)
+    return processing, sections
+
+
+@dataclasses.dataclass
+class _Model:
+    """What a deploy knows of the model besides the build: its source, its imported
+    graph, the package folder, how images become its input and outputs results."""
+
+    source: MXNetSource | OnnxSource
+    imported: ImportedModel
+    destination: Path
+    processing: Processing | None
+    sections: dict  # the manifest's preprocessing (decoder, classes) sections
+
+
+def _write_package(
+    model: _Model,
+    force: bool,
+    progress: Callable[[str], None],
+    profile: Profile,
+    options: BuildOptions,
+    built: Built,
+    timings: dict[str, float],
+    started: float,
+) -> Path:
+    """The built kernels, plan, constants and manifest written into the model's package
+    folder, all or nothing (:class:`~edgecv.package.PackageWriter`)."""
+    source, imported, destination = model.source, model.imported, model.destination
+    processing, sections = model.processing, model.sections
     # the folders the build read records from (missing ones are skipped): the same
     # database object the build used, read once per process
     database = tuning_database(options.tuning)
@@ -253,6 +327,35 @@ def _write_kernels(write_kernels, writer: PackageWriter) -> dict[str, str]:
             f"{foreign_message(err)}; check that a C compiler (cc/g++) is installed and the "
             "disk has space"
         ) from None
+
+
+def _renamed_device(profile, device: str | None):
+    """``deploy(device=)``, the old name of ``profile=``: accepted with a warning."""
+    if device is None:
+        return "cpu" if profile is None else profile
+    warnings.warn(
+        "deploy(device=) is now deploy(profile=) (it names a device profile); device= "
+        "goes in the next release",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if profile is not None:
+        raise ProfileError("deploy() takes profile= or its old name device=, not both")
+    return device
+
+
+def _profile_to_build(profile: str | Path | Profile, host: str | None) -> Profile:
+    """The profile (loaded unless it is one already), refused when this version cannot
+    build for it, with ``host="native"`` the CPU part for this machine."""
+    if not isinstance(profile, Profile):
+        profile = load_profile(profile)
+    _check_buildable(profile)
+    if host == "native":
+        profile = profile.with_native_host()
+    elif host is not None:
+        raise ProfileError(f"--host accepts `native` only, not `{host}`")
+    check_profile(profile)  # the native host may differ from the loaded one
+    return profile
 
 
 def _check_buildable(profile: Profile) -> None:

@@ -44,6 +44,7 @@ DEVICE_RUNTIME = [
     "edgecv/arguments.py",
     "edgecv/precision.py",
     "edgecv/cli.py",
+    "edgecv/commands",
     "edgecv/runtime",
 ]
 COMPILER_MODULES = ("tvm", "mxnet", "gluoncv", "cv2", "tqdm", "skimage", "scipy", "xgboost")

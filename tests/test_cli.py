@@ -131,7 +131,7 @@ def test_run_on_sample_photo_prints_mxnets_top5(mobilenet_package, mobilenet_pro
     printed = [(line.split(maxsplit=1)[1].strip(), float(line.split()[0])) for line in lines]
     import cv2
 
-    from edgecv.cli import sample_image
+    from edgecv.commands.run import sample_image
 
     model = edgecv_load(mobilenet_package)
     x = model.preprocess(cv2.imread(sample_image("chelsea")))

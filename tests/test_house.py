@@ -24,8 +24,6 @@ FUNCTION_LINES = 100
 # until its entry is removed here; no file is ever added.
 STILL_OVER = {
     "edgecv/bench/command.py",  # cmd_bench
-    "edgecv/cli.py",  # the module; build_parser
-    "edgecv/deploy.py",  # deploy
 }
 
 

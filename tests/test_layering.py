@@ -44,7 +44,7 @@ FLOORS = [
     # what a user calls to verify: compare, check_op and the probe deploy models and run
     # their references (MXNet, ONNX Runtime, NumPy) within the one tolerance table
     ["testing"],
-    ["bench", "demo"],
+    ["bench", "demo", "commands"],  # the commands beside bench and demo, cli assembles
     ["cli"],
 ]
 FLOOR = {name: floor for floor, names in enumerate(FLOORS) for name in names}

@@ -287,13 +287,19 @@ def test_the_cpu_search_space_leaves_weights_in_their_layout():
 
 
 def test_deploy_reads_the_users_and_the_shipped_database_of_this_device_class():
-    from edgecv.cli import tuning_folders
+    from edgecv.cli import build_parser
+    from edgecv.commands.deploy import build_options
+
+    def tuning(*flags):  # the databases `edgecv deploy m --device cpu FLAGS` builds with
+        args = build_parser().parse_args(["deploy", "m", *flags])
+        return build_options(args, load_profile("cpu")).tuning
 
     device_class = cpu_class(load_profile("cpu").tvm_target())
-    user, shipped = tuning_folders("cpu", None)
+    user, shipped = tuning()
     assert user == str(device_class.user_folder())
     assert shipped.endswith(f"device_profiles/tuning/{device_class.name}")
-    assert tuning_folders("cpu", "/my/db") == ["/my/db", shipped]
+    assert tuning("--db", "/my/db") == ["/my/db", shipped]
+    assert tuning("--no-tuning") is None
 
 
 def test_tuning_for_cuda_without_a_gpu_is_refused_with_what_to_do(capsys):
