@@ -1,8 +1,10 @@
 """A model's outputs -> results, as its :class:`~edgecv.processing.Decoder` says: top-k
 classes, or :class:`~edgecv.imaging.Detection` boxes in the original image's pixels.
 
-Detectors: GluonCV's (ids, scores, boxes) and torchvision's (boxes, labels, scores) in
-input pixels of a stretched image; Ultralytics' raw head ``[1, 4+C, N]`` (cx, cy, w, h,
+Detectors: GluonCV's (ids, scores, boxes) and torchvision's (boxes, labels, scores; the
+integer one is the labels, as SSD, RetinaNet and FCOS export boxes, scores, labels; rows
+past the kept ones, in edgecv's fixed-size outputs, have score -1 and label -1) in input
+pixels of a stretched image; Ultralytics' raw head ``[1, 4+C, N]`` (cx, cy, w, h,
 C class scores, no objectness) decoded here with per-class NMS as Ultralytics does, and
 its end-to-end head ``[1, N, 6]`` (x1, y1, x2, y2, score, class), both in letterboxed
 input pixels. NumPy only (board side).
@@ -117,6 +119,8 @@ def decode_detections(
         return _found(back(rows[:, :4]), rows[:, 4], rows[:, 5], names, threshold)
     if kind == "torchvision":
         boxes, labels, scores = (np.asarray(o) for o in outputs[:3])
+        if np.issubdtype(scores.dtype, np.integer) and not np.issubdtype(labels.dtype, np.integer):
+            labels, scores = scores, labels  # SSD, RetinaNet, FCOS: (boxes, scores, labels)
         n = min(len(boxes.reshape(-1, 4)), labels.size, scores.size)
         boxes = boxes.reshape(-1, 4)[:n]
         labels = labels.reshape(-1)[:n].astype(np.float64)

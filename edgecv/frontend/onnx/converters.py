@@ -19,6 +19,7 @@ from tvm import relax
 from tvm.relax import op as R
 
 from .ultralytics_nms import NMS as UltralyticsNMS
+from .torchvision_detection import Detections
 from .vision import NonMaxSuppression, TopK
 
 Converter = Callable[..., relax.Expr | None]
@@ -62,6 +63,7 @@ def Clip(bb, inputs, attrs, opset):  # noqa: N802 (named after the ONNX op)
 
 CONVERTERS: dict[str, Converter] = {
     "Clip": Clip,
+    "Detections": Detections,  # torchvision_detection.rewrite's node
     "NonMaxSuppression": NonMaxSuppression,
     "TopK": TopK,
     "UltralyticsNMS": UltralyticsNMS,  # ultralytics_nms.rewrite's node

@@ -24,6 +24,7 @@ from .model_file import check_opset
 from .normalize import normalize
 from .ops import registered_ops
 from .ultralytics_nms import rewrite as rewrite_ultralytics_nms
+from .torchvision_detection import rewrite as rewrite_detections
 from .vision import check_nms_readers
 
 
@@ -52,6 +53,7 @@ def from_onnx(
     """
     opset = check_opset(model, source)
     registered = registered_ops(model)
+    model = rewrite_detections(model, source)
     model = rewrite_ultralytics_nms(model, source)
     check_nms_readers(model, source)
     inputs = graph_inputs(model)
