@@ -124,7 +124,7 @@ def replace_postprocessing(model, source: str):
         raise ConversionError(
             f"{source}: the detection post-processing around NonMaxSuppression is not a "
             f"form edgecv maps to fixed-size outputs (torchvision's SSD and SSDlite are; "
-            f"{why}); see docs/models.md, ONNX detectors"
+            f"{why}); see docs/models.md, torchvision's detectors"
         ) from None
     import onnx
 
