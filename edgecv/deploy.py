@@ -24,6 +24,7 @@ from .package import PackageWriter, check_destination, package_manifest
 from .pipelines import BuildOptions, Built, pipeline_for
 from .pipelines import fp16 as fp16_step
 from .pipelines import int8 as int8_step
+from .pipelines import int8_given
 from .precision import Precision
 from .processing import Processing, preset, to_manifest
 from .profiles import AVAILABLE_RUNTIMES, Profile, check_profile, load_profile
@@ -134,7 +135,9 @@ def deploy(
         model, params, input_shape, pretrained, seed, progress, timings, where
     )
     processing, sections = _processing_of(source, processing)
-    if options.precision is Precision.INT8:
+    if imported.quantization is not None:  # a QDQ model: int8 with the file's scales
+        options = int8_given.with_model_scales(options, imported.quantization, profile)
+    elif options.precision is Precision.INT8:
         options = _with_calibration(options, imported, destination, sections["preprocessing"])
     built = pipeline_for(profile.runtime).build(imported.mod, profile, options, progress)
     timings.update(built.timings)

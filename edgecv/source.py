@@ -115,9 +115,11 @@ def resolve_onnx(path: Path, input_shape: Shapes = None) -> OnnxSource:
     from .frontend.onnx.graph_inputs import graph_inputs, static_shapes
     from .frontend.onnx.model_file import check_opset, load_model
     from .frontend.onnx.ops import registered_ops
+    from .frontend.onnx.qdq import check_format
 
     model = load_model(path)
     check_opset(model, path.name)
+    check_format(model, path.name)  # a QOperator model: one line, not its ops listed
     registered_ops(model)
     shapes = static_shapes(graph_inputs(model), input_shape, path.name)
     outputs = model.graph.output

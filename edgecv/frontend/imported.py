@@ -24,6 +24,8 @@ class ImportedModel:
     output_names: list[str]
     output_shapes: list[tuple[int, ...]] = field(default_factory=list)
     output_dtypes: list[str] = field(default_factory=list)
+    # a quantized model's own decisions (ONNX QDQ: frontend/onnx/qdq.py), None for float
+    quantization: list[dict] | None = None
 
 
 # The most elements edgecv takes in one input tensor (TVM's kernels index a tensor with

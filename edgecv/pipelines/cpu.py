@@ -30,6 +30,7 @@ from ..precision import Precision
 from ..profiles import Profile
 from ..schedules.cpu.dot_product import dot_product_of, int8_lowering
 from .int8 import quantize_model
+from .int8_given import quantize_given
 from .steps import BuildOptions, Built, Progress, compile_cpu_kernels
 
 
@@ -41,7 +42,9 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     int8 = options.precision is Precision.INT8
     dot = dot_product_of(target) if int8 else None
     if int8:  # 0
-        mod, quantization, files = quantize_model(mod, profile, options, progress, dot)
+        given = options.model_quantization is not None  # a QDQ model's own scales
+        step = quantize_given if given else quantize_model
+        mod, quantization, files = step(mod, profile, options, progress, dot)
         precision["quantization"] = quantization
     mod, layouts = choose_layouts(mod, profile, options, progress, dot)  # 1
     progress("lowering (Relax passes, fusion, memory plan)")

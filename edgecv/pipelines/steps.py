@@ -82,6 +82,9 @@ class BuildOptions:
     previous_calibration : dict or None
         int8: the ``calibration.json`` of the package this deploy replaces; its
         statistics are reused when taken on the same model and inputs.
+    model_quantization : list or None
+        int8: a quantized model's own scales and weights (an ONNX QDQ file), used
+        instead of calibration (:mod:`edgecv.pipelines.int8_given`).
     """
 
     cpu_ops: list[str] = field(default_factory=list)
@@ -100,6 +103,7 @@ class BuildOptions:
     calibration_method: str = "percentile"
     calibration: object | None = None
     previous_calibration: dict | None = None
+    model_quantization: list[dict] | None = None
 
     def __post_init__(self):
         self.precision = Precision.parse(self.precision)

@@ -23,21 +23,25 @@ from .probe import DivergenceReport, StageDifference, probe_divergence
 from .tolerances import (
     FP16_PER_LAYER,
     INT8_PER_LAYER,
+    INT8_QDQ_PER_LAYER,
     TOLERANCES,
     assert_close,
     assert_close_fp16,
     assert_close_int8,
+    assert_close_int8_against_qdq,
 )
 
 __all__ = [
     "FP16_PER_LAYER",
     "INT8_PER_LAYER",
+    "INT8_QDQ_PER_LAYER",
     "TOLERANCES",
     "DivergenceReport",
     "StageDifference",
     "assert_close",
     "assert_close_fp16",
     "assert_close_int8",
+    "assert_close_int8_against_qdq",
     "check_op",
     "compare_with_mxnet",
     "compare_with_onnxruntime",

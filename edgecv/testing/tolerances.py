@@ -34,6 +34,17 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 # safe). Measured: 0.36% for 5 layers (tests/test_int8.py), far inside.
 INT8_PER_LAYER: tuple[float, float] = (0.0, 2e-2)
 
+# An INT8 package deployed from a QDQ file (edgecv.frontend.onnx.qdq) against ONNX
+# Runtime running that file, its QDQ operators fused into its integer kernels: atol per
+# quantized layer on the longest path, relative to the output's scale, rtol 0. Both
+# compute on the file's integers (its scales, its weights); they differ only where one
+# rounds a value the other does not: a quotient at half a step (edgecv divides by the
+# scale, ONNX Runtime's kernels requantize with a float multiplier), int8's -128 (edgecv
+# reads -127..127), a doubled step where AVX2's kernel reads 7-bit uint8 data, weights
+# requantized to 7 bits per channel there. Each is at most one rounding step of the
+# file's grid per layer, what INT8_PER_LAYER bounds against float32, so the same bound.
+INT8_QDQ_PER_LAYER: tuple[float, float] = INT8_PER_LAYER
+
 
 # A float16 package (edgecv.lowering.precision) against MXNet's float32 forward pass on
 # the same weights: atol per float16 layer on the longest path, relative to the output's
@@ -81,6 +92,22 @@ def assert_close_int8(
     error = float(np.abs(actual.astype(np.float64) - expected).max()) / scale
     bound = INT8_PER_LAYER[1] * layers
     assert error <= bound, f"{name}: INT8 error {error:.2%} of the output's scale > {bound:.0%}"
+    return error
+
+
+def assert_close_int8_against_qdq(
+    actual: np.ndarray, expected: np.ndarray, layers: int, name: str = "output"
+) -> float:
+    """Assert an INT8 package deployed from a QDQ file matches ONNX Runtime running the
+    file within :data:`INT8_QDQ_PER_LAYER` times ``layers``; returns the error relative
+    to the reference's scale."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
+    scale = float(np.abs(expected).max(initial=0.0))
+    assert scale > 0, f"{name}: the reference is 0 everywhere: the comparison would prove nothing"
+    error = float(np.abs(actual.astype(np.float64) - expected).max()) / scale
+    bound = INT8_QDQ_PER_LAYER[1] * layers
+    assert error <= bound, f"{name}: error {error:.2%} of the output's scale > {bound:.0%}"
     return error
 
 

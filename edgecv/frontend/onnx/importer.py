@@ -23,6 +23,7 @@ from .graph_inputs import graph_inputs, static_shapes
 from .model_file import check_opset
 from .normalize import normalize
 from .ops import registered_ops
+from .qdq import strip_qdq
 from .ultralytics_nms import rewrite as rewrite_ultralytics_nms
 from .torchvision_detection import rewrite as rewrite_detections
 from .vision import check_nms_readers
@@ -52,6 +53,7 @@ def from_onnx(
         and outputs named as in the graph.
     """
     opset = check_opset(model, source)
+    model, quantization = strip_qdq(model, source)  # a QDQ model: float graph + its scales
     registered = registered_ops(model)
     model = rewrite_detections(model, source)
     model = rewrite_ultralytics_nms(model, source)
@@ -90,6 +92,7 @@ def from_onnx(
         output_names=[o.name for o in model.graph.output],
         output_shapes=output_shapes,
         output_dtypes=[str(ty.dtype) for ty in outputs],
+        quantization=quantization,
     )
 
 
