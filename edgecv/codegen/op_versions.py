@@ -1,5 +1,6 @@
 """The GPU versions of edgecv's own operators (box NMS, ROIAlign, MultiBoxDetection,
-the row argsort behind MXNet's argsort/sort/topk).
+the row argsort behind MXNet's argsort/sort/topk, the three-stage scan behind ONNX's
+CumSum).
 
 The importer tags the kernels of these operators with an ``edgecv.op`` attribute (the
 operator and its attributes as JSON). A GPU build replaces each tagged kernel by the
@@ -62,6 +63,14 @@ def _top_class_rows(spec: dict, target: tvm.target.Target, threads: int, subgrou
     return top_class_rows_gpu(*shapes, dtype=dtype, threads=threads, **spec)
 
 
+def _scan(spec: dict, target: tvm.target.Target, threads: int, subgroup=None):
+    from ..ops.scan import scan_gpu
+
+    rows, n = spec.pop("shape")
+    threads = max(16, 1 << (min(threads, 256).bit_length() - 1))  # a power of two
+    return scan_gpu(rows, n, spec.pop("dtype"), threads=threads, subgroup=subgroup, **spec)
+
+
 def _box_nms_naive(spec: dict, target: tvm.target.Target, threads: int, subgroup=None):
     from ..ops.naive import naive_box_nms_gpu
 
@@ -76,6 +85,7 @@ VERSIONS: Mapping[tuple[str, str], MakeGpuVersion] = {
     ("multibox_detection", "default"): _multibox_detection,
     ("row_argsort", "default"): _row_argsort,
     ("top_class_rows", "default"): _top_class_rows,
+    ("scan", "default"): _scan,
     ("box_nms", "naive"): _box_nms_naive,  # one work-item per batch row (benchmarks)
 }
 

@@ -11,6 +11,10 @@ y2]`` in input-image coordinates. The output is ``(R, C_out, PH, PW)``. For one 
   ``ceil(roi_height / PH)`` (per ROI: the loop bounds depend on the data);
 * a sample outside ``[-1, H] x [-1, W]`` counts as 0; otherwise it is clamped to the
   map and read bilinearly; the bin is the mean of its samples;
+* ``mode="max"`` (ONNX's ``RoiAlign``, not MXNet's: checked against ONNX Runtime in
+  tests/test_onnx_roi_cumsum.py) makes the bin the largest of its samples' four weighted
+  corners ``w * pixel`` instead (ONNX Runtime's definition: not the largest bilinear
+  value), a sample outside the map counting as 0;
 * with ``position_sensitive`` the bin ``(ph, pw)`` of output channel ``c`` reads input
   channel ``(c * PH + ph) * PW + pw`` (``C_out = C / (PH * PW)``);
 * a negative batch index gives a zero row.
@@ -34,9 +38,16 @@ __all__ = ["roi_align", "roi_align_gpu", "roi_align_reference", "roi_align_attrs
 
 
 def roi_align_attrs(
-    pooled_size, spatial_scale, sample_ratio=-1, position_sensitive=False, aligned=False
+    pooled_size,
+    spatial_scale,
+    sample_ratio=-1,
+    position_sensitive=False,
+    aligned=False,
+    mode="avg",
 ) -> dict:
     """Checked, normalized attributes (``pooled_size`` as a pair of ints)."""
+    if mode not in ("avg", "max"):
+        raise ValueError(f"ROIAlign: mode must be avg or max, found {mode!r}")
     if isinstance(pooled_size, int):
         pooled_size = (pooled_size, pooled_size)
     pooled_size = tuple(int(p) for p in pooled_size)
@@ -52,6 +63,7 @@ def roi_align_attrs(
         "sample_ratio": int(sample_ratio),
         "position_sensitive": bool(position_sensitive),
         "aligned": bool(aligned),
+        "mode": mode,
     }
 
 
@@ -87,9 +99,12 @@ def roi_align_reference(
     sample_ratio: int = -1,
     position_sensitive: bool = False,
     aligned: bool = False,
+    mode: str = "avg",
 ) -> np.ndarray:
     """The operator, written directly from its definition (float64 inside)."""
-    attrs = roi_align_attrs(pooled_size, spatial_scale, sample_ratio, position_sensitive, aligned)
+    attrs = roi_align_attrs(
+        pooled_size, spatial_scale, sample_ratio, position_sensitive, aligned, mode
+    )
     r_count, c_out, ph_n, pw_n = _out_shape(data.shape, rois.shape, attrs)
     _, _, height, width = data.shape
     out = np.zeros((r_count, c_out, ph_n, pw_n), np.float64)
@@ -109,11 +124,13 @@ def roi_align_reference(
         for ph in range(ph_n):
             for pw in range(pw_n):
                 acc = np.zeros(c_out)
+                top = np.full(c_out, -np.inf) if gh * gw > 0 else np.zeros(c_out)
                 for iy in range(gh):
                     y = y1 + ph * bh + (iy + 0.5) * bh / gh
                     for ix in range(gw):
                         x = x1 + pw * bw + (ix + 0.5) * bw / gw
                         if y < -1.0 or y > height or x < -1.0 or x > width:
+                            top = np.maximum(top, 0.0)
                             continue
                         yy, xx = max(y, 0.0), max(x, 0.0)
                         y0, x0 = int(yy), int(xx)
@@ -134,13 +151,15 @@ def roi_align_reference(
                         else:
                             chans = np.arange(c_out)
                         m = data[b, chans].astype(np.float64)
-                        acc += (
-                            hy * hx * m[:, y0, x0]
-                            + hy * lx * m[:, y0, x1_]
-                            + ly * hx * m[:, y1_, x0]
-                            + ly * lx * m[:, y1_, x1_]
+                        corners = (
+                            hy * hx * m[:, y0, x0],
+                            hy * lx * m[:, y0, x1_],
+                            ly * hx * m[:, y1_, x0],
+                            ly * lx * m[:, y1_, x1_],
                         )
-                out[r, :, ph, pw] = acc / count
+                        acc += sum(corners)
+                        top = np.maximum(top, np.max(corners, axis=0))
+                out[r, :, ph, pw] = top if mode == "max" else acc / count
     return out.astype(data.dtype)
 
 
@@ -171,6 +190,8 @@ def _emit_element(data, rois, out, e, attrs: dict) -> None:
     b = tirx.Cast("int32", rois[r, 0])
     with T.If(b >= 0):
         with T.Then():
+            if attrs["mode"] == "max":
+                acc[0] = tirx.min_value(dtype)
             geo[0] = rois[r, 1] * scale - offset
             geo[1] = rois[r, 2] * scale - offset
             rw = rois[r, 3] * scale - offset - geo[0]
@@ -203,6 +224,8 @@ def _emit_element(data, rois, out, e, attrs: dict) -> None:
                         pos[1] >= f(-1.0),
                         pos[1] <= f(width),
                     )
+                    if attrs["mode"] == "max":  # a sample outside the map counts as 0
+                        acc[0] = tirx.Select(inside, acc[0], tirx.max(acc[0], f(0.0)))
                     with T.If(inside):
                         with T.Then():
                             y = tirx.max(pos[0], f(0.0))
@@ -215,14 +238,23 @@ def _emit_element(data, rois, out, e, attrs: dict) -> None:
                             ly = tirx.Select(y0 >= height - 1, f(0.0), y - tirx.Cast(dtype, y0))
                             lx = tirx.Select(x0 >= width - 1, f(0.0), x - tirx.Cast(dtype, x0))
                             hy, hx = f(1.0) - ly, f(1.0) - lx
-                            acc[0] = acc[0] + (
-                                hy * hx * data[b, chan, y0, x0]
-                                + hy * lx * data[b, chan, y0, x1]
-                                + ly * hx * data[b, chan, y1, x0]
-                                + ly * lx * data[b, chan, y1, x1]
+                            corners = (
+                                hy * hx * data[b, chan, y0, x0],
+                                hy * lx * data[b, chan, y0, x1],
+                                ly * hx * data[b, chan, y1, x0],
+                                ly * lx * data[b, chan, y1, x1],
                             )
+                            if attrs["mode"] == "max":
+                                acc[0] = tirx.max(acc[0], tirx.max(*corners[:2]))
+                                acc[0] = tirx.max(acc[0], tirx.max(*corners[2:]))
+                            else:
+                                total = corners[0] + corners[1] + corners[2] + corners[3]
+                                acc[0] = acc[0] + total
             count = tirx.max(grid[0] * grid[1], 1)
-            acc[0] = acc[0] / tirx.Cast(dtype, count)
+            if attrs["mode"] == "max":  # no sample (an empty aligned ROI): 0
+                acc[0] = tirx.Select(grid[0] * grid[1] > 0, acc[0], f(0.0))
+            else:
+                acc[0] = acc[0] / tirx.Cast(dtype, count)
     out[r, c, ph, pw] = acc[0]
 
 
@@ -243,9 +275,12 @@ def roi_align(
     sample_ratio: int = -1,
     position_sensitive: bool = False,
     aligned: bool = False,
+    mode: str = "avg",
 ) -> te.Tensor:
     """The operator as a TE extern for the CPU build (elements in a parallel loop)."""
-    attrs = roi_align_attrs(pooled_size, spatial_scale, sample_ratio, position_sensitive, aligned)
+    attrs = roi_align_attrs(
+        pooled_size, spatial_scale, sample_ratio, position_sensitive, aligned, mode
+    )
     shape = _out_shape([int(s) for s in data.shape], [int(s) for s in rois.shape], attrs)
     return te.extern(
         [shape],

@@ -25,7 +25,7 @@ from tvm import te, tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-__all__ = ["scan_cpu", "scan_gpu", "scan_reference"]
+__all__ = ["scan", "scan_cpu", "scan_gpu", "scan_reference"]
 
 SUPPORTED_DTYPES = ("float32", "int32")
 
@@ -213,6 +213,13 @@ def scan_gpu(
         raise ValueError(f"scan: threads must be a power of two, not {threads}")
     check_subgroup(subgroup, threads, "scan")
     return _gpu_func(rows, n, dtype, exclusive, threads, subgroup)
+
+
+def scan(data: te.Tensor, exclusive: bool = False) -> te.Tensor:
+    """The scan of ``data (rows, n)`` as a TE extern for the CPU build (what a frontend
+    emits and tags ``scan``; a GPU build swaps in :func:`scan_gpu`)."""
+    _check([int(s) for s in data.shape], str(data.dtype))
+    return _extern(data, lambda d, o: _cpu_ir(d, o, exclusive), "scan")
 
 
 def scan_cpu(rows: int, n: int, dtype: str = "float32", exclusive: bool = False) -> tirx.PrimFunc:

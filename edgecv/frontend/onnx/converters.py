@@ -21,6 +21,7 @@ from tvm.relax import op as R
 from .ultralytics_nms import NMS as UltralyticsNMS
 from .torchvision_detection import Detections
 from .vision import NonMaxSuppression, TopK
+from .vision_roi import CumSum, RoiAlign
 
 Converter = Callable[..., relax.Expr | None]
 
@@ -63,8 +64,10 @@ def Clip(bb, inputs, attrs, opset):  # noqa: N802 (named after the ONNX op)
 
 CONVERTERS: dict[str, Converter] = {
     "Clip": Clip,
+    "CumSum": CumSum,
     "Detections": Detections,  # torchvision_detection.rewrite's node
     "NonMaxSuppression": NonMaxSuppression,
+    "RoiAlign": RoiAlign,
     "TopK": TopK,
     "UltralyticsNMS": UltralyticsNMS,  # ultralytics_nms.rewrite's node
 }

@@ -1,0 +1,167 @@
+"""ONNX ``RoiAlign`` and ``CumSum`` deployed alone (graphs built with ``onnx.helper``)
+for `cpu` and `deeplens` (Intel's OpenCL runtime stands in), against ONNX Runtime's CPU
+forward of the same file; on deeplens every launch is on the GPU, edgecv's tagged
+``roi_align`` and ``scan`` kernels among them. An attribute edgecv's kernels do not
+compute is refused in one ``edgecv: error:`` line naming it."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import assert_one_error_line, run_cli
+from onnx import TensorProto, helper, numpy_helper
+from test_onnx_vision_ops import deployed, onnxruntime
+from test_opencl import device_or_skip
+
+import edgecv
+from edgecv.testing import assert_close
+
+
+def _model(nodes, inputs, outputs, constants, opset) -> onnx.ModelProto:
+    weights = [numpy_helper.from_array(np.asarray(v), k) for k, v in constants.items()]
+    graph = helper.make_graph(nodes, "roi_cumsum", inputs, outputs, weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _tensor(name, dims, dtype=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, dtype, dims)
+
+
+def roi_align_model(data_shape, count, opset=16, **attrs) -> onnx.ModelProto:
+    node = helper.make_node("RoiAlign", ["x", "rois", "batch"], ["y"], **attrs)
+    out = [count, data_shape[1], attrs.get("output_height", 1), attrs.get("output_width", 1)]
+    inputs = [
+        _tensor("x", data_shape),
+        _tensor("rois", [count, 4]),
+        _tensor("batch", [count], TensorProto.INT64),
+    ]
+    return _model([node], inputs, [_tensor("y", out)], {}, opset)
+
+
+def cumsum_model(shape, axis, dtype=TensorProto.FLOAT, **attrs) -> onnx.ModelProto:
+    node = helper.make_node("CumSum", ["x", "axis"], ["y"], **attrs)
+    constants = {"axis": np.array(axis, np.int64)}
+    return _model([node], [_tensor("x", shape, dtype)], [_tensor("y", shape, dtype)], constants, 14)
+
+
+def _gpu_only(loaded, kernel: str) -> None:
+    """Every launch on the GPU, ``kernel`` (edgecv's tagged operator) among them."""
+    steps = [s for s in loaded.executor.plan.steps if s.kind == "kernel" and not s.elided]
+    assert all(s.device == "gpu" for s in steps), [(s.kernel, s.device) for s in steps]
+    assert any(s.kernel.startswith(kernel) for s in steps), [s.kernel for s in steps]
+
+
+def _rois(rng, count, height, width, scale):
+    """Corners in image coordinates: inside, across the border, beyond it, and tiny."""
+    x1 = rng.uniform(-3, width / scale, count)
+    y1 = rng.uniform(-3, height / scale, count)
+    w = rng.uniform(0.2, width / scale, count)
+    h = rng.uniform(0.2, height / scale, count)
+    return np.stack([x1, y1, x1 + w, y1 + h], 1).astype(np.float32)
+
+
+HALF = dict(coordinate_transformation_mode="half_pixel")
+OUTPUT_HALF = dict(coordinate_transformation_mode="output_half_pixel")
+ROI_CASES = [  # opset, data shape, rois, attributes
+    (16, (2, 3, 12, 10), 7, dict(output_height=2, output_width=3, spatial_scale=0.5)),
+    (
+        16,
+        (1, 4, 9, 9),
+        5,
+        dict(HALF, mode="max", output_height=3, output_width=3, sampling_ratio=2),
+    ),
+    (16, (2, 2, 8, 11), 6, dict(OUTPUT_HALF, output_height=2, spatial_scale=0.25)),
+    (16, (1, 3, 10, 8), 4, dict(OUTPUT_HALF, mode="max", output_width=2, spatial_scale=0.5)),
+    (10, (2, 3, 7, 9), 5, dict(output_height=4, output_width=2, sampling_ratio=1)),
+]
+ROI_IDS = ["avg-adaptive", "max-ratio2", "avg-output_half", "max-output_half", "opset10"]
+
+
+@pytest.mark.parametrize("profile", ["cpu", "deeplens"])
+@pytest.mark.parametrize("opset, shape, count, attrs", ROI_CASES, ids=ROI_IDS)
+def test_roi_align_matches_onnxruntime(tmp_path, profile, opset, shape, count, attrs):
+    on = device_or_skip("intel") if profile == "deeplens" else None
+    rng = np.random.RandomState(0)
+    model = roi_align_model(shape, count, opset, **attrs)
+    package = deployed(model, tmp_path, profile)
+    loaded = edgecv.load(package, on=on) if on else edgecv.load(package)
+    if on:
+        _gpu_only(loaded, "roi_align")
+    scale = attrs.get("spatial_scale", 1.0)
+    for _ in range(2):
+        x = rng.standard_normal(shape).astype(np.float32)  # negatives: max mode's zeros
+        rois = _rois(rng, count, shape[2], shape[3], scale)
+        batch = rng.randint(0, shape[0], count).astype(np.int64)
+        (ours,) = loaded.run(x, rois, batch)
+        (ref,) = onnxruntime(model, {"x": x, "rois": rois, "batch": batch})
+        assert ours.shape == ref.shape
+        assert_close(ours, ref, "roi_align")
+
+
+CUMSUM_CASES = [  # shape, axis, exclusive, reverse, dtype
+    ((3, 300), 1, 0, 0, np.float32),  # rows longer than a work-group
+    ((4, 6, 5), 1, 1, 0, np.float32),
+    ((2, 7, 33), -1, 0, 1, np.int32),
+    ((5, 3, 4), 0, 1, 1, np.float32),
+]
+
+
+@pytest.mark.parametrize("profile", ["cpu", "deeplens"])
+@pytest.mark.parametrize("shape, axis, exclusive, reverse, dtype", CUMSUM_CASES)
+def test_cumsum_matches_onnxruntime(tmp_path, profile, shape, axis, exclusive, reverse, dtype):
+    on = device_or_skip("intel") if profile == "deeplens" else None
+    onnx_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    model = cumsum_model(shape, axis, onnx_type, exclusive=exclusive, reverse=reverse)
+    package = deployed(model, tmp_path, profile)
+    loaded = edgecv.load(package, on=on) if on else edgecv.load(package)
+    if on:
+        _gpu_only(loaded, "scan")
+    x = (np.random.RandomState(1).standard_normal(shape) * 10).astype(dtype)
+    (ours,) = loaded.run(x)
+    (ref,) = onnxruntime(model, {"x": x})
+    assert ours.dtype == ref.dtype
+    if dtype == np.int32:
+        np.testing.assert_array_equal(ours, ref)
+    else:  # the GPU's sums are grouped differently from a sequential scan
+        np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-4)
+
+
+CROP = dict(coordinate_transformation_mode="tf_crop_and_resize")
+REFUSED = [
+    (roi_align_model((1, 2, 6, 6), 2, **CROP), "coordinate_transformation_mode='tf_crop"),
+    (cumsum_model((2, 5), 1, TensorProto.INT64), "CumSum on int64"),
+]
+
+
+@pytest.mark.parametrize("model, fragment", REFUSED, ids=["roi_transform", "cumsum_int64"])
+def test_what_the_kernels_do_not_compute_is_refused_in_one_line(tmp_path, model, fragment):
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    result = run_cli("deploy", path, "--device", "cpu", "-o", tmp_path / "out")
+    assert_one_error_line(result, fragment)
+
+
+@pytest.mark.parametrize("opset, shape, count, attrs", ROI_CASES, ids=ROI_IDS)
+def test_roi_align_reference_modes_match_onnxruntime(opset, shape, count, attrs):
+    """The NumPy reference's ``mode`` and transforms are ONNX Runtime's too (it checks
+    the kernels in tests/ops/test_roi_align.py)."""
+    from edgecv.ops.roi_align import roi_align_reference
+
+    rng = np.random.RandomState(2)
+    model = roi_align_model(shape, count, opset, **attrs)
+    x = rng.standard_normal(shape).astype(np.float32)
+    rois = _rois(rng, count, shape[2], shape[3], attrs.get("spatial_scale", 1.0))
+    batch = rng.randint(0, shape[0], count).astype(np.int64)
+    (ref,) = onnxruntime(model, {"x": x, "rois": rois, "batch": batch})
+    half = attrs.get("coordinate_transformation_mode", "half_pixel" if opset >= 16 else "")
+    ours = roi_align_reference(
+        x,
+        np.concatenate([batch[:, None].astype(np.float32), rois], 1),
+        (attrs.get("output_height", 1), attrs.get("output_width", 1)),
+        attrs.get("spatial_scale", 1.0),
+        attrs.get("sampling_ratio", 0) or -1,
+        aligned=half == "half_pixel",
+        mode=attrs.get("mode", "avg"),
+    )
+    assert_close(ours, ref, "roi_align_reference")
