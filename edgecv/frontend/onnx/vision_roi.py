@@ -16,6 +16,7 @@ naming the attribute, never computed some other way.
 from __future__ import annotations
 
 import numpy as np
+from tvm import relax
 from tvm.relax import op as R
 
 from ...errors import ConversionError
@@ -87,6 +88,19 @@ def RoiAlign(bb, inputs, attrs, opset):  # noqa: N802 (named after the ONNX op)
     return out
 
 
+def _topi_cumsum(bb, inputs, attrs, dtype: str) -> relax.Expr:
+    from tvm import topi
+
+    x = inputs[0]
+    axis = int(_constant(inputs[1], "CumSum's axis"))
+    exclusive = int(attrs.get("exclusive", 0)) == 1
+    reverse = int(attrs.get("reverse", 0)) == 1
+    if reverse:
+        x = bb.normalize(R.flip(x, axis=axis))
+    out = bb.emit_te(topi.cumsum, x, axis, dtype, exclusive, primfunc_name_hint="cumsum")
+    return bb.normalize(R.flip(out, axis=axis)) if reverse else out
+
+
 def CumSum(bb, inputs, attrs, opset):  # noqa: N802 (named after the ONNX op)
     """``CumSum`` (``axis`` a constant) as one ``scan`` of the axis moved last, rows of
     it flipped before and after for ``reverse``; ``exclusive`` is the scan's own."""
@@ -95,10 +109,9 @@ def CumSum(bb, inputs, attrs, opset):  # noqa: N802 (named after the ONNX op)
     x = inputs[0]
     dtype = str(x.ty.dtype)
     if dtype not in scan_op.SUPPORTED_DTYPES:
-        raise ConversionError(
-            f"CumSum on {dtype} is not supported (edgecv's scan sums "
-            f"{' and '.join(scan_op.SUPPORTED_DTYPES)}: cast the input to one of them)"
-        )
+        # int64 counts and positions (exporters write them around masks): TOPI's
+        # sequential cumsum, untagged (a small integer scan, not worth a GPU kernel)
+        return _topi_cumsum(bb, inputs, attrs, dtype)
     shape = _shape(x)
     axis = int(_constant(inputs[1], "CumSum's axis"))
     if not -len(shape) <= axis < len(shape):
