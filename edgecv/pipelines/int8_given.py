@@ -11,7 +11,10 @@ file's scale (:class:`~edgecv.lowering.calibration.TensorQuant`), and the rewrit
 product needs 7-bit data (AVX2's ``vpmaddubsw`` summing pairs in int16), that input's
 step doubles (the file's range on 0..127), and its weights are requantized to 7 bits
 per channel, as a calibrated build does; elsewhere the file's per-channel int8 weights
-come back unchanged (``max|w| / 127`` of a channel is the file's scale).
+come back unchanged: each site's largest weight is the file's largest ``|q|`` (127, or
+64 for ``reduce_range``), so ``max|w| / that`` of a channel is the file's scale
+wherever each channel reaches it (per-channel weights; per-tensor ones get a finer
+step per channel).
 """
 
 from __future__ import annotations
@@ -52,9 +55,12 @@ def with_model_scales(options, quantization: list[dict], profile: Profile):
     )
 
 
-def given_quants(found, entries: list[dict], dot) -> dict[str, TensorQuant]:
+def given_quants(
+    found, entries: list[dict], dot, weight_max: dict[str, int]
+) -> dict[str, TensorQuant]:
     """Each site input's quantization from the file's entry whose weights are the
-    site's (see the module docstring)."""
+    site's (see the module docstring); ``weight_max`` filled with each site's largest
+    file weight by site name."""
     by_weight: dict[tuple, dict] = {}
     for entry in entries:
         by_weight.setdefault(_weight_key(entry["weight"]), entry)
@@ -64,6 +70,7 @@ def given_quants(found, entries: list[dict], dot) -> dict[str, TensorQuant]:
         if entry is None:
             continue
         quant = TensorQuant(entry["scale"], entry["dtype"], 255)
+        weight_max[site.name] = entry["weight_max"]
         earlier = quants.setdefault(site.tensor, quant)
         if earlier != quant:
             raise EdgecvError(
@@ -85,7 +92,8 @@ def quantize_given(mod, profile: Profile, options, progress, dot):
     """:func:`.int8.quantize_model` with the model's own scales: the quantized module,
     the manifest's ``build.quantization`` facts, and no calibration file."""
     found = find_sites(mod)
-    quants = given_quants(found, options.model_quantization, dot)
+    file_max: dict[str, int] = {}
+    quants = given_quants(found, options.model_quantization, dot, file_max)
     if not quants:
         raise EdgecvError(
             "the model is quantized (QDQ) but none of its convolutions or dense layers "
@@ -94,10 +102,11 @@ def quantize_given(mod, profile: Profile, options, progress, dot):
         )
     if dot is None:
         int8._warn_without_dot_product(profile)
+    limit = int8._weight_limits(dot)  # 7 bits where AVX2's kernel needs them
     quantized, records = quantize(
         mod,
         quants,
-        int8._weight_limits(dot),
+        lambda site, quant: min(limit(site, quant), file_max.get(site.name, 127)),
         arithmetic=int8._arithmetic(dot),
         dense_as_conv=dot is not None,
         residual_adds=True,

@@ -57,7 +57,8 @@ def strip_qdq(model, source: str):
     """(``model`` as a float graph, the quantization of its weighted operators) for a
     QDQ model; (``model``, None) for a float one. Each entry of the quantization:
     ``node`` (its name), ``op`` (``conv2d`` or ``dense``), ``weight`` (float32, output
-    channel first: OIHW, or ``[out, in]``), ``scale`` and ``dtype`` of its input."""
+    channel first: OIHW, or ``[out, in]``), ``weight_max`` (the largest ``|q|`` of the
+    file's integer weights), ``scale`` and ``dtype`` of its input."""
     import onnx
     from onnx import numpy_helper
 
@@ -71,10 +72,11 @@ def strip_qdq(model, source: str):
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
-    acts, floats, nodes, constants = {}, {}, [], []
+    acts, floats, levels, nodes, constants = {}, {}, {}, [], []
     for node in graph.node:
         if node.op_type == "DequantizeLinear" and node.input[0] in values:
             floats[node.output[0]] = _dequantized(node, values, source)
+            levels[node.output[0]] = int(np.abs(values[node.input[0]].astype(np.int64)).max())
         elif node.op_type == "QuantizeLinear":
             pair = readers.get(node.output[0], [])
             if not pair or any(r.op_type != "DequantizeLinear" for r in pair):
@@ -97,7 +99,7 @@ def strip_qdq(model, source: str):
                 f"{source}: DequantizeLinear `{node.name}` reads neither a constant nor a "
                 f"QuantizeLinear; edgecv reads QDQ pairs and quantized constants: {_HOW}"
             )
-    entries = _entries(graph, acts, floats)
+    entries = _entries(graph, acts, floats, levels)
     used = {i for n in nodes for i in n.input}
     kept = [t for name, t in inits.items() if name in used and name not in floats]
     kept += [numpy_helper.from_array(v, name) for name, v in floats.items() if name in used]
@@ -185,7 +187,7 @@ def _tensor_quant(node, values: dict, source: str) -> tuple[float, int, str]:
     return float(np.reshape(scale, -1)[0]), zero_point, dtype
 
 
-def _entries(graph, acts: dict, floats: dict) -> list[dict]:
+def _entries(graph, acts: dict, floats: dict, levels: dict) -> list[dict]:
     """The quantization of each weighted operator reading a paired tensor with zero
     point 0 and dequantized constant weights (the others stay float32)."""
     entries = []
@@ -210,6 +212,7 @@ def _entries(graph, acts: dict, floats: dict) -> list[dict]:
                 "weight": np.ascontiguousarray(weight, np.float32),
                 "scale": scale,
                 "dtype": dtype,
+                "weight_max": levels[node.input[1]],  # the file's largest |q|
             }
         )
     return entries
