@@ -167,6 +167,35 @@ def bench_input(model) -> np.ndarray:
 def cmd_bench(args) -> int:
     from ..model import load
 
+    wanted, streams = _check_arguments(args)
+    rss_before = _peak_rss_mib()
+    start = time.perf_counter()
+    model = load(args.package, on=args.on, streams=streams or 1, sha256=args.sha256)
+    load_s = time.perf_counter() - start
+    model.require_one_input("bench")
+    x = bench_input(model)
+    ours = model.run(x)
+    kernels = profile_steps(model, x, repeat=min(args.repeat, 10))
+    rss_after = _peak_rss_mib()  # before any baseline is loaded into this process
+    runners = {"edgecv": lambda: model.run(x)}
+    callers: dict[str, list] = {"edgecv": [lambda: model.run(x)] * (streams or 1)}
+    report = _report(args, model, x, load_s, rss_before, rss_after)
+    if streams is not None:
+        one = load(args.package, on=args.on, streams=1, sha256=args.sha256)
+        callers["edgecv 1 stream"] = [lambda: one.run(x)] * streams
+        report["runtimes"]["edgecv 1 stream"] = {"version": __version__, "load_s": load_s}
+    with tempfile.TemporaryDirectory(prefix="edgecv-bench-") as tmp:
+        if wanted:
+            _add_baselines(wanted, args, model, x, ours, Path(tmp), report, runners, callers)
+        _time_runtimes(args, runners, callers, report)
+    report["kernels"] = [vars(k) for k in kernels]
+    _write_report(args, report)
+    return 0
+
+
+def _check_arguments(args) -> tuple[list[str], int | None]:
+    """The baselines ``--vs`` names and ``--streams``, refused before anything loads, as
+    are result files that could not be written."""
     for path in (args.json, args.plot):
         if path:
             check_output_folder(path)
@@ -179,22 +208,13 @@ def cmd_bench(args) -> int:
     streams = args.streams
     if streams is not None and streams < 1:
         raise EdgecvError(f"--streams {streams}: give how many callers at once, 1 or more")
-    rss_before = _peak_rss_mib()
-    start = time.perf_counter()
-    model = load(args.package, on=args.on, streams=streams or 1, sha256=args.sha256)
-    load_s = time.perf_counter() - start
-    model.require_one_input("bench")
-    x = bench_input(model)
-    ours = model.run(x)
-    kernels = profile_steps(model, x, repeat=min(args.repeat, 10))
-    rss_after = _peak_rss_mib()  # before any baseline is loaded into this process
-    detection = model.manifest.task == "detection"
-    runners = {"edgecv": lambda: model.run(x)}
-    callers: dict[str, list] = {"edgecv": [lambda: model.run(x)] * (streams or 1)}
-    if streams is not None:
-        one = load(args.package, on=args.on, streams=1, sha256=args.sha256)
-        callers["edgecv 1 stream"] = [lambda: one.run(x)] * streams
-    report: dict = {
+    return wanted, streams
+
+
+def _report(args, model, x: np.ndarray, load_s: float, rss_before: float, rss_after: float):
+    """The report's facts of the package and this process, before any timing."""
+    streams = args.streams
+    return {
         "package": str(args.package),
         "model": model.manifest.model_name,
         "profile": model.manifest.profile_name,
@@ -209,62 +229,73 @@ def cmd_bench(args) -> int:
         "not_run": {},
         "streams": streams,
     }
-    if streams is not None:
-        report["runtimes"]["edgecv 1 stream"] = {"version": __version__, "load_s": load_s}
-    with tempfile.TemporaryDirectory(prefix="edgecv-bench-") as tmp:
-        if wanted:
-            try:
-                symbol, params = source_files(model.manifest, args.source, Path(tmp))
-            except EdgecvError as err:
-                report["not_run"] = {name: str(err) for name in wanted}
-            else:
-                progress.say(f"loading baselines: {', '.join(wanted)}")
-                built, failed = build_baselines(
-                    wanted,
-                    symbol,
-                    params,
-                    tuple(x.shape),
-                    Path(tmp),
-                    streams or 1,
-                    calibration=lambda: calibration_set(model),
-                )
-                report["not_run"] = failed
-                for b in built:
-                    try:  # one that loads but cannot run the input is listed, not fatal
-                        agree = agreement(ours, b.run(x), detection)
-                    except Exception as err:
-                        why = f"{type(err).__name__}: {foreign_message(err, 200)}"
-                        report["not_run"][b.name] = f"failed on the input: {why}"
-                        continue
-                    runners[b.name] = lambda b=b: b.run(x)
-                    callers[b.name] = [lambda f=f: f(x) for f in b.callers(streams or 1)]
-                    report["runtimes"][b.name] = {
-                        "version": b.version,
-                        "load_s": b.load_s,
-                        "agreement": agree,
-                        "notes": b.notes,
-                    }
-        if streams is None:
-            progress.say(
-                f"timing {', '.join(runners)}: {args.repeat} runs each, in alternating turns"
-            )
-            for name, t in alternate(runners, args.repeat, args.warmup).items():
-                report["runtimes"][name].update(t.summary_ms())
-        else:
-            rounds = -(-args.repeat // TURN)
-            progress.say(
-                f"timing {', '.join(callers)} with {streams} callers at once: {rounds} rounds "
-                f"of {TURN} calls a caller each, in alternating rounds"
-            )
-            for fn in (f for fns in callers.values() for f in fns[:1]):
-                for _ in range(args.warmup):
-                    fn()
-            for name, t in alternate_concurrent(callers, rounds, TURN).items():
-                report["runtimes"][name].update(t.summary())
-    report["kernels"] = [vars(k) for k in kernels]
+
+
+def _add_baselines(wanted, args, model, x, ours, work: Path, report, runners, callers) -> None:
+    """The baselines ``--vs`` names, built from the package's source model, each checked
+    against edgecv's outputs and added to the runtimes timed; one that cannot be built
+    or run is listed under ``not_run`` with the reason."""
+    streams = args.streams
+    try:
+        symbol, params = source_files(model.manifest, args.source, work)
+    except EdgecvError as err:
+        report["not_run"] = {name: str(err) for name in wanted}
+        return
+    progress.say(f"loading baselines: {', '.join(wanted)}")
+    built, failed = build_baselines(
+        wanted,
+        symbol,
+        params,
+        tuple(x.shape),
+        work,
+        streams or 1,
+        calibration=lambda: calibration_set(model),
+    )
+    report["not_run"] = failed
+    detection = model.manifest.task == "detection"
+    for b in built:
+        try:  # one that loads but cannot run the input is listed, not fatal
+            agree = agreement(ours, b.run(x), detection)
+        except Exception as err:
+            why = f"{type(err).__name__}: {foreign_message(err, 200)}"
+            report["not_run"][b.name] = f"failed on the input: {why}"
+            continue
+        runners[b.name] = lambda b=b: b.run(x)
+        callers[b.name] = [lambda f=f: f(x) for f in b.callers(streams or 1)]
+        report["runtimes"][b.name] = {
+            "version": b.version,
+            "load_s": b.load_s,
+            "agreement": agree,
+            "notes": b.notes,
+        }
+
+
+def _time_runtimes(args, runners: dict, callers: dict, report: dict) -> None:
+    """Latency in alternating turns, or with ``--streams`` throughput of N callers at
+    once in alternating rounds; each runtime's numbers into the report."""
+    streams = args.streams
+    if streams is None:
+        progress.say(f"timing {', '.join(runners)}: {args.repeat} runs each, in alternating turns")
+        for name, t in alternate(runners, args.repeat, args.warmup).items():
+            report["runtimes"][name].update(t.summary_ms())
+        return
+    rounds = -(-args.repeat // TURN)
+    progress.say(
+        f"timing {', '.join(callers)} with {streams} callers at once: {rounds} rounds "
+        f"of {TURN} calls a caller each, in alternating rounds"
+    )
+    for fn in (f for fns in callers.values() for f in fns[:1]):
+        for _ in range(args.warmup):
+            fn()
+    for name, t in alternate_concurrent(callers, rounds, TURN).items():
+        report["runtimes"][name].update(t.summary())
+
+
+def _write_report(args, report: dict) -> None:
+    """The report printed, and written as JSON (``--json``) and a chart (``--plot``)."""
     from .report import plot, print_report, print_throughput_report
 
-    if streams is None:
+    if args.streams is None:
         print_report(report, top=args.top)
     else:
         print_throughput_report(report, top=args.top)
@@ -274,7 +305,6 @@ def cmd_bench(args) -> int:
     if args.plot:
         plot(report, args.plot)
         print(f"wrote {args.plot}")
-    return 0
 
 
 def add_parser(sub, common) -> None:
