@@ -208,3 +208,30 @@ def test_the_constants_are_read_from_the_graph():
     assert attrs["iou_threshold"] == pytest.approx(0.55)
     assert list(attrs["labels"]) == list(range(1, 91)) == list(attrs["columns"])
     assert not any(n.op_type in ("NonZero", "If", "TopK") for n in replaced.graph.node)
+
+
+def test_a_split_into_one_keeps_the_graph_tuner(tmp_path):
+    """A ``Split`` into one output before a convolution (torchvision's detectors unbind
+    their batch of one so) leaves the graph tuner choosing layouts: TVM's form of it made
+    the layout conversion fail and the whole model build in NCHW."""
+    rng = np.random.RandomState(0)
+    weight = onnx.numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype("f4"), "w")
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("Split", ["x"], ["one"], axis=0),
+            onnx.helper.make_node("Conv", ["one", "w"], ["conv"], pads=[1, 1, 1, 1]),
+            onnx.helper.make_node("Relu", ["conv"], ["y"]),
+        ],
+        "split_conv",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 16, 16])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 16, 16])],
+        [weight],
+    )
+    path = tmp_path / "split.onnx"
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))
+    package = deploy(path, tmp_path / "split-cpu", "cpu")
+    layouts = json.loads((package / "manifest.json").read_text())["build"]["layouts"]
+    assert "reason" not in layouts, layouts
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    assert_close(edgecv.load(package).run(x)[0], _onnxruntime(path, x)[0])

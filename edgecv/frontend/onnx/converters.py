@@ -62,12 +62,21 @@ def Clip(bb, inputs, attrs, opset):  # noqa: N802 (named after the ONNX op)
     return out
 
 
+def Split(bb, inputs, attrs, opset):  # noqa: N802 (named after the ONNX op)
+    """A ``Split`` into one output is its input (torchvision's detectors unbind a batch of
+    one image so): TVM's converter writes it as an ``R.split`` without sections whose
+    result is a tensor, not a tuple, which the graph tuner's layout conversion rejects
+    (the whole model then builds in NCHW). Other splits go to TVM's converter."""
+    return inputs[0] if attrs["tvm_custom"]["num_outputs"] == 1 else None
+
+
 CONVERTERS: dict[str, Converter] = {
     "Clip": Clip,
     "CumSum": CumSum,
     "Detections": Detections,  # torchvision_detection.rewrite's node
     "NonMaxSuppression": NonMaxSuppression,
     "RoiAlign": RoiAlign,
+    "Split": Split,
     "TopK": TopK,
     "UltralyticsNMS": UltralyticsNMS,  # ultralytics_nms.rewrite's node
 }
