@@ -18,8 +18,8 @@ import tvm
 from tvm import relax
 from tvm.relax import op as R
 
-from .ultralytics_nms import NMS as UltralyticsNMS
 from .torchvision_detection import Detections
+from .ultralytics_nms import NMS as UltralyticsNMS
 from .vision import NonMaxSuppression, TopK
 from .vision_roi import CumSum, RoiAlign
 

@@ -24,8 +24,8 @@ from .model_file import check_opset
 from .normalize import normalize
 from .ops import registered_ops
 from .qdq import strip_qdq
-from .ultralytics_nms import rewrite as rewrite_ultralytics_nms
 from .torchvision_detection import rewrite as rewrite_detections
+from .ultralytics_nms import rewrite as rewrite_ultralytics_nms
 from .vision import check_nms_readers
 
 
