@@ -149,6 +149,41 @@ def test_an_nms_head_in_another_form_is_refused_in_one_line(tmp_path):
         from_onnx(model, source="yolo.onnx")
 
 
+def test_a_channel_split_keeps_the_graph_tuner(tmp_path):
+    """A ``Split`` of a convolution's channels in two (YOLOv8's and YOLO11's blocks) leaves
+    the graph tuner choosing layouts: Relax's layout conversion of TVM's ``split`` failed
+    on packed channels and the whole model built in NCHW."""
+    rng = np.random.RandomState(0)
+
+    def weight(name, shape):
+        values = rng.standard_normal(shape).astype(np.float32) * 0.2
+        return onnx.numpy_helper.from_array(values, name)
+
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("Conv", ["x", "w0"], ["wide"]),
+            onnx.helper.make_node("Split", ["wide", "halves"], ["a", "b"], axis=1),
+            onnx.helper.make_node("Conv", ["b", "w1"], ["conv"], pads=[1, 1, 1, 1]),
+            onnx.helper.make_node("Add", ["conv", "a"], ["y"]),
+        ],
+        "split_conv",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16, 16, 16])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 16, 16, 16])],
+        [
+            weight("w0", (32, 16, 1, 1)),
+            weight("w1", (16, 16, 3, 3)),
+            onnx.numpy_helper.from_array(np.array([16, 16], np.int64), "halves"),
+        ],
+    )
+    path = tmp_path / "split.onnx"
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))
+    package = deploy(path, tmp_path / "split-cpu", "cpu")
+    layouts = json.loads((package / "manifest.json").read_text())["build"]["layouts"]
+    assert "reason" not in layouts, layouts
+    compare_with_onnxruntime(package, path)
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize("stem", ["yolov8n", "yolo11n", "yolov8n_nms", "yolo11n_nms"])
 def test_the_640_exports_match_onnxruntime(stem, tmp_path):
