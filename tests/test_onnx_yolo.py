@@ -108,15 +108,15 @@ def test_the_nms_export_keeps_onnxruntimes_rows(nms_320):
 
 def test_run_image_draws_the_raw_heads_detections(raw_320, tmp_path):
     """`edgecv run IMAGE` through the ultralytics decoder (letterbox, NMS in NumPy); the
-    threshold under the random weights' scores on a photo (about 0.1)."""
+    threshold under the random weights' best scores on this image (about 0.03)."""
     _, package = raw_320
     image = np.random.RandomState(1).randint(0, 255, (240, 400, 3)).astype(np.uint8)
     cv2.imwrite(str(tmp_path / "street.png"), image)
     saved = tmp_path / "out.png"
-    ran = run_cli("run", package, tmp_path / "street.png", "--threshold", "0.05", "--save", saved)
+    ran = run_cli("run", package, tmp_path / "street.png", "--threshold", "0.01", "--save", saved)
     assert ran.returncode == 0, ran.stderr
     rows = re.findall(r"^\s+([\d.]+)\s+(\w[\w ]*?)\s+\[([-\d, ]+)\]$", ran.stdout, re.M)
-    assert rows and all(float(score) >= 0.05 for score, _, _ in rows), ran.stdout
+    assert rows and all(float(score) >= 0.01 for score, _, _ in rows), ran.stdout
     drawn = cv2.imread(str(saved))
     assert drawn.shape == image.shape and (drawn != image).any()
 
