@@ -50,7 +50,7 @@ def measure(model: str, device: str, on: str, repeat: int, latency: bool, work: 
     for precision in ("fp32", "fp16"):
         options = BuildOptions(tuning=None, layout="NCHW", precision=precision)
         packages[precision] = deploy(
-            model, work / f"{model}-{precision}", device=device, pretrained=False, options=options
+            model, work / f"{model}-{precision}", profile=device, pretrained=False, options=options
         )
         build = json.loads((packages[precision] / "manifest.json").read_text())["build"]
         row[precision] = {

@@ -138,7 +138,7 @@ def _deploy_and_compare(
         path = deploy(
             meta["symbol"],
             Path(tmp) / "pkg",
-            device=profile,
+            profile=profile,
             params=meta["params"],
             input_shape=shapes if len(shapes) > 1 else shape,
             pretrained=False,

@@ -1,6 +1,6 @@
 """Command-line arguments that more than one command takes: ``--input-shape`` of
-``deploy`` (:mod:`edgecv.cli`) and ``tune`` (:mod:`edgecv.tuning.command`), and the graph
-tuner's measuring budget (``deploy --layout-budget``)."""
+``deploy`` (:mod:`edgecv.commands.deploy`) and ``tune`` (:mod:`edgecv.tuning.command`),
+and the graph tuner's measuring budget (``deploy --layout-budget``)."""
 
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ def packages(small_model):
         precision: deploy(
             str(symbol),
             folder / precision,
-            device="deeplens",
+            profile="deeplens",
             params=str(params),
             input_shape=SHAPE,
             force=True,
@@ -254,7 +254,7 @@ def test_launches_moved_to_the_cpu_run_in_float32(small_model):
     package = deploy(
         str(symbol),
         folder / "fp16-cpu",
-        device="deeplens",
+        profile="deeplens",
         params=str(params),
         input_shape=SHAPE,
         force=True,
@@ -428,7 +428,7 @@ def deploy_fp16(model, folder) -> Path:
     return deploy(
         str(model.symbol_path),
         folder,
-        device="deeplens",
+        profile="deeplens",
         params=str(model.params_path),
         input_shape=model.input_shape,
         options=BuildOptions(tuning=None, layout="NCHW", precision="fp16"),

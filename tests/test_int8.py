@@ -118,7 +118,7 @@ def test_int8_on_a_gpu_profile_is_refused_before_anything_is_built(small, tmp_pa
         deploy(
             small[0],
             tmp_path / "p",
-            device="deeplens",
+            profile="deeplens",
             input_shape=SHAPE,
             options=_options(precision="int8", calibrate=small[1]),
         )

@@ -51,7 +51,7 @@ def test_family_member_deploys_for_cpu_and_matches_mxnet(exported, tmp_path, fam
         package = deploy(
             model.symbol_path,
             tmp_path / "pkg",
-            device="cpu",
+            profile="cpu",
             params=model.params_path,
             input_shape=model.input_shape,
             pretrained=False,
