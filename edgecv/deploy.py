@@ -21,10 +21,9 @@ from .frontend.mxnet import zoo
 from .lowering.memory_plan import memory_facts
 from .manifest import Manifest, Tensor
 from .package import PackageWriter, check_destination, package_manifest
-from .pipelines import BuildOptions, Built, pipeline_for
+from .pipelines import BuildOptions, Built, int8_given, pipeline_for
 from .pipelines import fp16 as fp16_step
 from .pipelines import int8 as int8_step
-from .pipelines import int8_given
 from .precision import Precision
 from .processing import Processing, preset, to_manifest
 from .profiles import AVAILABLE_RUNTIMES, Profile, check_profile, load_profile
