@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -129,14 +130,33 @@ def test_run_on_sample_photo_prints_mxnets_top5(mobilenet_package, mobilenet_pro
     ]
     assert len(lines) == 5
     printed = [(line.split(maxsplit=1)[1].strip(), float(line.split()[0])) for line in lines]
-    import cv2
-
-    from edgecv.commands.run import sample_image
+    from edgecv.commands.run import sample_photo
 
     model = edgecv_load(mobilenet_package)
-    x = model.preprocess(cv2.imread(sample_image("chelsea")))
+    x = model.preprocess(sample_photo("chelsea"))
     # printed with 4 decimals (0.0015 each, for random weights): the values, not the order
     assert_top_k_is_mxnets(printed, mobilenet_probabilities(x), model.classes, atol=2e-4)
+
+
+def test_the_sample_photo_is_never_written_to_a_shared_temp_folder(mobilenet_package, tmp_path):
+    """``--sample`` once wrote ``<tmp>/edgecv-sample-NAME.jpg`` in place: a link another
+    user planted there had its target overwritten, and two runs at once could read a
+    half-written photo. The photo is now decoded in memory: the temp folder stays as it was."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("a file the user running edgecv owns")
+    (shared / "edgecv-sample-chelsea.jpg").symlink_to(victim)
+    env = {**os.environ, "TMPDIR": str(shared)}
+    done = subprocess.run(
+        [sys.executable, "-m", "edgecv.cli", "run", str(mobilenet_package)]
+        + ["--sample", "chelsea", "--repeat", "1"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("chelsea (scikit-image's sample photo):"), done.stdout
+    assert victim.read_text() == "a file the user running edgecv owns"
+    assert sorted(p.name for p in shared.iterdir()) == ["edgecv-sample-chelsea.jpg"]
 
 
 def test_profiles_lists_every_profile_with_its_backend_and_device(capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -53,17 +54,21 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         check_output_folder(args.output)
     model = load(args.package, on=args.on, sha256=args.sha256)
-    images = list(args.images)
-    if args.sample:
-        images.append(sample_image(args.sample))
+    from ..imaging import read_image
+
+    # (what is printed, the stem a saved image gets, how to read it)
+    images = [(path, Path(path).stem, partial(read_image, path)) for path in args.images]
+    if args.sample:  # decoded in memory: no file at a temp path another user could own
+        label = f"{args.sample} (scikit-image's sample photo)"
+        images.append((label, args.sample, partial(sample_photo, args.sample)))
     if not images and not args.input:
         raise EdgecvError("nothing to run: give image files, --sample NAME or --input X.npy")
     if images:
         model.require_one_input("run IMAGE")
     if args.input:
         _run_tensors(model, args)
-    for image_path in images:
-        _run_image(model, image_path, args, several=len(images) > 1)
+    for label, stem, read in images:
+        _run_image(model, label, stem, read(), args, several=len(images) > 1)
     return 0
 
 
@@ -81,14 +86,13 @@ def _run_tensors(model, args: argparse.Namespace) -> None:
     print(f"latency: {latency * 1e3:.2f} ms (median of {args.repeat})")
 
 
-def _run_image(model, image_path: str, args: argparse.Namespace, several: bool) -> None:
+def _run_image(
+    model, label: str, stem: str, image: np.ndarray, args: argparse.Namespace, several: bool
+) -> None:
     """One image preprocessed as the package says: its decoded results and latency."""
-    from ..imaging import read_image
-
-    image = read_image(image_path)
     x = model.preprocess(image)
     outputs, latency = _timed(model.run, x, repeat=args.repeat)
-    print(f"{image_path}:")
+    print(f"{label}:")
     kind = model.processing.decoder.kind
     if kind in ("logits", "probabilities"):
         for label, prob in model.decode(outputs, image.shape[:2]):
@@ -97,13 +101,13 @@ def _run_image(model, image_path: str, args: argparse.Namespace, several: bool) 
         shapes = ", ".join("x".join(map(str, o.shape)) for o in outputs)
         print(f"  outputs: {shapes} (no decoder: deploy with --decoder or --preprocess)")
     else:
-        _print_detections(model, image, image_path, outputs, latency, args, several)
+        _print_detections(model, image, stem, outputs, latency, args, several)
     print(f"  latency: {latency * 1e3:.2f} ms (median of {args.repeat})")
     if args.output:
         _report_outputs(model, outputs, args.output)
 
 
-def _print_detections(model, image, image_path, outputs, latency, args, several) -> None:
+def _print_detections(model, image, stem, outputs, latency, args, several) -> None:
     """A detector's boxes above the threshold (else the best three, said so), and the
     annotated image with ``--save``."""
     from ..imaging import draw
@@ -119,24 +123,19 @@ def _print_detections(model, image, image_path, outputs, latency, args, several)
     if args.save:
         out = Path(args.save)
         if several:
-            out = out.with_name(f"{out.stem}-{Path(image_path).stem}{out.suffix}")
+            out = out.with_name(f"{out.stem}-{stem}{out.suffix}")
         save_image(out, draw(image, found, fps=1.0 / latency))
         print(f"  annotated image: {out}")
 
 
-def sample_image(name: str) -> str:
-    """Write scikit-image's bundled photo ``name`` to a temporary JPEG; return its path."""
-    import tempfile
-
-    import cv2
+def sample_photo(name: str) -> np.ndarray:
+    """scikit-image's bundled photo ``name`` as OpenCV reads an image: BGR, uint8."""
     import skimage.data
 
     rgb = getattr(skimage.data, name)()
     if rgb.ndim == 2:
         rgb = np.stack([rgb] * 3, axis=-1)
-    path = Path(tempfile.gettempdir()) / f"edgecv-sample-{name}.jpg"
-    cv2.imwrite(str(path), np.ascontiguousarray(rgb[:, :, :3][:, :, ::-1]))
-    return str(path)
+    return np.ascontiguousarray(rgb[:, :, :3][:, :, ::-1])
 
 
 def _load_array(path: str) -> np.ndarray:
