@@ -72,3 +72,22 @@ def test_kernel_runs_on_each_device(query):
     out = np.empty_like(y)
     cl.enqueue_copy(queue, out, y_buf)
     np.testing.assert_array_equal(out, 2 * x + 1)
+
+
+def test_a_stale_driver_file_is_replaced_whole(tmp_path, monkeypatch):
+    """A process that opened the cache's Intel ``.icd`` before another rewrote it reads a
+    whole file (it was truncated and rewritten in place: empty for a moment)."""
+    import edgecv.runtime.opencl_devices as devices
+
+    if devices._intel_runtime() is None:
+        pytest.skip("Intel's CPU OpenCL runtime is not installed")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("OCL_ICD_VENDORS", raising=False)
+    monkeypatch.setattr(devices, "_REGISTERED", False)
+    icd = tmp_path / "edgecv" / "icd" / "intel-cpu.icd"
+    icd.parent.mkdir(parents=True)
+    icd.write_text("/an/old/path/libintelocl.so\n")
+    with open(icd) as reader:  # opened by a process starting at the same time
+        register_pip_runtimes()
+        assert reader.read() == "/an/old/path/libintelocl.so\n"
+    assert icd.read_text().strip() == str(devices._intel_runtime())

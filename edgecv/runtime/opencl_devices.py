@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..durable import write_bytes
+
 _REGISTERED = False
 
 
@@ -44,7 +46,9 @@ def register_pip_runtimes() -> None:
         folder.mkdir(parents=True, exist_ok=True)
         icd = folder / "intel-cpu.icd"
         if not icd.is_file() or icd.read_text().strip() != str(intel):
-            icd.write_text(f"{intel}\n")
+            # replaced whole, never rewritten in place: another process starting now
+            # reads the old file or the new one, never an empty one
+            write_bytes(icd, f"{intel}\n".encode())
         os.environ["OCL_ICD_VENDORS"] = str(folder)
     _REGISTERED = True
 
