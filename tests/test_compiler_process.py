@@ -19,7 +19,7 @@ import pytest
 from conftest import mxnet_forward
 from test_opencl import device_or_skip
 
-from edgecv.runtime import compiler_process
+from edgecv.runtime import compiler_process, opencl_program
 from edgecv.runtime.opencl import OpenCLBackend
 from edgecv.runtime.opencl_program import ProgramBuildError
 
@@ -28,9 +28,12 @@ HERE = Path(__file__).parent
 
 @pytest.fixture
 def fresh_compiles(monkeypatch, tmp_path):
-    """No program comes from the binary cache; the worker is new before and after."""
+    """No program comes from the binary cache nor from the programs this process keeps
+    built (an earlier test of the same worker may have built the same kernels); the
+    worker is new before and after."""
     device_or_skip("intel(r) opencl")
     monkeypatch.setenv("EDGECV_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(opencl_program, "_programs", {})
     compiler_process.stop_worker()
     yield
     compiler_process.stop_worker()
