@@ -4,7 +4,7 @@ kernels with fixed-size outputs (edgecv/frontend/onnx/torchvision_detection.py),
 ONNX Runtime's CPU forward of the same file: the kept rows in the same count, labels and
 order exact, boxes and scores within the tolerance table; the padding after them; the
 `torchvision` decoder reading them. SSDlite320 for `cpu` and `deeplens` (every launch on
-Intel's OpenCL) here, SSD300-VGG16 `heavy`.
+Intel's OpenCL) and SSD300-VGG16 are `heavy` (each deploys a whole detector: minutes).
 
 With seeded random weights the softmax scores of 91 classes sit near 1/91; the exports
 raise `score_thresh` (0.03 for SSDlite, 0.05 for SSD300) so that ONNX Runtime keeps
@@ -117,6 +117,7 @@ def ssdlite(filled):
     return filled, package
 
 
+@pytest.mark.heavy  # a whole detector deployed: minutes (docs/testing.md)
 def test_ssdlite_matches_onnxruntime_for_cpu(ssdlite):
     path, package = ssdlite
     x = _image(320)
@@ -128,6 +129,7 @@ def test_ssdlite_matches_onnxruntime_for_cpu(ssdlite):
     assert_detections_match(ours, ref, path, 320)
 
 
+@pytest.mark.heavy  # a whole detector deployed: minutes (docs/testing.md)
 def test_the_torchvision_decoder_skips_the_padding(ssdlite):
     """`run IMAGE`'s decoding of the fixed-size outputs: ONNX Runtime's detections, none
     of the padding, boxes stretched back to the image (compared as sets: near-tied rows
@@ -151,6 +153,7 @@ def test_the_torchvision_decoder_skips_the_padding(ssdlite):
     np.testing.assert_allclose(sorted(d.score for d in found), np.sort(ref_scores), rtol=1e-3)
 
 
+@pytest.mark.heavy  # a whole detector deployed: minutes (docs/testing.md)
 def test_ssdlite_runs_every_launch_on_intel_opencl(ssdlite, tmp_path):
     on = device_or_skip("intel")
     path, _ = ssdlite

@@ -127,6 +127,7 @@ def test_run_image_draws_the_raw_heads_detections(raw_320, tmp_path):
     assert drawn.shape == image.shape and (drawn != image).any()
 
 
+@pytest.mark.heavy  # a whole detector deployed: minutes (docs/testing.md)
 def test_yolov8n_runs_every_launch_on_intel_opencl(tmp_path):
     on = device_or_skip("intel")
     path = _filled("yolov8n_320", tmp_path)
