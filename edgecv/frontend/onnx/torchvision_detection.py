@@ -35,7 +35,7 @@ from tvm.relax import op as R
 
 from ...errors import ConversionError
 from .fold import fold
-from .vision import _shape, _tag, sorted_rows
+from .vision import _shape, sorted_rows, suppressed
 
 DOMAIN = "edgecv.torchvision"
 OP_TYPE = "Detections"
@@ -288,7 +288,6 @@ def _box_source(graph: _Graph, boxes_concat, topks) -> str:
 def Detections(bb, inputs, attrs, opset):  # noqa: N802 (named after the node)
     """``edgecv.torchvision::Detections(scores [N, C], boxes [N, 4])`` -> boxes ``[K, 4]``,
     scores ``[K]``, labels ``[K]`` (module docstring)."""
-    from ...ops import box_nms as box_nms_op  # the TIR ops import topi: load on first use
 
     scores, boxes = inputs
     columns, labels = list(attrs["columns"]), list(attrs["labels"])
@@ -314,21 +313,8 @@ def Detections(bb, inputs, attrs, opset):  # noqa: N802 (named after the node)
     candidate = relax.const(np.arange(classes * k, dtype=np.float32)[:, None])
     data = bb.normalize(R.expand_dims(R.concat([candidate, best, offset], axis=-1), 0))
     keep = min(int(attrs["detections"]), classes * k)
-    kwargs = dict(
-        overlap_thresh=float(attrs["iou_threshold"]),
-        valid_thresh=threshold,
-        topk=-1,
-        coord_start=2,
-        score_index=1,
-        id_index=-1,
-        background_id=-1,
-        force_suppress=False,
-        in_format="corner",
-        out_format="corner",
-        out_rows=keep if keep < classes * k else -1,
-    )
-    kept = bb.emit_te(box_nms_op.box_nms, data, primfunc_name_hint="box_nms", **kwargs)
-    _tag(bb, kept, op="box_nms", shape=[1, classes * k, 6], dtype="float32", **kwargs)
+    iou = float(attrs["iou_threshold"])
+    kept = suppressed(bb, data, iou=iou, valid=threshold, fmt="corner", keep=keep)
     return _outputs(bb, kept, corners, label[:, 0], keep)
 
 

@@ -27,7 +27,7 @@ from tvm import relax
 from tvm.relax import op as R
 
 from ...errors import ConversionError
-from .vision import _shape, _tag
+from .vision import _shape, suppressed
 
 DOMAIN = "edgecv.ultralytics"
 OP_TYPE = "UltralyticsNMS"
@@ -288,7 +288,6 @@ def rewrite(model, source: str):
 def NMS(bb, inputs, attrs, opset):  # noqa: N802 (named after the node)
     """``edgecv.ultralytics::UltralyticsNMS(head [B, 4 + C, N])`` -> ``[B, max_det, 6]``
     (module docstring)."""
-    from ...ops import box_nms as box_nms_op  # the TIR ops import topi: load on first use
 
     (head,) = inputs
     batch, rows, n = _shape(head)
@@ -313,21 +312,8 @@ def NMS(bb, inputs, attrs, opset):  # noqa: N802 (named after the node)
     index = R.broadcast_to(relax.const(np.arange(n, dtype=np.float32)[:, None]), (batch, n, 1))
     data = bb.normalize(R.concat([index, R.expand_dims(best, -1), corners], axis=-1))
     keep = min(max_det, n, int(attrs["most"]))
-    kwargs = dict(
-        overlap_thresh=float(attrs["iou"]),
-        valid_thresh=float(np.float32(attrs["conf"])),
-        topk=-1,
-        coord_start=2,
-        score_index=1,
-        id_index=-1,
-        background_id=-1,
-        force_suppress=False,
-        in_format="corner",
-        out_format="corner",
-        out_rows=keep if keep < n else -1,
-    )
-    kept = bb.emit_te(box_nms_op.box_nms, data, primfunc_name_hint="box_nms", **kwargs)
-    _tag(bb, kept, op="box_nms", shape=[batch, n, 6], dtype=f32, **kwargs)
+    conf = float(np.float32(attrs["conf"]))
+    kept = suppressed(bb, data, iou=float(attrs["iou"]), valid=conf, fmt="corner", keep=keep)
     return _rows(bb, kept, boxes, label, keep, max_det)
 
 

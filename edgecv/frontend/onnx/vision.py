@@ -93,7 +93,6 @@ def NonMaxSuppression(bb, inputs, attrs, opset):  # noqa: N802 (named after the 
     """``NonMaxSuppression`` as one ``box_nms`` over the ``B * C`` (batch, class) rows
     of ``[box index, score, 4 coordinates]``, keeping each row's first ``M`` boxes, then
     the selected rows compacted to the top with a stable row sort (module docstring)."""
-    from ...ops import box_nms as box_nms_op  # the TIR ops import topi: load on first use
 
     boxes, scores = inputs[0], inputs[1]
     extra = [inputs[i] if len(inputs) > i else None for i in (2, 3, 4)]
@@ -122,10 +121,27 @@ def NonMaxSuppression(bb, inputs, attrs, opset):  # noqa: N802 (named after the 
     ]
     data = bb.normalize(R.reshape(R.concat(columns, axis=-1), (batch * classes, n, 6)))
     lowest = float(np.finfo(np.float32).min)  # no threshold: every box is a candidate
-    fmt = "center" if center else "corner"
+    kept = suppressed(
+        bb,
+        data,
+        iou=0.0 if iou is None or math.isnan(iou) else iou,
+        valid=lowest if least is None or math.isnan(least) else least,
+        fmt="center" if center else "corner",
+        keep=keep,
+    )
+    return _selected_indices(bb, kept, batch, classes, keep)
+
+
+def suppressed(bb, data: relax.Expr, iou: float, valid: float, fmt: str, keep: int):
+    """edgecv's tagged class-agnostic ``box_nms`` over rows ``[id, score, 4 coords]`` of
+    ``data (R, n, 6)``: boxes below ``valid`` dropped, overlaps above ``iou`` suppressed,
+    the first ``keep`` kept rows of each of the ``R`` sets (all when ``keep >= n``)."""
+    from ...ops import box_nms as box_nms_op  # the TIR ops import topi: load on first use
+
+    n = _shape(data)[1]
     kwargs = dict(
-        overlap_thresh=0.0 if iou is None or math.isnan(iou) else iou,
-        valid_thresh=lowest if least is None or math.isnan(least) else least,
+        overlap_thresh=iou,
+        valid_thresh=valid,
         topk=-1,
         coord_start=2,
         score_index=1,
@@ -137,8 +153,8 @@ def NonMaxSuppression(bb, inputs, attrs, opset):  # noqa: N802 (named after the 
         out_rows=keep if keep < n else -1,
     )
     kept = bb.emit_te(box_nms_op.box_nms, data, primfunc_name_hint="box_nms", **kwargs)
-    _tag(bb, kept, op="box_nms", shape=[batch * classes, n, 6], dtype="float32", **kwargs)
-    return _selected_indices(bb, kept, batch, classes, keep)
+    _tag(bb, kept, op="box_nms", shape=_shape(data), dtype="float32", **kwargs)
+    return kept
 
 
 def _ordered_corners(bb, boxes: relax.Expr) -> relax.Expr:
