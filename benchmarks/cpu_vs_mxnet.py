@@ -20,6 +20,8 @@ import tvm
 
 from edgecv._mxnet import import_mxnet
 from edgecv.bench.harness import alternate
+from edgecv.board.runtime.cpu import CPUBackend
+from edgecv.board.runtime.executor import Executor
 from edgecv.codegen.llvm import build_cpu
 from edgecv.frontend.mxnet import zoo
 from edgecv.frontend.mxnet.importer import from_mxnet
@@ -27,8 +29,6 @@ from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
 from edgecv.frontend.mxnet.zoo import zoo_models
 from edgecv.lowering import lower
 from edgecv.profiles import load_profile
-from edgecv.runtime.cpu import CPUBackend
-from edgecv.runtime.executor import Executor
 
 MODELS = list(zoo_models())  # the seven models with aliases (edgecv/data/zoo.json)
 

@@ -26,10 +26,10 @@ import numpy as np
 from fallback_overhead import MODELS, model_medians, nms_time
 
 import edgecv
+from edgecv.board.runtime.opencl_devices import opencl_devices
 from edgecv.codegen.op_versions import OpVersions
 from edgecv.deploy import deploy
 from edgecv.pipelines import BuildOptions
-from edgecv.runtime.opencl_devices import opencl_devices
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ on a loaded machine can time the default badly and keep a worse search result). 
 no record left, deploy schedules the workload with the default rule again. The
 workload stays in the summary with ``best_s`` set back to ``default_s`` and the reason.
 
-    python benchmarks/drop_shipped_records.py edgecv/data/device_profiles/tuning/<class> \
+    python benchmarks/drop_shipped_records.py device_profiles/tuning/<class> \
         --kernel mobilenet1.0:fused_conv2d5_multiply3_add3_relu3 --why "..."
 
 Find the candidates with ``edgecv bench PACKAGE --top N`` on a ``--no-tuning`` and a

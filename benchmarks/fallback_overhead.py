@@ -26,8 +26,8 @@ import numpy as np
 
 import edgecv
 from edgecv.bench.harness import alternating_medians
+from edgecv.board.runtime.opencl_devices import opencl_devices
 from edgecv.deploy import deploy
-from edgecv.runtime.opencl_devices import opencl_devices
 
 MODELS = ["ssd_512_mobilenet1.0_voc", "ssd_512_resnet50_v1_voc", "yolo3_mobilenet1.0_coco"]
 

@@ -30,11 +30,11 @@ from subgroup_pointwise import subgroup_pointwise
 from tvm import relax
 
 from edgecv.bench.harness import alternate, median_time
+from edgecv.board.runtime.opencl import OpenCLBackend
 from edgecv.codegen.llvm import build_cpu
 from edgecv.codegen.opencl import build_opencl
 from edgecv.lowering import lower
 from edgecv.profiles import load_profile
-from edgecv.runtime.opencl import OpenCLBackend
 from edgecv.schedules.gpu import default_rules
 from edgecv.testing import assert_close
 

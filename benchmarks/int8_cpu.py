@@ -31,8 +31,8 @@ import numpy as np
 
 import edgecv
 from edgecv.bench.harness import alternate
+from edgecv.board.imaging import preprocess
 from edgecv.deploy import PREPROCESSING, deploy
-from edgecv.imaging import preprocess
 from edgecv.pipelines import BuildOptions
 
 PHOTOS = (

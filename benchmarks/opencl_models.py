@@ -35,8 +35,8 @@ import numpy as np
 
 import edgecv
 from edgecv.bench.harness import time_runs
+from edgecv.board.runtime.opencl_devices import opencl_devices
 from edgecv.deploy import deploy
-from edgecv.runtime.opencl_devices import opencl_devices
 
 DEVICES = {"deeplens": ["intel"], "aisage": ["intel", "pocl"]}
 

@@ -5,7 +5,7 @@ on the same device class measures nothing.
 
     python benchmarks/ship_layout_costs.py /tmp/edgecv-gt-costs/cpu
 
-Only devices whose database folder is shipped (``edgecv/data/device_profiles/tuning/<class>/``)
+Only devices whose database folder is shipped (``device_profiles/tuning/<class>/``)
 are merged (a CPU's costs key is its tuning device class and thread count); entries of
 another edgecv or TVM version, or measured under default rules other than today's, are not read
 (:class:`edgecv.graph_tuner.costs.CostCache`). Entries already shipped are replaced by

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How the shipped tuning databases (edgecv/data/device_profiles/tuning/<class>/) are made: each
+# How the shipped tuning databases (device_profiles/tuning/<class>/) are made: each
 # model tuned for a while on this machine kind, the best records merged in (--ship).
 # Runs niced in the background on a shared machine; each run's log says how long it took.
 #   benchmarks/tune_shipped.sh cpu      # mobilenet1.0, squeezenet1.0, resnet50_v1 for `cpu`
@@ -8,7 +8,7 @@
 #   benchmarks/tune_shipped.sh rules deeplens [MODEL ...]
 #       the tile variants of edgecv's rules for every workload of the seven zoo models
 #       (or those named), no MetaSchedule search (--rules-only), raced and shipped
-#   benchmarks/tune_shipped.sh verdicts cpu|deeplens edgecv/data/device_profiles/tuning/<class>
+#   benchmarks/tune_shipped.sh verdicts cpu|deeplens device_profiles/tuning/<class>
 #       after a rule edit: no search; the default of every workload of the seven zoo
 #       models timed under today's rules, and records that beat it timed beside it
 #       again (a verdict of other rules is void), in a copy of the shipped folder

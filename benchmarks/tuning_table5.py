@@ -26,8 +26,8 @@ from pathlib import Path
 from edgecv.bench.command import bench_input, source_files
 from edgecv.bench.harness import alternate
 from edgecv.bench.lineup import build_baselines
+from edgecv.board.model import load
 from edgecv.deploy import deploy
-from edgecv.model import load
 from edgecv.pipelines import BuildOptions
 from edgecv.profiles import load_profile
 from edgecv.schedules.device_class import tuning_folders

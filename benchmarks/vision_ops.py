@@ -27,6 +27,8 @@ import tvm
 
 from edgecv._mxnet import import_mxnet
 from edgecv.bench.harness import median_time  # one warm-up, then the median
+from edgecv.board.runtime.opencl import OpenCLBackend
+from edgecv.board.runtime.opencl_devices import opencl_devices
 from edgecv.codegen.opencl import build_opencl
 from edgecv.ops.box_nms import box_nms_gpu, box_nms_reference
 from edgecv.ops.multibox import multibox_detection_gpu, multibox_detection_reference
@@ -35,8 +37,6 @@ from edgecv.ops.roi_align import roi_align_gpu, roi_align_reference
 from edgecv.ops.scan import scan_gpu, scan_reference
 from edgecv.ops.segmented_argsort import segmented_argsort_gpu, segmented_argsort_reference
 from edgecv.profiles import load_profile
-from edgecv.runtime.opencl import OpenCLBackend
-from edgecv.runtime.opencl_devices import opencl_devices
 
 SSD = dict(
     overlap_thresh=0.45,

@@ -2,7 +2,7 @@
 
 import os as _os
 
-from ._version import __version__
+from .board._version import __version__
 
 # TVM sizes its CPU thread pool from physical cores it detects, which gives 1 thread on
 # some VMs with 2 usable cores; use every core this process may run on unless the
@@ -21,7 +21,7 @@ _os.environ.setdefault("TVM_BIND_THREADS", "0")
 # (benchmarks/results/streams-2026-11-26-zen3.md, the spin count).
 _os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "10000")
 
-from .errors import EdgecvError  # noqa: E402  (after the environment is set)
+from .board.errors import EdgecvError  # noqa: E402  (after the environment is set)
 
 __all__ = ["EdgecvError", "__version__", "load", "register_op"]
 
@@ -29,8 +29,8 @@ __all__ = ["EdgecvError", "__version__", "load", "register_op"]
 def load(path, on=None, streams=1, sha256=None):
     """Load a deployed package (on OpenCL device ``on``, with ``streams`` calls able to
     run at once from different threads; only if its manifest has the sha256 ``sha256``,
-    the pin `edgecv deploy` printed, when given); see :func:`edgecv.model.load`."""
-    from .model import load as _load
+    the pin `edgecv deploy` printed, when given); see :func:`edgecv.board.model.load`."""
+    from .board.model import load as _load
 
     return _load(path, on=on, streams=streams, sha256=sha256)
 

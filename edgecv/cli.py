@@ -10,8 +10,8 @@ import sys
 import traceback
 import warnings
 
+from .board.errors import EdgecvError, foreign_message, missing_extra
 from .commands import deploy, devices, profiles, run
-from .errors import EdgecvError, foreign_message, missing_extra
 
 
 def build_parser() -> argparse.ArgumentParser:

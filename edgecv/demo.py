@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .arguments import pin_argument
-from .errors import EdgecvError
-from .imaging import Detection, draw, draw_label, opencv
-from .outputs import check_output_folder
+from .board.arguments import pin_argument
+from .board.errors import EdgecvError
+from .board.imaging import Detection, draw, draw_label, opencv
+from .board.outputs import check_output_folder
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp"}
 
@@ -205,7 +205,7 @@ class Player:
 
 
 def cmd_demo(args) -> int:
-    from .model import load
+    from .board.model import load
 
     cv2 = opencv()
 

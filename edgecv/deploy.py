@@ -15,17 +15,17 @@ from pathlib import Path
 import tvm
 
 from . import __version__
-from .errors import EdgecvError, ProfileError, foreign_message
+from .board.errors import EdgecvError, ProfileError, foreign_message
+from .board.manifest import Manifest, Tensor
+from .board.package import PackageWriter, check_destination, package_manifest
+from .board.precision import Precision
+from .board.processing import Processing, preset, to_manifest
 from .frontend.imported import ImportedModel
 from .frontend.mxnet import zoo
 from .lowering.memory_plan import memory_facts
-from .manifest import Manifest, Tensor
-from .package import PackageWriter, check_destination, package_manifest
 from .pipelines import BuildOptions, Built, int8_given, pipeline_for
 from .pipelines import fp16 as fp16_step
 from .pipelines import int8 as int8_step
-from .precision import Precision
-from .processing import Processing, preset, to_manifest
 from .profiles import AVAILABLE_RUNTIMES, Profile, check_profile, load_profile
 from .schedules.device_class import tuning_folders
 from .schedules.orders import tuning_database
@@ -102,10 +102,10 @@ def deploy(
         images of that folder; see ``docs/int8.md``).
     force : bool
         Replace an existing edgecv package at ``output``. Anything at ``output`` that is
-        not an edgecv package is never replaced (:func:`~edgecv.package.check_destination`).
+        not an edgecv package is never replaced (:func:`~edgecv.board.package.check_destination`).
     processing : Processing, optional
         How images become the input and outputs become results (a preset, sidecar or
-        flags: :func:`edgecv.processing.resolve`); by default a zoo model's ImageNet one
+        flags: :func:`edgecv.board.processing.resolve`); by default a zoo model's ImageNet one
         and GluonCV's outputs, an ONNX classifier's torchvision preset.
     device : str, optional
         The old name of ``profile`` (it names a profile, not a device): still accepted
@@ -227,7 +227,7 @@ def _write_package(
     started: float,
 ) -> Path:
     """The built kernels, plan, constants and manifest written into the model's package
-    folder, all or nothing (:class:`~edgecv.package.PackageWriter`)."""
+    folder, all or nothing (:class:`~edgecv.board.package.PackageWriter`)."""
     source, imported, destination = model.source, model.imported, model.destination
     processing, sections = model.processing, model.sections
     # the folders the build read records from (missing ones are skipped): the same

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import EdgecvError
+from .board.errors import EdgecvError
 
 # An MXNet op name or a Custom op_type as it can appear in a symbol file; also what the
 # kernel is named after, so ``--explain`` and ``--cpu-ops`` can name it.

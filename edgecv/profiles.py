@@ -1,4 +1,4 @@
-"""Device profiles: one JSON file per device in ``edgecv/data/device_profiles/``.
+"""Device profiles: one JSON file per device in ``device_profiles/``.
 
 A profile names the runtime backend (cpu, opencl, cuda), the TVM target of the
 device and of its host CPU, the device's limits, and which ops run on the GPU.
@@ -15,20 +15,26 @@ from typing import Any
 
 import tvm
 
-from .errors import ProfileError, foreign_message
-from .plan import PIECE_ALIGNMENT
+from .board.errors import ProfileError, foreign_message
+from .board.plan import PIECE_ALIGNMENT
 
 # Backends this build of edgecv can deploy for.
 AVAILABLE_RUNTIMES = ("cpu", "opencl", "cuda")
 
 
 def profiles_dir() -> Path:
-    """Where profiles are read from: ``$EDGECV_PROFILES`` or the ones installed with edgecv
-    (package data, ``edgecv/data/device_profiles``, beside the shipped tuning databases in
-    its ``tuning/`` folder)."""
+    """Where profiles are read from: ``$EDGECV_PROFILES`` or the ones shipped with edgecv
+    (``device_profiles/``, with the shipped tuning databases in its ``tuning/`` folder):
+    ``edgecv/device_profiles/`` in an installed wheel (setup.py maps the repository's
+    folder there), else ``device_profiles/`` at the top of the checkout edgecv is
+    imported from (an editable install)."""
     env = os.environ.get("EDGECV_PROFILES")
+    if env:
+        return Path(env)
     # A real folder, not a resources Traversable: `edgecv tune --ship` writes into it.
-    return Path(env) if env else Path(__file__).resolve().parent / "data" / "device_profiles"
+    package = Path(__file__).resolve().parent
+    installed = package / "device_profiles"
+    return installed if installed.is_dir() else package.parent / "device_profiles"
 
 
 @dataclass(frozen=True)
@@ -224,5 +230,5 @@ def check_profile(profile: Profile) -> None:
     except Exception as err:  # TVM raises ValueError/TVMError on bad target fields
         raise ProfileError(
             f"device profile `{profile.name}` is malformed: {foreign_message(err)}; fix its "
-            "target/host/gpu fields (see edgecv/data/device_profiles/*.json)"
+            "target/host/gpu fields (see device_profiles/*.json)"
         ) from None

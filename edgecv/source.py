@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ModelNotFoundError, ShapeError
+from .board.errors import ModelNotFoundError, ShapeError
+from .board.package import sha256
 from .frontend.imported import ImportedModel
 from .frontend.mxnet import zoo
 from .frontend.mxnet.importer import check_supported, from_mxnet
 from .frontend.mxnet.mxnet_graph import load_params, load_symbol
-from .package import sha256
 
 Shapes = tuple[int, ...] | dict[str, tuple[int, ...]] | None
 

@@ -109,7 +109,7 @@ def pocl_unusable() -> str | None:
     if "reason" not in _POCL:
         import pyopencl as cl
 
-        from edgecv.runtime.opencl_devices import register_pip_runtimes
+        from edgecv.board.runtime.opencl_devices import register_pip_runtimes
 
         register_pip_runtimes()
         devices = [

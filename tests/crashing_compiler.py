@@ -1,4 +1,4 @@
-"""The compiler process (:mod:`edgecv.runtime.compiler_process`) with a compiler that
+"""The compiler process (:mod:`edgecv.board.runtime.compiler_process`) with a compiler that
 crashes on some programs: one whose source holds the text given as the first argument
 aborts the process, as a compiler's failed assertion does. Every other program is
 compiled by the device's real compiler."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from edgecv.runtime import compiler_process
+from edgecv.board.runtime import compiler_process
 
 marker = sys.argv[1]
 receive = compiler_process._receive

@@ -11,8 +11,7 @@ import pytest
 from helpers import assert_one_error_line, run_cli
 
 from edgecv._mxnet import import_mxnet
-from edgecv.cli import main
-from edgecv.errors import (
+from edgecv.board.errors import (
     ConversionError,
     GraphError,
     ModelNotFoundError,
@@ -22,6 +21,7 @@ from edgecv.errors import (
     ShapeError,
     UnsupportedOpsError,
 )
+from edgecv.cli import main
 from edgecv.frontend.mxnet.importer import from_mxnet
 from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol, parse_symbol
 from edgecv.testing import assert_close
@@ -271,7 +271,7 @@ def test_graph_without_parameters_deploys_without_params_and_says_the_shape(tmp_
     result = run_cli("deploy", tmp_path / "pool-symbol.json", "-o", tmp_path / "pkg")
     assert result.returncode == 0, result.stderr
     assert "assuming data 1x3x224x224" in result.stderr
-    from edgecv.model import load
+    from edgecv.board.model import load
 
     x = np.random.RandomState(0).normal(size=(1, 3, 224, 224)).astype(np.float32)
     expected = mx.nd.Pooling(
@@ -287,7 +287,7 @@ def test_graph_with_parameters_and_no_params_file_names_them(tmp_path):
 
 
 def test_package_checks(tiny_package, tmp_path):
-    from edgecv.model import load
+    from edgecv.board.model import load
 
     corrupt = tmp_path / "corrupt"
     shutil.copytree(tiny_package, corrupt)
@@ -311,7 +311,7 @@ def test_package_checks(tiny_package, tmp_path):
 
 
 def test_run_rejects_wrong_input_shape(tiny_package):
-    from edgecv.model import load
+    from edgecv.board.model import load
 
     model = load(tiny_package)
     with pytest.raises(ShapeError, match="--input-shape"):

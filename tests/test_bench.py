@@ -220,7 +220,7 @@ def test_an_openvino_baseline_leaves_intels_opencl_runtime_loadable(tmp_path):
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
-    from edgecv.runtime.opencl_devices import opencl_devices
+    from edgecv.board.runtime.opencl_devices import opencl_devices
 
     if not any(d.matches("intel(r) opencl") for d in opencl_devices()):
         pytest.skip("Intel's CPU OpenCL runtime is not installed")
@@ -232,7 +232,7 @@ def test_an_openvino_baseline_leaves_intels_opencl_runtime_loadable(tmp_path):
     script = (
         "from pathlib import Path\n"
         "from edgecv.bench.baselines import openvino_baseline\n"
-        "from edgecv.runtime.opencl_devices import opencl_devices\n"
+        "from edgecv.board.runtime.opencl_devices import opencl_devices\n"
         f"openvino_baseline(Path({str(path)!r}))\n"
         "print(sorted(d.label for d in opencl_devices()))\n"
     )

@@ -20,9 +20,9 @@ from helpers import assert_one_error_line, run_cli
 from test_wheel import build_wheel
 
 import edgecv
+from edgecv.board.errors import PackageError
+from edgecv.board.runtime.host import X86_FEATURES, this_arch, this_cpu_features
 from edgecv.deploy import deploy
-from edgecv.errors import PackageError
-from edgecv.runtime.host import X86_FEATURES, this_arch, this_cpu_features
 from edgecv.testing import assert_close
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,21 +31,10 @@ EM_AARCH64 = 183  # ELF e_machine of aarch64
 # import); they keep to the oldest Python the device runtime's wheels support.
 DEVICE_RUNTIME = [
     "edgecv/__init__.py",
-    "edgecv/_version.py",
-    "edgecv/errors.py",
-    "edgecv/model.py",
-    "edgecv/package.py",
-    "edgecv/manifest.py",
-    "edgecv/plan.py",
-    "edgecv/durable.py",
-    "edgecv/imaging.py",
-    "edgecv/outputs.py",
-    "edgecv/progress.py",
-    "edgecv/arguments.py",
-    "edgecv/precision.py",
+    "edgecv/op_registry.py",
+    "edgecv/board",
     "edgecv/cli.py",
     "edgecv/commands",
-    "edgecv/runtime",
 ]
 COMPILER_MODULES = ("tvm", "mxnet", "gluoncv", "cv2", "tqdm", "skimage", "scipy", "xgboost")
 

@@ -166,7 +166,7 @@ def test_profiles_lists_every_profile_with_its_backend_and_device(capsys):
 
     assert main(["profiles"]) == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
-    shipped = Path(__file__).parent.parent / "edgecv" / "data" / "device_profiles"
+    shipped = Path(__file__).parent.parent / "device_profiles"
     names = sorted(f.stem for f in shipped.glob("*.json"))
     assert sorted(lines) == names
     for name in names:
@@ -200,7 +200,7 @@ def test_archived_package_loads(tmp_path):
     from test_bad_input import small_net, small_params
 
     from edgecv._mxnet import import_mxnet
-    from edgecv.model import load
+    from edgecv.board.model import load
 
     mx = import_mxnet()
     prefix = tmp_path / "tiny"

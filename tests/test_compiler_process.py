@@ -19,9 +19,9 @@ import pytest
 from conftest import mxnet_forward
 from test_opencl import device_or_skip
 
-from edgecv.runtime import compiler_process, opencl_program
-from edgecv.runtime.opencl import OpenCLBackend
-from edgecv.runtime.opencl_program import ProgramBuildError
+from edgecv.board.runtime import compiler_process, opencl_program
+from edgecv.board.runtime.opencl import OpenCLBackend
+from edgecv.board.runtime.opencl_program import ProgramBuildError
 
 HERE = Path(__file__).parent
 
@@ -112,7 +112,7 @@ def test_worker_killed_mid_compile_is_an_error(fresh_compiles):
 
 
 def test_compile_past_the_time_limit_is_killed(fresh_compiles):
-    from edgecv.runtime.opencl_devices import opencl_devices
+    from edgecv.board.runtime.opencl_devices import opencl_devices
 
     intel = next(d for d in opencl_devices() if d.matches("intel(r) opencl"))
     compiler_process.compile_in_worker(intel.platform, intel.name, _scale_source(), [])
@@ -131,8 +131,8 @@ def test_deploy_moves_the_kernel_the_compiler_crashes_on_to_the_cpu(
 ):
     from test_fallback import _tiny_model
 
+    from edgecv.board.model import load
     from edgecv.cli import main
-    from edgecv.model import load
     from edgecv.testing import assert_close
 
     symbol, params = _tiny_model(tmp_path)
@@ -166,7 +166,7 @@ def test_deploy_moves_the_kernel_the_compiler_crashes_on_to_the_cpu(
 
 PARENT = """
 import os, subprocess, sys, time
-from edgecv.runtime.compiler_process import PARENT_ENV, worker_command
+from edgecv.board.runtime.compiler_process import PARENT_ENV, worker_command
 source = int(sys.argv[1])
 worker = subprocess.Popen(worker_command(), stdin=source, stdout=subprocess.PIPE,
                           pass_fds=(source,), env={**os.environ, PARENT_ENV: str(os.getpid())})

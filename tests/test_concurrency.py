@@ -23,8 +23,8 @@ from graph_tuner.small_model import SHAPE, export_small_model
 from test_opencl import device_or_skip
 
 import edgecv
+from edgecv.board.errors import EdgecvError, ShapeError
 from edgecv.deploy import deploy
-from edgecv.errors import EdgecvError, ShapeError
 from edgecv.pipelines import BuildOptions
 from edgecv.testing import assert_close
 
@@ -173,7 +173,7 @@ def test_streams_split_the_cores_between_the_calling_threads(package):
     size; the main thread keeps every core."""
     import tvm_ffi
 
-    from edgecv.runtime.cpu import pool_threads
+    from edgecv.board.runtime.cpu import pool_threads
 
     num_threads = tvm_ffi.get_global_func("runtime.NumThreads")
     cores = pool_threads()
@@ -216,7 +216,7 @@ def test_short_lived_calling_threads_leave_no_threads_behind(package):
     time. Calls from threads other than the main one run on threads edgecv keeps."""
     import os
 
-    from edgecv.runtime.workers import kept_threads
+    from edgecv.board.runtime.workers import kept_threads
 
     model = edgecv.load(package("cpu"), streams=2)
     x = np.random.RandomState(0).normal(size=SHAPE).astype(np.float32)

@@ -9,13 +9,13 @@ import pytest
 import tvm
 
 from edgecv._mxnet import import_mxnet
+from edgecv.board.runtime.cpu import CPUBackend
+from edgecv.board.runtime.executor import Executor
 from edgecv.codegen.llvm import build_cpu
 from edgecv.frontend.mxnet.converters.tensor import mxnet_reshape
 from edgecv.frontend.mxnet.importer import from_mxnet
 from edgecv.frontend.mxnet.mxnet_graph import parse_symbol
 from edgecv.lowering import lower
-from edgecv.runtime.cpu import CPUBackend
-from edgecv.runtime.executor import Executor
 from edgecv.testing import assert_close
 
 mx = import_mxnet()

@@ -9,7 +9,7 @@ import pytest
 from test_converters import run_both
 
 from edgecv._mxnet import import_mxnet
-from edgecv.errors import ConversionError, QuantizedGraphError
+from edgecv.board.errors import ConversionError, QuantizedGraphError
 from edgecv.frontend.mxnet.converters.image import resize_output_size
 from edgecv.frontend.mxnet.importer import from_mxnet
 from edgecv.frontend.mxnet.mxnet_graph import parse_symbol

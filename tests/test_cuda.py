@@ -14,14 +14,14 @@ import pytest
 from conftest import mxnet_forward, random_input
 from test_parity import depth_loosening
 
+from edgecv.board.package import read_package_text
+from edgecv.board.runtime.cuda import CudaDevice, CudaImages, choose_image, cuda_devices
+from edgecv.board.runtime.nvcc import CudaCompileError, compile_source
 from edgecv.codegen.cuda import build_cuda
 from edgecv.frontend.mxnet.importer import from_mxnet
 from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
 from edgecv.lowering import lower
-from edgecv.package import read_package_text
 from edgecv.profiles import load_profile
-from edgecv.runtime.cuda import CudaDevice, CudaImages, choose_image, cuda_devices
-from edgecv.runtime.nvcc import CudaCompileError, compile_source
 from edgecv.testing import assert_close
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -109,7 +109,7 @@ def test_module_image_choice_follows_the_gpu_architecture():
 def test_cuda_package_on_a_machine_without_gpu_is_refused_clearly(tmp_path):
     if cuda_devices():
         pytest.skip("this machine has a CUDA GPU")
-    from edgecv.runtime.cuda import CUDABackend, CudaUnavailable
+    from edgecv.board.runtime.cuda import CUDABackend, CudaUnavailable
 
     with pytest.raises(CudaUnavailable, match="CUDA"):
         CUDABackend("", CudaImages("sm_87", "source"), {})
@@ -118,8 +118,8 @@ def test_cuda_package_on_a_machine_without_gpu_is_refused_clearly(tmp_path):
 @needs_gpu
 @pytest.mark.cuda
 def test_classifier_on_cuda_matches_mxnet(exported):
-    from edgecv.runtime.cuda import CUDABackend
-    from edgecv.runtime.executor import Executor
+    from edgecv.board.runtime.cuda import CUDABackend
+    from edgecv.board.runtime.executor import Executor
 
     gpu = cuda_devices()[0]
     model, lowered = lowered_model(exported, "squeezenet1.0")

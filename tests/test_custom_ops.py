@@ -19,9 +19,9 @@ from conftest import mxnet_forward, needs_pocl
 from test_opencl import device_or_skip
 
 import edgecv
+from edgecv.board.errors import ConversionError, UnsupportedOpsError
 from edgecv.cli import main
 from edgecv.deploy import deploy
-from edgecv.errors import ConversionError, UnsupportedOpsError
 from edgecv.frontend.mxnet.importer import from_mxnet
 from edgecv.frontend.mxnet.mxnet_graph import parse_symbol
 from edgecv.op_registry import RegistrationError, load_ops, registered_op, unregister_op

@@ -8,9 +8,9 @@ import pytest
 
 import edgecv.deploy
 import edgecv.profiles
+from edgecv.board.errors import ModelNotFoundError, ProfileError
 from edgecv.cli import main
 from edgecv.deploy import deploy
-from edgecv.errors import ModelNotFoundError, ProfileError
 
 
 def test_a_cli_deploy_reads_its_profile_once(monkeypatch, tmp_path, capsys):

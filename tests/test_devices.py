@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from edgecv.runtime.opencl_devices import opencl_devices, register_pip_runtimes
+from edgecv.board.runtime.opencl_devices import opencl_devices, register_pip_runtimes
 
 X86 = platform.machine() in ("x86_64", "AMD64")
 
@@ -77,7 +77,7 @@ def test_kernel_runs_on_each_device(query):
 def test_a_stale_driver_file_is_replaced_whole(tmp_path, monkeypatch):
     """A process that opened the cache's Intel ``.icd`` before another rewrote it reads a
     whole file (it was truncated and rewritten in place: empty for a moment)."""
-    import edgecv.runtime.opencl_devices as devices
+    import edgecv.board.runtime.opencl_devices as devices
 
     if devices._intel_runtime() is None:
         pytest.skip("Intel's CPU OpenCL runtime is not installed")

@@ -28,10 +28,10 @@ from helpers import assert_one_error_line, run_cli
 from test_run_faults import SHAPE, quick_package, tiny_model, x_of
 
 import edgecv
-from edgecv.errors import PackageError
-from edgecv.manifest import Manifest
-from edgecv.package import PackageWriter, archive
-from edgecv.runtime import kernel_cache
+from edgecv.board.errors import PackageError
+from edgecv.board.manifest import Manifest
+from edgecv.board.package import PackageWriter, archive
+from edgecv.board.runtime import kernel_cache
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,8 +42,8 @@ REPO = Path(__file__).resolve().parent.parent
 REWRITE = r"""
 import json, os, signal, sys, time
 from pathlib import Path
-from edgecv.manifest import Manifest
-from edgecv.package import PackageWriter
+from edgecv.board.manifest import Manifest
+from edgecv.board.package import PackageWriter
 
 source, destination, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 manifest = json.loads((source / "manifest.json").read_text())
@@ -364,7 +364,7 @@ def test_run_outputs_are_replaced_whole_or_not_at_all(tmp_path):
     """`edgecv run --output`/`--save` write beside the old file and rename over it: a
     write that stops midway (here an array that cannot be converted, after another was
     written; in the field a kill) leaves the earlier result as it was, not half a file."""
-    from edgecv.outputs import save_arrays, save_image
+    from edgecv.board.outputs import save_arrays, save_image
 
     earlier = {"scores": np.arange(1000, dtype=np.float32)}
     path = save_arrays(tmp_path / "result.npz", earlier)
@@ -387,7 +387,7 @@ def test_run_outputs_are_replaced_whole_or_not_at_all(tmp_path):
 KILLED_EXTRACTION = """
 import os, signal, sys, tarfile
 from pathlib import Path
-from edgecv.package import unpack_if_archive
+from edgecv.board.package import unpack_if_archive
 
 extract = tarfile.TarFile.extractall
 

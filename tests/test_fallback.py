@@ -9,9 +9,9 @@ import pytest
 from conftest import mxnet_forward
 from test_parity import depth_loosening
 
+from edgecv.board.plan import Buffer, Plan, Step
 from edgecv.fallback import GpuOnlyError, insert_copies, place
 from edgecv.fallback.placement import Placement
-from edgecv.plan import Buffer, Plan, Step
 from edgecv.testing import assert_close
 
 
@@ -159,8 +159,8 @@ def test_operator_left_off_the_gpu_list_runs_on_the_cpu(tmp_path, capsys):
     """A profile without `relu` on its GPU list: that launch falls back, with copies."""
     from test_opencl import device_or_skip
 
+    from edgecv.board.model import load
     from edgecv.cli import main
-    from edgecv.model import load
     from edgecv.profiles import load_profile
 
     device_or_skip("intel(r) opencl")
@@ -207,8 +207,8 @@ def test_forced_cpu_ops_give_the_same_outputs_as_all_gpu(tmp_path, exported):
     default suite's tests above)."""
     from test_opencl import device_or_skip
 
+    from edgecv.board.model import load
     from edgecv.deploy import deploy
-    from edgecv.model import load
 
     device_or_skip("intel(r) opencl")
     model = exported("squeezenet1.0")
@@ -249,8 +249,8 @@ def test_detector_with_nms_on_the_cpu_matches_all_gpu_and_mxnet(tmp_path, export
     from test_opencl import device_or_skip
     from test_parity import depth_loosening
 
+    from edgecv.board.model import load
     from edgecv.deploy import deploy
-    from edgecv.model import load
     from edgecv.testing import match_detections
 
     device_or_skip("intel(r) opencl")
@@ -281,10 +281,10 @@ def test_kernel_source_ships_gzipped_and_plain_packages_still_load(tmp_path):
 
     from test_opencl import device_or_skip
 
+    from edgecv.board.errors import PackageError
+    from edgecv.board.model import load
+    from edgecv.board.package import sha256
     from edgecv.deploy import deploy
-    from edgecv.errors import PackageError
-    from edgecv.model import load
-    from edgecv.package import sha256
 
     device_or_skip("intel(r) opencl")
     symbol, params = _tiny_model(tmp_path)

@@ -14,9 +14,9 @@ import pytest
 from conftest import mxnet_forward, random_input
 from tvm import relax
 
-from edgecv.errors import EdgecvError
+from edgecv.board.errors import EdgecvError
+from edgecv.board.runtime.opencl_devices import opencl_devices
 from edgecv.lowering.precision import HALF_PRECISION, to_half
-from edgecv.runtime.opencl_devices import opencl_devices
 from edgecv.testing import FP16_PER_LAYER, assert_close_fp16
 
 SHAPE = (1, 3, 32, 32)
@@ -204,7 +204,7 @@ def test_fp16_kernels_are_keyed_apart_from_fp32_ones():
 
 
 def test_fp16_package_matches_mxnet_on_intel_and_is_half_the_size(small_model, packages):
-    from edgecv.model import load
+    from edgecv.board.model import load
 
     device = _intel()
     symbol, params, _ = small_model
@@ -243,7 +243,7 @@ def test_fp16_package_matches_mxnet_on_intel_and_is_half_the_size(small_model, p
 def test_launches_moved_to_the_cpu_run_in_float32(small_model):
     """--cpu-ops conv2d: the convolutions run on the CPU in float32 (their weights
     stored again as float32), the copies convert, and the answer still matches."""
-    from edgecv.model import load
+    from edgecv.board.model import load
     from edgecv.pipelines import BuildOptions
 
     device = _intel()
@@ -328,7 +328,7 @@ def test_check_on_a_device_without_fp16_is_said_before_compiling():
 
 
 def test_explain_says_what_fp16_saves_and_which_launches_run_in_it(packages):
-    from edgecv.manifest import Manifest
+    from edgecv.board.manifest import Manifest
     from edgecv.pipelines.fp16 import explain_lines
 
     fp32_lines = explain_lines(Manifest(_manifest(packages["fp32"])))
@@ -356,7 +356,7 @@ def test_zoo_classifier_in_fp16_agrees_with_mxnet_on_intel(exported, tmp_path, n
     MXNet float32 on two sample photos: the logits within the fp16 bound, and top-1 the
     same wherever MXNet's top two lie further apart than that bound (random weights give
     nearly flat logits; a closer pair may swap under any rounding)."""
-    from edgecv.model import load
+    from edgecv.board.model import load
 
     device = _intel()
     model = exported(name)
@@ -440,8 +440,8 @@ def test_copies_convert_and_a_weight_read_on_both_devices_is_stored_for_each(dev
     """A float16 weight read by a GPU and a CPU launch (in either order): the GPU reads
     it as stored, the CPU a float32 copy under its own name; the tensor between the
     launches is float16 on the GPU, float32 on the CPU, and the copy converts."""
+    from edgecv.board.plan import Buffer, Plan, Step
     from edgecv.fallback import Placement, insert_copies, widened_constants
-    from edgecv.plan import Buffer, Plan, Step
 
     buffers = [
         Buffer(0, (4,), "float16", "input", "x"),
@@ -484,8 +484,8 @@ def test_family_member_in_fp16_agrees_with_mxnet_on_intel(exported, tmp_path, fa
     heatmaps, segmentation logits, depth) within the fp16 bound; a detector's every
     convolution within the bound of the float16 layers up to it, as for the zoo detectors
     above (their detections move with rounding on random weights)."""
+    from edgecv.board.model import load
     from edgecv.frontend.mxnet import zoo
-    from edgecv.model import load
 
     assert zoo.family_of(name).family == family
     device = _intel()

@@ -43,7 +43,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_run_faults import SHAPE, only_error_line, quick_package, tiny_model, x_of
 
-from edgecv.errors import EdgecvError
+from edgecv.board.errors import EdgecvError
 
 # examples per property: the default suite / -m heavy
 EXAMPLES = {
@@ -405,7 +405,7 @@ def test_a_params_file_claiming_more_than_it_holds_is_refused_before_mxnet(tiny,
     """A bit flipped in a dimension made MXNet allocate what the damaged shape claimed
     (up to gigabytes, then "Failed to allocate CPU Memory"); the file's layout is now
     checked first, naming the array."""
-    from edgecv.errors import ParamsError
+    from edgecv.board.errors import ParamsError
     from edgecv.frontend.mxnet.mxnet_graph import load_params
 
     data = bytearray(tiny[1].read_bytes())
@@ -456,7 +456,7 @@ def test_odd_input_shapes_import_or_are_refused_in_one_line(tiny, tmp_path):
     ],
 )
 def test_input_shapes_the_importer_refuses(tiny, tmp_path, shape, fragment):
-    from edgecv.errors import ShapeError
+    from edgecv.board.errors import ShapeError
     from edgecv.frontend.mxnet.importer import from_mxnet
     from edgecv.frontend.mxnet.mxnet_graph import parse_symbol
 
@@ -739,8 +739,8 @@ def test_a_manifest_naming_another_library_never_reaches_the_loader(tmp_path_fac
     (listed, its checksum right) had the loader open it as the kernel library: TVM
     registered its functions twice and the process aborted (SIGABRT). Library files are
     now the ones the format names."""
-    from edgecv.errors import PackageError
-    from edgecv.model import load
+    from edgecv.board.errors import PackageError
+    from edgecv.board.model import load
 
     package = quick_package("cpu", tmp_path_factory)
     for key, value in [

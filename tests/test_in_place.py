@@ -213,8 +213,8 @@ def test_a_plan_with_its_concat_written_in_place_computes_what_relax_computes(kw
     in: not 64-byte aligned, so that concat runs."""
     import tvm
 
-    from edgecv.runtime.cpu import CPUBackend
-    from edgecv.runtime.executor import Executor
+    from edgecv.board.runtime.cpu import CPUBackend
+    from edgecv.board.runtime.executor import Executor
 
     module = concat_module(**kwargs)
     lowered = lower(module)

@@ -22,14 +22,14 @@ from helpers import assert_one_error_line, run_cli
 
 import edgecv
 from edgecv._mxnet import import_mxnet
+from edgecv.board.errors import EdgecvError
+from edgecv.board.imaging import preprocess
+from edgecv.board.package import sha256
 from edgecv.deploy import PREPROCESSING, deploy
-from edgecv.errors import EdgecvError
-from edgecv.imaging import preprocess
 from edgecv.lowering import lower
 from edgecv.lowering.calibration import BINS, TensorQuant, TensorStats
 from edgecv.lowering.quantize import quantize
 from edgecv.lowering.quantize_sites import find_sites
-from edgecv.package import sha256
 from edgecv.pipelines import BuildOptions
 from edgecv.pipelines.int8 import model_key, quantize_model, read_calibration, reusable_statistics
 from edgecv.profiles import load_profile
@@ -362,10 +362,10 @@ def test_a_dense_layer_on_the_dot_product_is_its_1x1_convolution():
     cannot hold stays float32."""
     from tvm import relax
 
+    from edgecv.board.runtime.cpu import CPUBackend
+    from edgecv.board.runtime.executor import Executor
     from edgecv.codegen.llvm import build_cpu
     from edgecv.pipelines.int8 import _arithmetic, _weight_limits
-    from edgecv.runtime.cpu import CPUBackend
-    from edgecv.runtime.executor import Executor
 
     target = load_profile("cpu").tvm_target()
     dot = dot_product_of(target)
@@ -413,10 +413,10 @@ def test_a_signed_input_without_padding_is_shifted_onto_the_dot_product():
     padding beside it (whose border would be shifted too) keeps its int8 input."""
     from tvm import relax
 
+    from edgecv.board.runtime.cpu import CPUBackend
+    from edgecv.board.runtime.executor import Executor
     from edgecv.codegen.llvm import build_cpu
     from edgecv.pipelines.int8 import _arithmetic, _shifted, _weight_limits
-    from edgecv.runtime.cpu import CPUBackend
-    from edgecv.runtime.executor import Executor
 
     target = load_profile("cpu").tvm_target()
     dot = dot_product_of(target)
@@ -476,9 +476,9 @@ def test_float32_arithmetic_on_integer_values_is_the_int32_result(small):
     bit for bit what the int32 kernels give, for the whole network."""
     import tvm
 
+    from edgecv.board.runtime.cpu import CPUBackend
+    from edgecv.board.runtime.executor import Executor
     from edgecv.codegen.llvm import build_cpu
-    from edgecv.runtime.cpu import CPUBackend
-    from edgecv.runtime.executor import Executor
 
     mod = _imported(small[0])
     found = find_sites(mod)
@@ -600,8 +600,8 @@ def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
     product is ``vpmaddubsw`` (up to 2 x 2 x 127 x 63)."""
     import tvm
 
-    from edgecv.runtime.cpu import CPUBackend
-    from edgecv.runtime.executor import Executor
+    from edgecv.board.runtime.cpu import CPUBackend
+    from edgecv.board.runtime.executor import Executor
     from edgecv.schedules.cpu import Conv2DInt8, default_rules, safe_rule
     from edgecv.schedules.stage import ScheduleOrder
 

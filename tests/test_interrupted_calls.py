@@ -24,8 +24,8 @@ import pytest
 from test_run_faults import quick_package, x_of
 
 import edgecv
-from edgecv.runtime.cpu import pool_threads
-from edgecv.runtime.executor import Executor
+from edgecv.board.runtime.cpu import pool_threads
+from edgecv.board.runtime.executor import Executor
 
 
 @pytest.fixture(scope="module")

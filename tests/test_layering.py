@@ -24,11 +24,8 @@ EDGECV = Path(__file__).resolve().parent.parent / "edgecv"
 # never from a higher floor nor from another name of its own floor.
 FLOORS = [
     # the device side: what a board runs (`edgecv.load(path).run(x)`, `edgecv run`)
-    ["errors", "_version", "progress"],
-    ["plan", "arguments", "imaging", "op_registry", "precision", "durable", "processing"],
-    ["manifest", "runtime", "outputs", "decoders"],
-    ["package"],
-    ["model"],
+    ["board"],
+    ["op_registry"],  # `edgecv.register_op`: a user's operator, for the compiler to build
     ["__init__"],
     # the compiler side, in the order of the flow
     ["_mxnet", "ops", "profiles"],
@@ -47,7 +44,17 @@ FLOORS = [
     ["bench", "demo", "commands"],  # the commands beside bench and demo, cli assembles
     ["cli"],
 ]
+# The floors inside edgecv/board/, by the same rule: a name is a package or a module
+# directly under edgecv/board/; "__init__" is its docstring and imports nothing.
+BOARD_FLOORS = [
+    ["__init__", "errors", "_version", "progress"],
+    ["plan", "arguments", "imaging", "precision", "durable", "processing"],
+    ["manifest", "runtime", "outputs", "decoders"],
+    ["package"],
+    ["model"],
+]
 FLOOR = {name: floor for floor, names in enumerate(FLOORS) for name in names}
+BOARD_FLOOR = {name: floor for floor, names in enumerate(BOARD_FLOORS) for name in names}
 
 
 def module_of(path: Path) -> str:
@@ -61,6 +68,14 @@ def floor_name(module: str) -> str:
     """The name in FLOORS a module of edgecv belongs to."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
+
+
+def board_name(module: str) -> str | None:
+    """The name in BOARD_FLOORS a module of edgecv/board/ belongs to, else None."""
+    parts = module.split(".")
+    if floor_name(module) != "board":
+        return None
+    return parts[2] if len(parts) > 2 else "__init__"
 
 
 MODULES = {module_of(p): p for p in sorted(EDGECV.rglob("*.py"))}
@@ -113,8 +128,9 @@ def imports_of(path: Path) -> set[str]:
 
 def test_imports_of_reads_relative_and_nested_imports():
     """The reader itself: a relative import inside a function is found, resolved."""
-    assert "edgecv.runtime.nvcc" in imports_of(EDGECV / "runtime" / "kernel_cache.py")
-    assert "edgecv.errors" in imports_of(EDGECV / "runtime" / "executor.py")
+    runtime = EDGECV / "board" / "runtime"
+    assert "edgecv.board.runtime.nvcc" in imports_of(runtime / "kernel_cache.py")
+    assert "edgecv.board.errors" in imports_of(runtime / "executor.py")
 
 
 @pytest.mark.parametrize("path", DEVICE_SIDE, ids=lambda p: str(p.relative_to(EDGECV)))
@@ -163,9 +179,10 @@ def edges() -> Iterator[tuple[Path, int, str, str]]:
 
 
 def test_edgecv_imports_resolve_submodules_and_names():
-    top = edgecv_imports(EDGECV / "__init__.py")  # `from .errors import ...` on its line
+    top = edgecv_imports(EDGECV / "__init__.py")  # `from .board.errors import` on its line
     source = (EDGECV / "__init__.py").read_text().splitlines()
-    assert any(m == "edgecv.errors" and "from .errors import" in source[n - 1] for n, m in top)
+    found = [m for n, m in top if "from .board.errors import" in source[n - 1]]
+    assert found == ["edgecv.board.errors"], found
     pipelines = edgecv_imports(EDGECV / "pipelines" / "__init__.py")
     assert {m for _, m in pipelines} >= {"edgecv.pipelines.steps", "edgecv.pipelines.cpu"}
 
@@ -175,16 +192,24 @@ def test_every_package_and_module_has_a_floor():
     assert not names - FLOOR.keys(), f"no floor in FLOORS for {sorted(names - FLOOR.keys())}"
     assert not FLOOR.keys() - names, f"FLOORS names what is gone: {sorted(FLOOR.keys() - names)}"
     assert sum(map(len, FLOORS)) == len(FLOOR), "a name is on two floors"
+    inside = {board_name(m) for m in MODULES} - {None}
+    missing = sorted(inside - BOARD_FLOOR.keys())
+    assert not missing, f"no floor in BOARD_FLOORS for {missing}"
+    gone = BOARD_FLOOR.keys() - inside
+    assert not gone, f"BOARD_FLOORS names what is gone: {sorted(gone)}"
+    assert sum(map(len, BOARD_FLOORS)) == len(BOARD_FLOOR), "a name is on two board floors"
 
 
 def test_no_module_imports_from_a_higher_floor():
     upward = []
     for path, line, module, imported in edges():
-        here, there = floor_name(module), floor_name(imported)
-        if here != there and FLOOR[there] >= FLOOR[here]:
+        here, there, floor = floor_name(module), floor_name(imported), FLOOR
+        if here == there == "board":  # inside the board: its own floors
+            here, there, floor = board_name(module), board_name(imported), BOARD_FLOOR
+        if here != there and floor[there] >= floor[here]:
             upward.append(
                 f"{path.relative_to(EDGECV.parent)}:{line}: {module} ({here}, floor "
-                f"{FLOOR[here]}) imports {imported} ({there}, floor {FLOOR[there]})"
+                f"{floor[here]}) imports {imported} ({there}, floor {floor[there]})"
             )
     assert not upward, "imports from a floor not below the importer's:\n" + "\n".join(upward)
 
@@ -218,10 +243,16 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-@pytest.mark.parametrize("level", ["package", "module"])
+def board_unit(module: str) -> str:
+    """A module of edgecv/board/ as its name in BOARD_FLOORS, any other as itself."""
+    return f"board.{board_name(module)}" if board_name(module) else module
+
+
+@pytest.mark.parametrize("level", ["package", "board", "module"])
 def test_no_import_cycles(level):
-    """No cycle between edgecv's packages (and top-level modules), nor between modules."""
-    unit = floor_name if level == "package" else (lambda module: module)
+    """No cycle between edgecv's packages (and top-level modules), nor between those of
+    edgecv/board/, nor between modules."""
+    unit = {"package": floor_name, "board": board_unit, "module": lambda module: module}[level]
     graph: dict[str, set[str]] = {}
     where: dict[tuple[str, str], str] = {}
     for path, line, module, imported in edges():

@@ -1,4 +1,4 @@
-"""The manifest's one owner (edgecv.manifest): what it writes is the JSON packages have
+"""The manifest's one owner (edgecv.board.manifest): what it writes is the JSON packages have
 always held, key for key, and what it reads comes back typed."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import pytest
 
 from edgecv import __version__
-from edgecv.errors import PackageError
-from edgecv.manifest import FORMAT, FORMAT_VERSION, Manifest, Tensor
-from edgecv.precision import Precision
+from edgecv.board.errors import PackageError
+from edgecv.board.manifest import FORMAT, FORMAT_VERSION, Manifest, Tensor
+from edgecv.board.precision import Precision
 
 MODEL = {
     "name": "tiny",

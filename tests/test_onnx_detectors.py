@@ -25,11 +25,11 @@ import pytest
 from test_opencl import device_or_skip
 
 import edgecv
-from edgecv.decoders import decode_detections
+from edgecv.board.decoders import decode_detections
+from edgecv.board.processing import preset
 from edgecv.deploy import deploy
 from edgecv.frontend.onnx.torchvision_detection import replace_postprocessing
 from edgecv.pipelines import BuildOptions
-from edgecv.processing import preset
 from edgecv.testing import TOLERANCES, assert_close
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "onnx_models"))

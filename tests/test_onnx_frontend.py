@@ -13,8 +13,8 @@ from helpers import assert_one_error_line, run_cli
 from onnx_graphs import classifier, custom_domain, save, with_ops
 from tvm import relax, te
 
-from edgecv.arguments import parse_shape
-from edgecv.errors import EdgecvError, GraphError, ShapeError, UnsupportedOpsError
+from edgecv.board.arguments import parse_shape
+from edgecv.board.errors import EdgecvError, GraphError, ShapeError, UnsupportedOpsError
 from edgecv.frontend.onnx.importer import from_onnx
 from edgecv.frontend.onnx.model_file import load_model, max_opset
 from edgecv.op_registry import register_op, unregister_op

@@ -14,8 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 from test_opencl import device_or_skip
 
 import edgecv
+from edgecv.board.errors import ConversionError
 from edgecv.deploy import deploy
-from edgecv.errors import ConversionError
 from edgecv.pipelines import BuildOptions
 
 OPTIONS = BuildOptions(check_on=None, tuning=None)

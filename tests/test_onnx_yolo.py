@@ -22,11 +22,11 @@ from helpers import run_cli
 from test_opencl import device_or_skip
 
 import edgecv
+from edgecv.board.errors import ConversionError
+from edgecv.board.processing import preset
 from edgecv.deploy import deploy
-from edgecv.errors import ConversionError
 from edgecv.frontend.onnx.importer import from_onnx
 from edgecv.pipelines import BuildOptions
-from edgecv.processing import preset
 from edgecv.testing import compare_with_onnxruntime, match_detections
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "onnx_models"))

@@ -8,15 +8,15 @@ import pytest
 from conftest import mxnet_forward, random_input
 from test_parity import depth_loosening
 
+from edgecv.board.package import read_package_text
+from edgecv.board.runtime.executor import Executor
+from edgecv.board.runtime.opencl import OpenCLBackend
+from edgecv.board.runtime.opencl_devices import opencl_devices
 from edgecv.codegen.opencl import build_opencl
 from edgecv.frontend.mxnet.importer import from_mxnet
 from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
 from edgecv.lowering import lower, memory_plan
-from edgecv.package import read_package_text
 from edgecv.profiles import load_profile
-from edgecv.runtime.executor import Executor
-from edgecv.runtime.opencl import OpenCLBackend
-from edgecv.runtime.opencl_devices import opencl_devices
 from edgecv.testing import assert_close
 
 heavy = pytest.mark.heavy
@@ -64,8 +64,8 @@ def test_deploy_and_run_opencl_package(tmp_path, capsys):
     from test_bad_input import small_net, small_params
 
     from edgecv._mxnet import import_mxnet
+    from edgecv.board.model import load
     from edgecv.cli import main
-    from edgecv.model import load
 
     device_or_skip("intel(r) opencl")
     mx = import_mxnet()
@@ -105,10 +105,10 @@ def test_gpu_workspaces_are_planned_per_stream_and_old_plans_still_run(tmp_path)
 
     from test_demo import tiny_detector
 
+    from edgecv.board.model import load
+    from edgecv.board.package import read_params
+    from edgecv.board.plan import Plan, launches_from_json
     from edgecv.deploy import deploy
-    from edgecv.model import load
-    from edgecv.package import read_params
-    from edgecv.plan import Plan, launches_from_json
 
     device_or_skip("intel(r) opencl")
     symbol = tmp_path / "det-symbol.json"
@@ -158,7 +158,7 @@ def test_first_device_that_builds_is_used():
     program must then land on the next device, and asking for PoCL alone must fail
     with a message naming the device and its compiler log.
     """
-    from edgecv.errors import EdgecvError
+    from edgecv.board.errors import EdgecvError
 
     device_or_skip("intel(r) opencl")
     source = "__kernel void f(__global float* y) { y[get_global_id(0)] += 1.0f; }"
@@ -195,7 +195,7 @@ def test_a_view_at_an_offset_is_a_sub_buffer_and_a_misaligned_one_a_clear_error(
     """Pieces of a concatenation written in place: a kernel writing a view 128 bytes
     into a buffer writes those bytes of it; 64 bytes in is below Intel's runtime's base
     address alignment (1024 bits): the package cannot run there, said plainly."""
-    from edgecv.errors import PackageError
+    from edgecv.board.errors import PackageError
 
     device_or_skip("intel(r) opencl")
     source = "__kernel void f(__global float* y) { y[get_global_id(0)] = 7.0f; }"
@@ -217,7 +217,7 @@ def test_a_view_at_an_offset_is_a_sub_buffer_and_a_misaligned_one_a_clear_error(
 def test_second_start_loads_the_program_from_the_binary_cache(tmp_path, monkeypatch):
     """A new process (the programs kept in memory forgotten) loads the binary cached on
     disk instead of compiling; a corrupt cache entry is compiled again."""
-    from edgecv.runtime import kernel_cache, opencl_program
+    from edgecv.board.runtime import kernel_cache, opencl_program
 
     device_or_skip("intel(r) opencl")
     monkeypatch.setenv("EDGECV_CACHE_DIR", str(tmp_path / "cache"))
@@ -248,7 +248,7 @@ def test_a_program_loaded_again_in_one_process_is_the_one_kept():
     its context (no build; and pyopencl keeps memory for every kernel made from a new
     program, see benchmarks/results/soak-2026-11-26-zen3.md); other kernels get their own;
     the least recently used beyond PROGRAMS_KEPT are let go."""
-    from edgecv.runtime import opencl_program
+    from edgecv.board.runtime import opencl_program
 
     device_or_skip("intel(r) opencl")
     source = "__kernel void thrice(__global float* y) { y[get_global_id(0)] *= 3.0f; }"
@@ -270,8 +270,8 @@ def test_a_program_loaded_again_in_one_process_is_the_one_kept():
 
 
 def test_program_using_intel_subgroups_refused_on_a_device_without_them():
+    from edgecv.board.runtime.opencl_program import DeviceNotFoundError
     from edgecv.codegen.opencl import required_extensions
-    from edgecv.runtime.opencl_program import DeviceNotFoundError
 
     source = (
         "__kernel void shuffle(__global float* y) {\n"
@@ -293,7 +293,7 @@ def test_program_using_intel_subgroups_refused_on_a_device_without_them():
 
 
 def test_compile_error_names_the_failing_kernel():
-    from edgecv.runtime.opencl_program import ProgramBuildError
+    from edgecv.board.runtime.opencl_program import ProgramBuildError
 
     device_or_skip("intel(r) opencl")
     source = (
@@ -309,7 +309,7 @@ def test_compile_error_names_the_failing_kernel():
 
 
 def test_buffer_larger_than_the_device_allows_is_a_clear_error():
-    from edgecv.runtime.opencl import DeviceMemoryError
+    from edgecv.board.runtime.opencl import DeviceMemoryError
 
     device_or_skip("intel(r) opencl")
     backend = OpenCLBackend("intel", "__kernel void k(__global float* y) { }", {})
@@ -342,8 +342,8 @@ def test_detector_deployed_all_on_opencl_matches_mxnet(tmp_path, exported, name,
 
     from conftest import pocl_unusable
 
+    from edgecv.board.model import load
     from edgecv.deploy import deploy
-    from edgecv.model import load
     from edgecv.testing import match_detections
 
     device_or_skip(device)

@@ -1,5 +1,5 @@
 """An OpenCL program compiles in pieces, one per step kernel, named by content
-(:mod:`edgecv.runtime.opencl_pieces`): TVM's sources split so each piece compiles alone,
+(:mod:`edgecv.board.runtime.opencl_pieces`): TVM's sources split so each piece compiles alone,
 the same code under other names is the same piece, and a piece compiled for one
 program is loaded from the cache for another."""
 
@@ -12,14 +12,14 @@ from test_opencl import device_or_skip
 from tvm import relax
 from tvm.script import relax as R
 
+from edgecv.board.errors import EdgecvError
+from edgecv.board.runtime import opencl_program
+from edgecv.board.runtime.opencl import OpenCLBackend
+from edgecv.board.runtime.opencl_pieces import split_program
+from edgecv.board.runtime.opencl_program import ProgramBuildError
 from edgecv.codegen.opencl import build_opencl
-from edgecv.errors import EdgecvError
 from edgecv.lowering import lower
 from edgecv.profiles import load_profile
-from edgecv.runtime import opencl_program
-from edgecv.runtime.opencl import OpenCLBackend
-from edgecv.runtime.opencl_pieces import split_program
-from edgecv.runtime.opencl_program import ProgramBuildError
 
 
 @pytest.fixture(scope="module")

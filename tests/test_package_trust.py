@@ -26,8 +26,8 @@ from helpers import assert_one_error_line, run_cli
 from test_bad_input import mx, small_net, small_params
 
 import edgecv
-import edgecv.runtime.cpu as cpu_runtime
-from edgecv.errors import PackageError
+import edgecv.board.runtime.cpu as cpu_runtime
+from edgecv.board.errors import PackageError
 
 TINY_SHAPE = (1, 2, 5, 5)
 POOL_SHAPE = (1, 3, 8, 8)

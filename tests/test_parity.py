@@ -13,12 +13,12 @@ import pytest
 import tvm
 from conftest import mxnet_forward, random_input
 
+from edgecv.board.runtime.cpu import CPUBackend
+from edgecv.board.runtime.executor import Executor
 from edgecv.codegen.llvm import build_cpu
 from edgecv.frontend.mxnet.importer import from_mxnet
 from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
 from edgecv.lowering import lower
-from edgecv.runtime.cpu import CPUBackend
-from edgecv.runtime.executor import Executor
 from edgecv.testing import assert_close, match_detections, network_loosening
 
 heavy = pytest.mark.heavy

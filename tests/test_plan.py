@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
+from edgecv.board.plan import Buffer, Plan, Step
 from edgecv.lowering import lower, memory_plan
 from edgecv.lowering.memory_plan import SLOT_MATCH_RANGES
-from edgecv.plan import Buffer, Plan, Step
 
 
 def live_ranges(plan: Plan) -> dict[int, tuple[int, int]]:
@@ -290,9 +290,9 @@ def test_a_plan_written_and_read_back_runs_the_same_launches_to_the_same_result(
     is the model's answer (NumPy's conv + ReLU chain)."""
     import tvm
 
+    from edgecv.board.runtime.cpu import CPUBackend
+    from edgecv.board.runtime.executor import Executor
     from edgecv.codegen.llvm import build_cpu
-    from edgecv.runtime.cpu import CPUBackend
-    from edgecv.runtime.executor import Executor
 
     lowered = lower(chain_module(2))
     again = Plan.from_json(lowered.plan.to_json())
@@ -447,7 +447,7 @@ def test_a_plan_whose_workspaces_are_not_its_launchs_temps_is_refused():
 
     import pytest
 
-    from edgecv.plan import FormatError
+    from edgecv.board.plan import FormatError
 
     plan = workspace_plan()
     memory_plan.plan_memory(plan)
@@ -476,9 +476,9 @@ def test_a_plan_whose_workspaces_are_not_its_launchs_temps_is_refused():
 def test_the_runtime_refuses_plan_workspaces_its_launches_do_not_fit():
     import pytest
 
-    from edgecv.errors import PackageError
-    from edgecv.runtime.backend import planned_workspaces
-    from edgecv.runtime.opencl import CLTensor
+    from edgecv.board.errors import PackageError
+    from edgecv.board.runtime.backend import planned_workspaces
+    from edgecv.board.runtime.opencl import CLTensor
 
     views = [CLTensor(None, (n,), "uint8") for n in (64, 128)]  # views of plan storage
     assert planned_workspaces("k", views, [64, 100]) == views

@@ -24,10 +24,10 @@ from test_plan import chain_module
 from test_run_faults import quick_package, x_of
 
 import edgecv
-from edgecv.errors import PackageError
+from edgecv.board.errors import PackageError
+from edgecv.board.package import sha256
+from edgecv.board.plan import Buffer, FormatError, Plan, launches_from_json
 from edgecv.lowering import lower
-from edgecv.package import sha256
-from edgecv.plan import Buffer, FormatError, Plan, launches_from_json
 
 
 @pytest.fixture(scope="module")
@@ -177,8 +177,8 @@ def test_launches_recorded_before_their_argument_bytes_still_load(opencl_package
 
 
 def test_the_runtime_refuses_argument_tensors_smaller_than_their_kernel_reads():
-    from edgecv.runtime.backend import planned_arguments
-    from edgecv.runtime.opencl import CLTensor
+    from edgecv.board.runtime.backend import planned_arguments
+    from edgecv.board.runtime.opencl import CLTensor
 
     tensors = [CLTensor(None, (n,), "float32") for n in (16, 8)]  # 64 and 32 bytes
     assert planned_arguments("k", tensors, [64, 32]) == tensors

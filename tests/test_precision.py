@@ -1,7 +1,7 @@
 """A build's precision and its INT8 decision each have one home.
 
 ``--precision`` (or ``deploy(precision=...)``) is parsed once, into
-:class:`edgecv.precision.Precision`, whose values are written in that one place. The dot
+:class:`edgecv.board.precision.Precision`, whose values are written in that one place. The dot
 product an INT8 build's convolutions run on is decided once, by the CPU pipeline, and
 handed to the stages that need it (quantization, the graph tuner, the lowering); what a
 CPU's dot-product instructions are (:mod:`edgecv.schedules.cpu.dot_product`) and their
@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgecv.board.errors import EdgecvError
+from edgecv.board.precision import PRECISIONS, Precision
 from edgecv.cli import build_parser
-from edgecv.errors import EdgecvError
 from edgecv.pipelines import BuildOptions
-from edgecv.precision import PRECISIONS, Precision
 
 EDGECV = Path(__file__).resolve().parent.parent / "edgecv"
 SOURCES = sorted(EDGECV.rglob("*.py"))
@@ -82,7 +82,7 @@ def test_no_module_compares_a_precision_with_a_bare_string():
         if path != EDGECV / "precision.py"
         for line, code in _bare_precision_strings(ast.parse(path.read_text()))
     ]
-    assert not found, "precision as a bare string (use edgecv.precision.Precision):\n" + (
+    assert not found, "precision as a bare string (use edgecv.board.precision.Precision):\n" + (
         "\n".join(found)
     )
 

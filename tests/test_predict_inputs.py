@@ -18,8 +18,8 @@ import pytest
 from test_run_faults import quick_package
 
 import edgecv
-from edgecv.errors import EdgecvError
-from edgecv.imaging import Detection, detections
+from edgecv.board.errors import EdgecvError
+from edgecv.board.imaging import Detection, detections
 
 
 @pytest.fixture(scope="module")

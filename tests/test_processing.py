@@ -1,5 +1,5 @@
-"""Pre- and post-processing a model file does not carry (edgecv/processing.py,
-edgecv/decoders.py): the decoders on crafted outputs against NumPy computed here
+"""Pre- and post-processing a model file does not carry (edgecv/board/processing.py,
+edgecv/board/decoders.py): the decoders on crafted outputs against NumPy computed here
 (Ultralytics' raw head with known boxes, NMS's kept indices exact, the letterbox mapped
 back), the presets' preprocessing against a hand computation on scikit-image's
 astronaut, the sidecar's and flags' errors (one line), and the manifest round trip."""
@@ -14,10 +14,10 @@ import pytest
 import skimage.data
 from helpers import assert_one_error_line, run_cli
 
-from edgecv.decoders import decode, nms, ultralytics_raw
-from edgecv.errors import EdgecvError, PackageError
-from edgecv.imaging import letterbox, preprocess, unletterbox
-from edgecv.processing import (
+from edgecv.board.decoders import decode, nms, ultralytics_raw
+from edgecv.board.errors import EdgecvError, PackageError
+from edgecv.board.imaging import letterbox, preprocess, unletterbox
+from edgecv.board.processing import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     Decoder,

@@ -17,7 +17,7 @@ from onnx import helper
 from onnx_graphs import Graph, save, tensor
 
 import edgecv
-from edgecv.decoders import decode
+from edgecv.board.decoders import decode
 
 ANCHORS = 64
 

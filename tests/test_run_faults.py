@@ -28,11 +28,11 @@ import pytest
 from helpers import assert_one_error_line, run_cli
 
 import edgecv
-from edgecv.errors import EdgecvError, ShapeError
-from edgecv.package import read_params
-from edgecv.runtime.context import InferenceError, prepare_input
-from edgecv.runtime.cpu import CPUBackend, CPUTensor
-from edgecv.runtime.executor import Executor
+from edgecv.board.errors import EdgecvError, ShapeError
+from edgecv.board.package import read_params
+from edgecv.board.runtime.context import InferenceError, prepare_input
+from edgecv.board.runtime.cpu import CPUBackend, CPUTensor
+from edgecv.board.runtime.executor import Executor
 
 SHAPE = (1, 3, 8, 8)
 THREADS = 4

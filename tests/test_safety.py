@@ -11,8 +11,8 @@ import pytest
 from helpers import assert_one_error_line, run_cli
 from test_bad_input import mx, small_net, small_params
 
-from edgecv.errors import PackageError
-from edgecv.package import FORMAT, archive, unpack_if_archive
+from edgecv.board.errors import PackageError
+from edgecv.board.package import FORMAT, archive, unpack_if_archive
 
 
 @pytest.fixture(scope="module")

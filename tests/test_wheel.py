@@ -28,11 +28,11 @@ from graph_tuner.small_model import SHAPE, export_small_model
 from edgecv.testing import assert_close
 
 REPO = Path(__file__).resolve().parent.parent
-PROFILES = REPO / "edgecv" / "data" / "device_profiles"
+PROFILES = REPO / "device_profiles"
 # What setuptools reads to build the wheel (pyproject.toml names the readme). Built from
 # a copy: setuptools writes build/ and *.egg-info into the source folder, and files left
 # in a checkout's build/lib/ by an older build would go into the wheel.
-SOURCES = ("pyproject.toml", "README.md", "edgecv")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "edgecv", "device_profiles")
 
 
 @dataclass
@@ -155,7 +155,7 @@ def test_deploy_reads_the_shipped_database_and_the_package_runs(installed, tmp_p
         "print(profile_class(load_profile('cpu')).shipped_folder())"
     )
     shipped = Path(installed.run(installed.python, "-c", where).stdout.strip())
-    assert shipped.is_relative_to(installed.site / "edgecv" / "data" / "device_profiles"), shipped
+    assert shipped.is_relative_to(installed.site / "edgecv" / "device_profiles"), shipped
     if (PROFILES / "tuning" / shipped.name).is_dir():
         assert (shipped / "database_workload.json.gz").is_file(), shipped
         assert read == [str(shipped)], read

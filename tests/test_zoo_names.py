@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edgecv._mxnet import import_mxnet
-from edgecv.errors import ModelNotFoundError
+from edgecv.board.errors import ModelNotFoundError
 from edgecv.frontend.mxnet import zoo
 from edgecv.frontend.mxnet.importer import from_mxnet
 from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from .._mxnet import import_mxnet
-from ..errors import EdgecvError, foreign_message
-from ..runtime.cpu import pool_threads
+from ..board.errors import EdgecvError, foreign_message
+from ..board.runtime.cpu import pool_threads
 
 # openvino-int8, onnxruntime-int8: the export quantized by NNCF / quantize_static
 # (:mod:`.int8_baselines`)
@@ -177,7 +177,7 @@ def _open_opencl_runtimes_first() -> None:
     symbol; the ICD loader skips it quietly), so an OpenCL package benchmarked or
     deployed after an OpenVINO baseline would not find its device. Loaded first, the
     runtime's newer TBB serves both."""
-    from ..runtime.opencl_devices import opencl_devices
+    from ..board.runtime.opencl_devices import opencl_devices
 
     opencl_devices()
 

@@ -17,13 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import __version__, progress
-from ..arguments import pin_argument
-from ..errors import EdgecvError, foreign_message
-from ..manifest import Manifest
-from ..outputs import check_output_folder
-from ..package import sha256
-from ..runtime.cpu import pool_threads
+from .. import __version__
+from ..board import progress
+from ..board.arguments import pin_argument
+from ..board.errors import EdgecvError, foreign_message
+from ..board.manifest import Manifest
+from ..board.outputs import check_output_folder
+from ..board.package import sha256
+from ..board.runtime.cpu import pool_threads
 from ..testing import TOLERANCES
 from .baselines import KNOWN
 from .harness import TURN, alternate, alternate_concurrent
@@ -165,7 +166,7 @@ def bench_input(model) -> np.ndarray:
 
 
 def cmd_bench(args) -> int:
-    from ..model import load
+    from ..board.model import load
 
     wanted, streams = _check_arguments(args)
     rss_before = _peak_rss_mib()

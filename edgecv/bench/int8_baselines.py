@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import foreign_message
+from ..board.errors import foreign_message
 from .baselines import Baseline, BaselineUnavailable, _module, _Warnings, openvino_baseline
 
 # Sample photos of the stand-in calibration set: colour photos that ship with

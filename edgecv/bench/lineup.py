@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import foreign_message
+from ..board.errors import foreign_message
 from . import int8_baselines
 from .baselines import (
     KNOWN,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from ..errors import EdgecvError
-from ..precision import Precision
+from ..board.errors import EdgecvError
+from ..board.precision import Precision
 
 
 def _summary(report: dict) -> None:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import tvm
 
-from ..plan import Launch
-from ..runtime.nvcc import (
+from ..board.plan import Launch
+from ..board.runtime.nvcc import (
     CudaCompileError,
     compile_source,
     find_nvcc,

@@ -8,7 +8,7 @@ taken apart:
 - its device functions (``calling_conv == 2``) go to the backend's code generator
   (:mod:`.opencl`, :mod:`.cuda`), all kernels' together in one module;
 - its host function is read once, here, into a list of
-  :class:`~edgecv.plan.Launch` records: which device function, which of the
+  :class:`~edgecv.board.plan.Launch` records: which device function, which of the
   PrimFunc's buffers (or constants) as arguments, and the grid/work-group sizes. The
   runtime replays them; it never walks IR.
 
@@ -27,8 +27,8 @@ from pathlib import Path
 import tvm
 from tvm import s_tir, tirx
 
-from ..errors import EdgecvError
-from ..plan import Launch
+from ..board.errors import EdgecvError
+from ..board.plan import Launch
 from ..schedules.stage import KernelChoice, ScheduleOrder
 from .contained import compile_in_process
 

@@ -11,7 +11,7 @@ against the oldest glibc of the boards we serve (:data:`GLIBC`), so it loads on 
 distributions. A host of this machine's ISA links with the system's ``cc``, as before.
 
 The package also carries TVM's runtime library for its host (the thread pool and
-workspace functions kernels call back into; :mod:`edgecv.runtime.cpu`), and its
+workspace functions kernels call back into; :mod:`edgecv.board.runtime.cpu`), and its
 ``extra`` library when a kernel calls one of TVM's library functions (the CPU
 ``box_nms`` sorts with ``tvm.contrib.sort``): this machine's copies when the ISAs
 agree, else those inside the ``apache-tvm`` wheel of the board's platform (same
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import tvm
 
-from ..errors import EdgecvError
-from ..runtime.cpu import TVM_RUNTIME_LIBRARIES as RUNTIME_LIBRARIES
-from ..runtime.host import CHECKED_FEATURES, arch_of, this_arch
-from ..runtime.kernel_cache import cache_dir
+from ..board.errors import EdgecvError
+from ..board.runtime.cpu import TVM_RUNTIME_LIBRARIES as RUNTIME_LIBRARIES
+from ..board.runtime.host import CHECKED_FEATURES, arch_of, this_arch
+from ..board.runtime.kernel_cache import cache_dir
 
 # JetPack 4 (Jetson Nano) is Ubuntu 18.04: glibc 2.27, the oldest of the profiles' boards.
 GLIBC = "2.27"
@@ -65,7 +65,7 @@ class Host:
 
 def host_of(target: tvm.target.Target) -> Host:
     """The host record of an LLVM target (the features its code may use, as recorded in
-    the manifest and checked by :func:`edgecv.runtime.host.check_host`)."""
+    the manifest and checked by :func:`edgecv.board.runtime.host.check_host`)."""
     triple = str(target.attrs.get("mtriple", ""))
     if not triple:  # this machine; LLVM's own name for it may carry its build's vendor
         triple = f"{arch_of(tvm.target.codegen.llvm_get_system_triple())}-linux-gnu"

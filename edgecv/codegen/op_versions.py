@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import tirx
 
-from ..errors import EdgecvError
+from ..board.errors import EdgecvError
 
 # (attributes, target, work-group size, Intel subgroup size or None) -> GPU PrimFunc
 MakeGpuVersion = Callable[[dict, tvm.target.Target, int, int | None], tirx.PrimFunc]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import tvm
 
-from ..plan import Launch
+from ..board.plan import Launch
 from ..schedules.orders import gpu_order
 from ..schedules.stage import KernelChoice, ScheduleOrder
 from .gpu_lowering import device_module, lower_device

@@ -10,18 +10,18 @@ import argparse
 import time
 from pathlib import Path
 
-from .. import progress
-from ..arguments import (
+from ..board import progress
+from ..board.arguments import (
     DEFAULT_LAYOUT_BUDGET_S,
     SHAPE_HELP,
     input_shapes,
     layout_budget,
     parse_shape,
 )
-from ..errors import EdgecvError
-from ..precision import PRECISIONS, Precision
-from ..processing import add_arguments as add_processing_arguments
-from ..processing import from_arguments
+from ..board.errors import EdgecvError
+from ..board.precision import PRECISIONS, Precision
+from ..board.processing import add_arguments as add_processing_arguments
+from ..board.processing import from_arguments
 
 
 def add_parser(sub, common) -> None:
@@ -195,15 +195,15 @@ def run(args: argparse.Namespace) -> int:
         processing=processing,
     )
     if args.explain:
-        from ..package import read_manifest
+        from ..board.package import read_manifest
         from .explain import explain
 
         explain(read_manifest(path)[1])
-    from ..package import manifest_sha256
+    from ..board.package import manifest_sha256
 
     pin = manifest_sha256(path)
     if args.archive:
-        from ..package import archive
+        from ..board.package import archive
 
         path = archive(path, force=args.force)
     print(f"{path}  (deployed in {time.perf_counter() - start:.1f} s)")

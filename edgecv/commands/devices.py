@@ -13,8 +13,8 @@ def add_parser(sub, common) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runtime.cuda import cuda_devices
-    from ..runtime.opencl_devices import opencl_devices
+    from ..board.runtime.cuda import cuda_devices
+    from ..board.runtime.opencl_devices import opencl_devices
 
     devices = opencl_devices()
     print(f"OpenCL devices: {len(devices)}")

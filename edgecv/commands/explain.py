@@ -3,7 +3,7 @@ databases, the placement and copies, the precision, the layouts and the schedule
 
 from __future__ import annotations
 
-from ..manifest import Manifest
+from ..board.manifest import Manifest
 
 
 def explain(manifest: Manifest) -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..arguments import pin_argument
-from ..errors import EdgecvError, ShapeError
-from ..outputs import check_image_path, check_output_folder, save_arrays, save_image
+from ..board.arguments import pin_argument
+from ..board.errors import EdgecvError, ShapeError
+from ..board.outputs import check_image_path, check_output_folder, save_arrays, save_image
 
 SAMPLES = ("astronaut", "chelsea", "coffee", "motorcycle_left", "rocket")
 
@@ -46,7 +46,7 @@ def add_parser(sub, common) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..model import load
+    from ..board.model import load
 
     # Where results go is checked before the model runs, not after.
     if args.save:
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         check_output_folder(args.output)
     model = load(args.package, on=args.on, sha256=args.sha256)
-    from ..imaging import read_image
+    from ..board.imaging import read_image
 
     # (what is printed, the stem a saved image gets, how to read it)
     images = [(path, Path(path).stem, partial(read_image, path)) for path in args.images]
@@ -110,7 +110,7 @@ def _run_image(
 def _print_detections(model, image, stem, outputs, latency, args, several) -> None:
     """A detector's boxes above the threshold (else the best three, said so), and the
     annotated image with ``--save``."""
-    from ..imaging import draw
+    from ..board.imaging import draw
 
     found = model.decode(outputs, image.shape[:2], args.threshold)
     shown = found or model.decode(outputs, image.shape[:2], -1.0)[:3]

@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..board.plan import Buffer, Plan, Step
 from ..lowering.memory_plan import add_workspaces, plan_memory
-from ..plan import Buffer, Plan, Step
 from .placement import Placement
 
 
@@ -62,7 +62,7 @@ def insert_copies(
     :func:`~edgecv.lowering.memory_plan.plan_memory`). ``widen_on_cpu``: float16
     tensors on the CPU become float32 (see the module). ``workspaces``: the bytes of
     each GPU kernel's device workspaces, by kernel name
-    (:attr:`~edgecv.plan.Launch.workspaces`): the plan holds them as temp buffers of the
+    (:attr:`~edgecv.board.plan.Launch.workspaces`): the plan holds them as temp buffers of the
     GPU launches (:func:`~edgecv.lowering.memory_plan.add_workspaces`), memory planned
     with the rest."""
     buffers = [replace(b, storage=None) for b in plan.buffers]

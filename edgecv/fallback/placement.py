@@ -7,7 +7,7 @@ order they are checked (the first that applies is reported):
 
 ``forced``          the user named one of its operators in ``--cpu-ops``
 ``not-on-gpu-list`` an operator is missing from the profile's ``gpu_ops`` (data in
-                    ``edgecv/data/device_profiles/*.json``, not code)
+                    ``device_profiles/*.json``, not code)
 ``no-gpu-kernel``   edgecv cannot lower it for the GPU (host code that sorts, ...)
 ``gpu-build-failed`` the device's compiler rejected its kernel (found by compiling on a
                     local device at deploy time; the package is then rebuilt)
@@ -19,8 +19,8 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..errors import EdgecvError
-from ..plan import Plan
+from ..board.errors import EdgecvError
+from ..board.plan import Plan
 
 REASONS = {
     "forced": "forced onto the CPU by --cpu-ops",

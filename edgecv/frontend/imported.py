@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tvm
 
-from ..errors import ShapeError
+from ..board.errors import ShapeError
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 
 from tvm import relax, te
 
-from ..errors import ConversionError, EdgecvError, foreign_message
+from ..board.errors import ConversionError, EdgecvError, foreign_message
 from ..op_registry import RegisteredOp
 
 

@@ -31,9 +31,9 @@ import psutil
 import tvm
 from tvm import tirx
 
+from ..board.runtime.cpu import pool_threads
 from ..codegen.contained import compile_contained
 from ..codegen.llvm import compile_object, link_objects
-from ..runtime.cpu import pool_threads
 from ..schedules.database import TuningDatabase
 from ..schedules.device_class import cpu_class
 from ..schedules.stage import ScheduleOrder

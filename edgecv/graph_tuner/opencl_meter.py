@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 from tvm import tirx
 
+from ..board.errors import EdgecvError
 from ..codegen.contained import compile_contained
 from ..codegen.gpu_lowering import lower_to_file
 from ..codegen.opencl import program_of
-from ..errors import EdgecvError
 from ..profiles import Profile
 from ..schedules.database import TuningDatabase
 from ..schedules.orders import gpu_order
@@ -24,8 +24,8 @@ from .measure import ROUNDS, Progress, memory_groups
 
 def opencl_meter(profile: Profile, options, database: TuningDatabase | None):
     """(meter, why not): the meter is None when no device of the profile's kind is here."""
-    from ..runtime.opencl_devices import opencl_devices
-    from ..runtime.opencl_program import is_simulator
+    from ..board.runtime.opencl_devices import opencl_devices
+    from ..board.runtime.opencl_program import is_simulator
 
     named = getattr(options, "check_on", None)
     # the device the build is checked on when one is named (`tune --on pocl`), else the
@@ -58,7 +58,7 @@ class OpenCLMeter:
         self.costs_key = self.device_key
 
     def time(self, kernels: dict[str, tirx.PrimFunc], progress: Progress) -> dict[str, float]:
-        from ..runtime.opencl import OpenCLBackend
+        from ..board.runtime.opencl import OpenCLBackend
 
         names = {key: f"k{i}" for i, key in enumerate(kernels)}
         times = dict.fromkeys(kernels, math.inf)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import tvm
 from tvm import relax
 
-from ..errors import EdgecvError
+from ..board.errors import EdgecvError
 from ..profiles import Profile
 from ..schedules.cpu.dot_product import DotProduct, int8_lowering
 from .activations import rewrite_activations

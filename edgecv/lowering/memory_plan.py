@@ -1,10 +1,10 @@
-"""The memory plan: where every intermediate buffer of a :class:`~edgecv.plan.Plan`
+"""The memory plan: where every intermediate buffer of a :class:`~edgecv.board.plan.Plan`
 lives, decided once at build time so an inference allocates nothing.
 
 Only the build runs this (after plan extraction, again after placement and device
 copies): a board reads the slots and offsets it wrote into the plan
-(:attr:`~edgecv.plan.Buffer.storage`, :attr:`~edgecv.plan.Buffer.offset`,
-:attr:`~edgecv.plan.Plan.storage_sizes`) and never plans memory itself. Concatenations
+(:attr:`~edgecv.board.plan.Buffer.storage`, :attr:`~edgecv.board.plan.Buffer.offset`,
+:attr:`~edgecv.board.plan.Plan.storage_sizes`) and never plans memory itself. Concatenations
 whose inputs can be written straight into their output are elided, GPU kernels' device
 workspaces become temp buffers live at their launch alone, and each buffer gets a
 storage slot (several slot plans and one arena plan made, the smallest kept).
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..plan import PIECE_ALIGNMENT, Buffer, Plan, Step
+from ..board.plan import PIECE_ALIGNMENT, Buffer, Plan, Step
 
 # How much larger (or smaller, to be grown) than a tensor a free slot the memory plan may
 # give it, tried in turn (None: any); the plan keeps the smallest total. Measured on the
@@ -75,9 +75,10 @@ def add_workspaces(
 ) -> list[int]:
     """Give every GPU kernel launch that runs (not a concatenation :func:`plan_memory`
     elides with ``alignments``) a temp buffer for each of its kernel's device
-    workspaces, of ``sizes[kernel]`` bytes (:attr:`~edgecv.plan.Launch.workspaces`), recorded in
-    :attr:`~edgecv.plan.Step.workspaces`; :func:`plan_memory` then places them. Launches that
-    already have theirs keep them. Returns the new buffers' ids."""
+    workspaces, of ``sizes[kernel]`` bytes
+    (:attr:`~edgecv.board.plan.Launch.workspaces`), recorded in
+    :attr:`~edgecv.board.plan.Step.workspaces`; :func:`plan_memory` then places them.
+    Launches that already have theirs keep them. Returns the new buffers' ids."""
     write_pieces_in_place(plan, alignments or PIECE_ALIGNMENT)  # which launches run
     added: list[int] = []
     for step in plan.steps:
@@ -105,15 +106,15 @@ def plan_memory(plan: Plan, alignments: dict[str, int] | None = None) -> None:
     device (:func:`_arena`: on the seven zoo models' deeplens plans it reaches the
     live lower bound, 27.3 MB for SSD-512 ResNet-50 where slots took 32.8), and the
     smallest kept. A launch's output takes over the slot of an input read only element
-    for element (:attr:`~edgecv.plan.Step.elementwise_inputs`) that dies at that launch:
+    for element (:attr:`~edgecv.board.plan.Step.elementwise_inputs`) that dies at that launch:
     the output is written in place, as the input's cache lines are still hot, not into
     a fresh slot.
     Concatenations whose inputs can be written straight into their output are elided
     first: each input (a piece) lives in the output's slot at its offset, and that
     slot from the first piece's launch to the last read of the output or a piece,
     where the input's offset is a multiple of its device's ``alignments`` (bytes,
-    default :data:`~edgecv.plan.PIECE_ALIGNMENT`). A launch's workspaces
-    (:attr:`~edgecv.plan.Step.workspaces`) live at that launch alone, placed like its
+    default :data:`~edgecv.board.plan.PIECE_ALIGNMENT`). A launch's workspaces
+    (:attr:`~edgecv.board.plan.Step.workspaces`) live at that launch alone, placed like its
     outputs but never over an input.
     """
     alignments = alignments or PIECE_ALIGNMENT
@@ -291,7 +292,7 @@ def _donor(
 def _elementwise_donors(plan: Plan, step: Step, out: Buffer) -> Iterator[Buffer]:
     """The inputs of ``step`` whose bytes its output ``out`` may be written over (if
     they die there): temp buffers on ``out``'s device that the launch reads only at
-    element-wise positions (:attr:`~edgecv.plan.Step.elementwise_inputs`)."""
+    element-wise positions (:attr:`~edgecv.board.plan.Step.elementwise_inputs`)."""
     num_inputs = len(step.args) - step.num_outputs
     for position in step.elementwise_inputs:
         root = plan.buffers[plan.root(step.args[position])]
@@ -363,7 +364,7 @@ def _aligned(nbytes: int, alignment: int = 64) -> int:
 def memory_facts(plan: Plan) -> dict[str, int]:
     """What the manifest's ``build`` records of a planned ``plan``: its storage and the
     most of it live at one launch, GPU kernels' device workspaces included
-    (:attr:`~edgecv.plan.Step.workspaces`); those alone, as they would take unshared;
+    (:attr:`~edgecv.board.plan.Step.workspaces`); those alone, as they would take unshared;
     the launches writing their output over an input; the concatenations whose inputs
     are written into their output as made (elided)."""
     return {

@@ -1,6 +1,6 @@
 """Plan extraction: walk ``main``'s bindings in order and record the static plan.
 
-Every ``call_tir`` becomes a launch (a :class:`~edgecv.plan.Step`), every
+Every ``call_tir`` becomes a launch (a :class:`~edgecv.board.plan.Step`), every
 reshape a view of its source buffer, every constant a named parameter.
 """
 
@@ -10,8 +10,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..errors import EdgecvError
-from ..plan import Buffer, Plan, Step
+from ..board.errors import EdgecvError
+from ..board.plan import Buffer, Plan, Step
 
 
 class _PlanBuilder:

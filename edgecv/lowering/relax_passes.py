@@ -22,7 +22,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..plan import Plan
+from ..board.plan import Plan
 from .in_place import concat_pieces, elementwise_inputs, root_blocks
 from .legalize import legalize_map
 from .memory_plan import plan_memory

@@ -23,10 +23,10 @@ import time
 
 import tvm
 
+from ..board.precision import Precision
 from ..graph_tuner import choose_layouts
 from ..graph_tuner.stage import winograd_plan
 from ..lowering import lower
-from ..precision import Precision
 from ..profiles import Profile
 from ..schedules.cpu.dot_product import dot_product_of, int8_lowering
 from .int8 import quantize_model

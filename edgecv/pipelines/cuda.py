@@ -20,10 +20,10 @@ import time
 
 import tvm
 
+from ..board.precision import Precision
 from ..codegen.cuda import generate_cuda
 from ..fallback import widened_constants
 from ..lowering import lower
-from ..precision import Precision
 from ..profiles import Profile
 from . import fp16
 from . import gpu_steps as g

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import tvm
 
-from ..errors import EdgecvError
+from ..board.errors import EdgecvError
+from ..board.manifest import Manifest
+from ..board.plan import Plan
+from ..board.precision import Precision
 from ..lowering import Lowered
 from ..lowering.precision import ACCUMULATE, computes_in_half, to_half
-from ..manifest import Manifest
-from ..plan import Plan
-from ..precision import Precision
 from ..profiles import Profile
 from .steps import BuildOptions, Progress
 
@@ -47,7 +47,7 @@ def check_request(options: BuildOptions, profile: Profile, progress: Progress) -
         )
     if profile.runtime != "opencl" or options.check_on is None:
         return
-    from ..runtime.opencl_devices import opencl_devices
+    from ..board.runtime.opencl_devices import opencl_devices
 
     query = profile.default_opencl_device if options.check_on == "auto" else options.check_on
     devices = opencl_devices()
@@ -68,7 +68,7 @@ def has_fp16(profile: Profile) -> bool:
         return bool(profile.fp16)
     if profile.runtime != "opencl":
         return False
-    from ..runtime.opencl_devices import opencl_devices
+    from ..board.runtime.opencl_devices import opencl_devices
 
     return any(d.fp16 for d in opencl_devices())
 

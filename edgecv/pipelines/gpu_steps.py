@@ -6,15 +6,15 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+from ..board.errors import EdgecvError
+from ..board.plan import Launch, Plan, launches_to_json
+from ..board.precision import Precision
 from ..codegen.contained import Compiled
 from ..codegen.gpu_lowering import device_module, lower_to_file
 from ..codegen.host import host_of
-from ..errors import EdgecvError
 from ..fallback import Placement, insert_copies, place
 from ..lowering import Lowered
 from ..lowering.precision import widen_kernels
-from ..plan import Launch, Plan, launches_to_json
-from ..precision import Precision
 from ..profiles import Profile
 from ..schedules.orders import gpu_order, tuning_database
 from .steps import (
@@ -145,7 +145,7 @@ def package_writer(kind: str, source: str, launches: dict, write_cpu, extra=None
     def write(writer) -> dict[str, str]:
         ext = "cl" if kind == "opencl" else "cu"
         files = {
-            kind: f"kernels/{kind}.{ext}.gz",  # read by edgecv.package.read_package_text
+            kind: f"kernels/{kind}.{ext}.gz",  # read by edgecv.board.package.read_package_text
             f"{kind}_launches": f"kernels/{kind}_launches.json",
         }
         writer.write_text(files[kind], source)
@@ -208,7 +208,7 @@ def check_on_device(
     until each crashing one stands alone."""
     if profile.runtime != "opencl" or check_on is None or not launches:
         return {}
-    from ..runtime.opencl_program import ProgramBuildError, compile_on_device
+    from ..board.runtime.opencl_program import ProgramBuildError, compile_on_device
 
     query = profile.default_opencl_device if check_on == "auto" else check_on
     progress(f"compiling the OpenCL program on `{query or 'the first device'}`")
@@ -241,7 +241,7 @@ def _crashing(names: list[str], program: ProgramOf, query: str) -> list[str]:
     alone; all of ``names`` when only together they do."""
     if len(names) == 1:
         return names
-    from ..runtime.opencl_program import ProgramBuildError, compile_on_device
+    from ..board.runtime.opencl_program import ProgramBuildError, compile_on_device
 
     found = []
     for part in (names[: len(names) // 2], names[len(names) // 2 :]):

@@ -39,15 +39,15 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from ..errors import EdgecvError
-from ..imaging import preprocess, read_image
+from ..board.errors import EdgecvError
+from ..board.imaging import preprocess, read_image
+from ..board.precision import Precision
 from ..lowering import lower
 from ..lowering.calibration import METHODS, PERCENTILE, STATS_VERSION, TensorQuant, TensorStats
 from ..lowering.legalize import sums_in_pairs
 from ..lowering.quantize import quantize
 from ..lowering.quantize_plan import WEIGHT_MAX, exact_in_float32, shiftable
 from ..lowering.quantize_sites import find_sites, with_taps
-from ..precision import Precision
 from ..profiles import Profile
 from ..schedules.cpu.dot_product import DotProduct, runs_on_dot_product
 
@@ -208,8 +208,8 @@ class _Folder:
 def collect_statistics(mod, keys, tensors, inputs, profile, options, progress) -> dict:
     """Run the float32 model with the tensors ``tensors`` (named ``keys``) as extra
     outputs on every calibration input; their :class:`TensorStats` by key."""
-    from ..runtime.cpu import CPUBackend
-    from ..runtime.executor import Executor
+    from ..board.runtime.cpu import CPUBackend
+    from ..board.runtime.executor import Executor
     from .steps import compile_cpu_kernels
 
     tapped = with_taps(mod, tensors)

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..errors import EdgecvError
+from ..board.errors import EdgecvError
+from ..board.precision import Precision
 from ..lowering.calibration import TensorQuant
 from ..lowering.quantize import quantize
 from ..lowering.quantize_sites import find_sites
-from ..precision import Precision
 from ..profiles import Profile
 from . import int8
 

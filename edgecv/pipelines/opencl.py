@@ -25,12 +25,12 @@ import time
 
 import tvm
 
+from ..board.precision import Precision
 from ..codegen.opencl import program_of
 from ..fallback import widened_constants
 from ..graph_tuner import choose_layouts
 from ..graph_tuner.stage import winograd_plan
 from ..lowering import lower
-from ..precision import Precision
 from ..profiles import Profile
 from . import fp16
 from . import gpu_steps as g

@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import tvm
 
-from .. import progress as progress_bars
-from ..arguments import DEFAULT_LAYOUT_BUDGET_S
+from ..board import progress as progress_bars
+from ..board.arguments import DEFAULT_LAYOUT_BUDGET_S
+from ..board.errors import EdgecvError
+from ..board.manifest import TVM_RUNTIME_FILES
+from ..board.plan import Plan
+from ..board.precision import Precision
 from ..codegen.contained import DEFAULT_TIME_LIMIT_S, Compiled, CompileOne, compile_contained
 from ..codegen.op_versions import OpVersions
-from ..errors import EdgecvError
 from ..lowering import Lowered
-from ..manifest import TVM_RUNTIME_FILES
-from ..plan import Plan
-from ..precision import Precision
 from ..schedules.orders import cpu_order, tuning_database
 from ..schedules.stage import ScheduleOrder
 
@@ -68,7 +68,7 @@ class BuildOptions:
         ``fp32`` (the default); ``int8``: convolutions and dense layers quantized after
         calibration (CPU profiles; :mod:`edgecv.pipelines.int8`); ``fp16``: float16 on
         GPU profiles (:mod:`edgecv.pipelines.fp16`). A string is parsed here, once
-        (:meth:`edgecv.precision.Precision.parse`: one error naming the values).
+        (:meth:`edgecv.board.precision.Precision.parse`: one error naming the values).
     calibrate : path or None
         int8: a folder of images or a ``.npy`` of preprocessed inputs to calibrate on.
     calibration_size : int or None

@@ -54,7 +54,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from ..errors import foreign_message
+from ..board.errors import foreign_message
 from .fingerprint import target_rules
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,7 @@ def write_meta(folder: Path, device_key: dict, workloads: dict | None = None) ->
     per workload (structural hash), what tuning found (kernels, default vs best time).
     The file is replaced whole: a process killed while writing it (a second Ctrl-C, a
     power loss) leaves the verdicts before, not an empty file that voids them all."""
-    from ..durable import write_bytes
+    from ..board.durable import write_bytes
 
     meta = {"tvm": tvm.__version__, "device": device_key}
     if workloads:
@@ -215,7 +215,7 @@ def locked(folder: Path, exclusive: bool = True) -> Iterator[None]:
     """Hold ``folder``'s database lock (:data:`LOCK`): exclusive to append to or rewrite
     its two files, shared to read them. A reader of a folder with no lock file (a shipped
     one, a read-only one) reads without: no edgecv process writes there."""
-    from ..errors import EdgecvError
+    from ..board.errors import EdgecvError
 
     fd = None
     try:
@@ -249,7 +249,7 @@ def _acquire(fd: int, mode: int, folder: Path) -> None:
             return
         except BlockingIOError:
             if notice is not None and time.monotonic() > notice:
-                from .. import progress
+                from ..board import progress
 
                 progress.say(f"waiting for another edgecv process using {folder}")
                 notice = None
@@ -316,7 +316,7 @@ def plain_copy(folder: Path) -> Path | None:
     packed = [folder / (name + GZ) for name in (WORKLOADS, RECORDS)]
     if not all(p.is_file() for p in packed):
         return None
-    from ..runtime.kernel_cache import cache_dir, cache_key
+    from ..board.runtime.kernel_cache import cache_dir, cache_key
 
     copy = cache_dir().parent / "databases" / cache_key(*(p.read_bytes() for p in packed))[:24]
     if not all((copy / name).is_file() for name in (WORKLOADS, RECORDS)):
@@ -331,7 +331,7 @@ def plain_copy(folder: Path) -> Path | None:
 def expand(folder: Path) -> None:
     """Turn a gzipped database folder back into plain files, in place (before tuning
     appends to it)."""
-    from ..durable import write_bytes
+    from ..board.durable import write_bytes
 
     for name in (WORKLOADS, RECORDS):
         packed = folder / (name + GZ)

@@ -8,7 +8,7 @@ ran them. The class is a small JSON dict (recorded in each database's
 ``llvm-x86_64-znver3-avx2`` or ``opencl-intel_graphics-sg16-intel-opencl-amd-epyc-2026.22``.
 
 Folders: the databases shipped with edgecv are package data,
-``edgecv/data/device_profiles/tuning/<name>/`` (beside the profiles); a user's own are
+``device_profiles/tuning/<name>/`` (beside the profiles); a user's own are
 ``<cache>/tuning/<name>/`` (``$EDGECV_CACHE_DIR/../tuning`` or ``~/.cache/edgecv/tuning``),
 layered over the shipped one at deploy.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import tvm
 
-from ..errors import EdgecvError
+from ..board.errors import EdgecvError
 from ..profiles import Profile, profiles_dir
 
 
@@ -110,8 +110,8 @@ def opencl_class(target: tvm.target.Target, subgroup: int | None, device) -> Dev
 def find_device(profile: Profile, on: str | None):
     """The pyopencl device ``--on`` names (part of its name), else the profile's default:
     Intel's runtime for a profile with Intel subgroups, else the first real device."""
-    from ..runtime.opencl_devices import register_pip_runtimes
-    from ..runtime.opencl_program import is_simulator  # only where OpenCL is asked for
+    from ..board.runtime.opencl_devices import register_pip_runtimes
+    from ..board.runtime.opencl_program import is_simulator  # only where OpenCL is asked for
 
     register_pip_runtimes()
     import pyopencl as cl
@@ -161,7 +161,7 @@ def profile_class(profile: Profile) -> DeviceClass | None:
 def tuning_folders(profile: Profile, user_db: str | Path | None) -> list[str]:
     """Tuning databases for a deploy, highest priority first: the user's own (``--db``,
     by default their cache folder of the device class), then the one shipped for the
-    profile's device class (``edgecv/data/device_profiles/tuning/<class>/``, when it
+    profile's device class (``device_profiles/tuning/<class>/``, when it
     exists)."""
     device_class = profile_class(profile)
     folders = [str(user_db)] if user_db else []

@@ -156,7 +156,7 @@ def compare_with_onnxruntime(
 
     Parameters
     ----------
-    package_or_model : path or edgecv.model.DeployedModel
+    package_or_model : path or edgecv.board.model.DeployedModel
         The package folder (loaded here) or a loaded model.
     onnx_path : path
         The ONNX file (external data beside it); its weights must be the package's.
@@ -176,7 +176,7 @@ def compare_with_onnxruntime(
     import onnx
     import onnxruntime as ort
 
-    from ..model import DeployedModel, load
+    from ..board.model import DeployedModel, load
 
     loaded = isinstance(package_or_model, DeployedModel)
     model = package_or_model if loaded else load(package_or_model)

@@ -52,12 +52,12 @@ def check_op(
     dict
         Device -> largest absolute difference from the reference.
     """
+    from edgecv.board.model import load
+    from edgecv.board.runtime.opencl_devices import opencl_devices
+    from edgecv.board.runtime.opencl_program import is_simulator
     from edgecv.deploy import deploy
-    from edgecv.model import load
     from edgecv.op_registry import RegistrationError, registered_op
     from edgecv.pipelines import BuildOptions
-    from edgecv.runtime.opencl_devices import opencl_devices
-    from edgecv.runtime.opencl_program import is_simulator
 
     op = registered_op(name)
     if op is None or op.reference is None:

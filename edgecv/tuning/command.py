@@ -11,7 +11,7 @@ schedule is measured, the tile variants of its default rule timed, then MetaSche
 searches (:mod:`.search`) with the runner of the profile's device (:mod:`.runners`) or
 a fleet of RPC servers (:mod:`.fleet`). Records go to ``--db`` (default: the user's folder of
 the device class, which deploy reads); ``--ship`` also merges the best record per
-workload into the shipped folder, ``edgecv/data/device_profiles/tuning/<class>/``.
+workload into the shipped folder, ``device_profiles/tuning/<class>/``.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .. import progress
-from ..arguments import SHAPE_HELP, input_shapes, parse_shape
-from ..errors import EdgecvError
+from ..board import progress
+from ..board.arguments import SHAPE_HELP, input_shapes, parse_shape
+from ..board.errors import EdgecvError
 from ..profiles import Profile, load_profile
 from ..schedules.device_class import DeviceClass, cpu_class, find_device, opencl_class
 from ..schedules.fingerprint import target_rules
@@ -289,8 +289,7 @@ def add_parser(sub, common) -> None:
     t.add_argument(
         "--ship",
         action="store_true",
-        help="merge the best records into the shipped database "
-        "(edgecv/data/device_profiles/tuning/<class>/)",
+        help="merge the best records into the shipped database (device_profiles/tuning/<class>/)",
     )
     t.add_argument("--rpc", metavar="HOST:PORT", help="time on the RPC tracker's servers")
     t.add_argument("--key", help="device key of the RPC servers (with --rpc)")

@@ -37,9 +37,9 @@ from pathlib import Path
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerInput
 
-from .. import progress
-from ..arguments import port
-from ..errors import EdgecvError
+from ..board import progress
+from ..board.arguments import port
+from ..board.errors import EdgecvError
 from .plausibility import implausible
 from .runners.llvm import TimingConfig, args_json, llvm_samples
 from .runners.results import done, failed

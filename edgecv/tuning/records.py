@@ -1,7 +1,7 @@
 """The tuning database on disk: MetaSchedule's JSON database, one folder per device class.
 
 Layout of a folder (``<cache>/tuning/<class>/`` while tuning, pruned copies under
-``edgecv/data/device_profiles/tuning/<class>/`` for shipping)::
+``device_profiles/tuning/<class>/`` for shipping)::
 
     database_workload.json       MetaSchedule: one line per workload (structural hash + IR)
     database_tuning_record.json  MetaSchedule: one line per measured schedule (trace, seconds)
@@ -34,7 +34,7 @@ import tvm_ffi
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from ..errors import EdgecvError, foreign_message
+from ..board.errors import EdgecvError, foreign_message
 from ..graph_tuner.costs import COSTS_FILE
 from ..schedules.database import (
     GZ,

@@ -36,7 +36,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.builder import BuilderInput
 from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-from .. import progress as bars
+from ..board import progress as bars
 from ..schedules.stage import ScheduleOrder
 from .records import FAILED_RUN_S, commit_schedule, records_of
 from .tasks import Task, default_schedules, rule_variants

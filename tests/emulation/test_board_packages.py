@@ -49,11 +49,11 @@ if mode == "load":
     loaded = time.perf_counter()
     outputs = model.run(x)
 else:  # the CPU library of a package whose every launch runs on the CPU
-    from edgecv.package import read_manifest
-    from edgecv.plan import Plan
-    from edgecv.runtime.cpu import CPUBackend
-    from edgecv.runtime.executor import Executor
-    from edgecv.runtime.host import check_host
+    from edgecv.board.package import read_manifest
+    from edgecv.board.plan import Plan
+    from edgecv.board.runtime.cpu import CPUBackend
+    from edgecv.board.runtime.executor import Executor
+    from edgecv.board.runtime.host import check_host
 
     root, manifest = read_manifest(package)
     check_host(manifest.host, root)

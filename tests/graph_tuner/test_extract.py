@@ -81,10 +81,10 @@ def test_rewritten_activations_stay_packed_and_compute_the_same():
 
     import tvm
 
+    from edgecv.board.runtime.cpu import CPUBackend
+    from edgecv.board.runtime.executor import Executor
     from edgecv.codegen.llvm import build_cpu
     from edgecv.lowering import lower
-    from edgecv.runtime.cpu import CPUBackend
-    from edgecv.runtime.executor import Executor
 
     rng = np.random.default_rng(0)
     inputs = [

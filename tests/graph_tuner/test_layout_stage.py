@@ -157,7 +157,7 @@ def test_auto_falls_back_to_nchw_with_a_warning(small_mod, monkeypatch, tmp_path
 
 
 def test_unknown_mode_is_refused(small_mod):
-    from edgecv.errors import EdgecvError
+    from edgecv.board.errors import EdgecvError
 
     with pytest.raises(EdgecvError, match="--layout must be one of auto, NCHW, packed"):
         choose_layouts(small_mod, load_profile("cpu"), BuildOptions(layout="NHWC"))

@@ -12,6 +12,8 @@ import tvm_ffi
 from small_model import SHAPE, export_small_model
 from tvm import relax
 
+from edgecv.board.runtime.cpu import CPUBackend
+from edgecv.board.runtime.executor import Executor
 from edgecv.codegen.llvm import build_cpu
 from edgecv.frontend.mxnet.importer import from_mxnet
 from edgecv.frontend.mxnet.mxnet_graph import load_params, load_symbol
@@ -22,8 +24,6 @@ from edgecv.graph_tuner.extract import extract
 from edgecv.graph_tuner.solver import evaluate, uniform_plans
 from edgecv.graph_tuner.stage import conv_candidates
 from edgecv.lowering import lower
-from edgecv.runtime.cpu import CPUBackend
-from edgecv.runtime.executor import Executor
 from edgecv.testing import assert_close
 
 TARGET = tvm.target.Target({"kind": "llvm"})

@@ -11,9 +11,9 @@ from test_opencl import device_or_skip
 from test_packed_rule import _conv_kernel, _conv_module, _run
 from test_winograd import unpack, winograd_case
 
+from edgecv.board.runtime.opencl import OpenCLBackend
 from edgecv.codegen.opencl import build_opencl
 from edgecv.profiles import load_profile
-from edgecv.runtime.opencl import OpenCLBackend
 from edgecv.schedules.gpu import PackedConv2D, Winograd
 from edgecv.testing import assert_close
 

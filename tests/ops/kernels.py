@@ -32,7 +32,7 @@ def run_cpu(func, arrays: list[np.ndarray]) -> list[np.ndarray]:
 def run_opencl(
     func, arrays: list[np.ndarray], device: str = "intel", profile: str = "aisage"
 ) -> list[np.ndarray]:
-    from edgecv.runtime.opencl import OpenCLBackend
+    from edgecv.board.runtime.opencl import OpenCLBackend
 
     key = (func.script(), device, profile)
     if key not in _OPENCL:

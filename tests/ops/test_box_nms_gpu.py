@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from matrix import each_once, examples
 from test_box_nms import boxes, fractional_ids, run_mxnet
 
+from edgecv.board.runtime.opencl_devices import opencl_devices
 from edgecv.codegen.opencl import build_opencl
 from edgecv.ops.box_nms import box_nms_gpu, box_nms_reference
 from edgecv.profiles import load_profile
-from edgecv.runtime.opencl_devices import opencl_devices
 from edgecv.testing import assert_close
 
 pytestmark = pytest.mark.skipif(
@@ -27,7 +27,7 @@ _BACKENDS: dict = {}
 def run_opencl(
     data: np.ndarray, threads: int = 64, device: str = "intel", subgroup=None, **attrs
 ) -> np.ndarray:
-    from edgecv.runtime.opencl import OpenCLBackend
+    from edgecv.board.runtime.opencl import OpenCLBackend
 
     key = (data.shape, threads, device, subgroup, tuple(sorted(attrs.items())))
     if key not in _BACKENDS:

@@ -12,15 +12,15 @@ from kernels import run_cpu, run_opencl
 from tvm import te
 
 from edgecv._mxnet import import_mxnet
+from edgecv.board.runtime.cpu import CPUBackend
+from edgecv.board.runtime.executor import Executor
+from edgecv.board.runtime.opencl_devices import opencl_devices
 from edgecv.codegen.llvm import build_cpu
 from edgecv.frontend.mxnet.importer import from_mxnet
 from edgecv.frontend.mxnet.mxnet_graph import parse_symbol
 from edgecv.lowering import lower
 from edgecv.ops.box_nms_reference import box_nms_reference
 from edgecv.ops.class_rows import top_class_rows, top_class_rows_gpu, top_class_rows_reference
-from edgecv.runtime.cpu import CPUBackend
-from edgecv.runtime.executor import Executor
-from edgecv.runtime.opencl_devices import opencl_devices
 
 INTEL = any(d.matches("intel(r) opencl") for d in opencl_devices())
 

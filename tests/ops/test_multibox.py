@@ -13,6 +13,8 @@ from matrix import each_once, examples
 from tvm import te
 
 from edgecv._mxnet import import_mxnet
+from edgecv.board.package import read_package_text
+from edgecv.board.runtime.opencl_devices import opencl_devices
 from edgecv.ops.multibox import (
     multibox_detection,
     multibox_detection_gpu,
@@ -20,8 +22,6 @@ from edgecv.ops.multibox import (
     multibox_prior,
     multibox_prior_reference,
 )
-from edgecv.package import read_package_text
-from edgecv.runtime.opencl_devices import opencl_devices
 from edgecv.testing import assert_close
 
 mx = import_mxnet()
@@ -219,8 +219,8 @@ def test_imported_ssd_head_matches_mxnet(tmp_path, profile):
 
     from conftest import mxnet_forward
 
+    from edgecv.board.model import load
     from edgecv.deploy import deploy
-    from edgecv.model import load
 
     if profile != "cpu" and not HAVE_INTEL:
         pytest.skip("no Intel OpenCL runtime here")

@@ -7,11 +7,11 @@ import pytest
 from kernels import run_opencl
 from test_box_nms import boxes
 
+from edgecv.board.runtime.opencl_devices import opencl_devices
 from edgecv.ops.box_nms import box_nms_reference
 from edgecv.ops.naive import naive_box_nms_gpu, naive_scan_gpu, naive_segmented_argsort_gpu
 from edgecv.ops.scan import scan_reference
 from edgecv.ops.segmented_argsort import segmented_argsort_reference
-from edgecv.runtime.opencl_devices import opencl_devices
 from edgecv.testing import assert_close
 
 pytestmark = pytest.mark.skipif(

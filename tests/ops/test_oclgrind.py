@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import tvm
 
+from edgecv.board.runtime.opencl_devices import opencl_devices
 from edgecv.codegen.opencl import build_opencl
 from edgecv.ops.scan import scan_gpu, scan_reference
 from edgecv.profiles import load_profile
-from edgecv.runtime.opencl_devices import opencl_devices
 from edgecv.testing import assert_close
 
 pytestmark = pytest.mark.skipif(
@@ -53,7 +53,7 @@ def run_on_oclgrind(source: str, launches: dict, name: str, arrays: list[np.ndar
     os.environ["OCLGRIND_DATA_RACES"] = "1"
     # Not OCLGRIND_UNINITIALIZED: its plugin stops at LLVM's `freeze` instruction
     # ("Unsupported instruction: freeze") and then reports values it lost track of.
-    from edgecv.runtime.opencl import OpenCLBackend
+    from edgecv.board.runtime.opencl import OpenCLBackend
 
     with captured_stderr() as report:
         backend = OpenCLBackend("oclgrind", source, launches)
@@ -74,7 +74,7 @@ def assert_clean(report: str) -> None:
 
 
 def test_harness_sees_an_out_of_bounds_write_and_a_race():
-    from edgecv.plan import Launch
+    from edgecv.board.plan import Launch
 
     source = (
         "__kernel void bad(__global int* y) {\n"

@@ -11,8 +11,8 @@ from kernels import run_cpu, run_opencl
 from tvm import te
 
 from edgecv._mxnet import import_mxnet
+from edgecv.board.runtime.opencl_devices import opencl_devices
 from edgecv.ops.roi_align import roi_align, roi_align_gpu, roi_align_reference
-from edgecv.runtime.opencl_devices import opencl_devices
 from edgecv.testing import assert_close
 
 mx = import_mxnet()
@@ -187,8 +187,8 @@ def _roi_net(tmp_path, rois):
 def test_imported_graph_matches_mxnet(tmp_path, profile):
     from conftest import mxnet_forward
 
+    from edgecv.board.model import load
     from edgecv.deploy import deploy
-    from edgecv.model import load
     from edgecv.testing import assert_close
 
     if profile != "cpu" and not HAVE_INTEL:

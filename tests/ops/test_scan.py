@@ -11,10 +11,10 @@ from conftest import needs_pocl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from edgecv.board.runtime.opencl_devices import opencl_devices
 from edgecv.codegen.opencl import build_opencl
 from edgecv.ops.scan import scan_cpu, scan_gpu, scan_reference
 from edgecv.profiles import load_profile
-from edgecv.runtime.opencl_devices import opencl_devices
 from edgecv.testing import assert_close
 
 HAS_INTEL = any(d.matches("intel(r) opencl") for d in opencl_devices())
@@ -23,7 +23,7 @@ needs_intel = pytest.mark.skipif(not HAS_INTEL, reason="no Intel OpenCL runtime 
 
 @functools.cache
 def _opencl_backend_for(rows, n, dtype, exclusive, threads, subgroup=None, device="intel"):
-    from edgecv.runtime.opencl import OpenCLBackend
+    from edgecv.board.runtime.opencl import OpenCLBackend
 
     func = scan_gpu(rows, n, dtype, exclusive, threads, subgroup)
     target = load_profile("deeplens" if subgroup else "aisage").tvm_target()

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from matrix import each_once, examples
 
+from edgecv.board.runtime.opencl_devices import opencl_devices
 from edgecv.codegen.opencl import build_opencl
 from edgecv.ops.segmented_argsort import (
     segmented_argsort_gpu,
@@ -19,7 +20,6 @@ from edgecv.ops.segmented_argsort import (
     workspace_shapes,
 )
 from edgecv.profiles import load_profile
-from edgecv.runtime.opencl_devices import opencl_devices
 
 pytestmark = pytest.mark.skipif(
     not any(d.matches("intel(r) opencl") for d in opencl_devices()),
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 
 @functools.cache
 def _backend(total, segments, dtype, descending, block, device="intel", subgroup=None, chunk=8):
-    from edgecv.runtime.opencl import OpenCLBackend
+    from edgecv.board.runtime.opencl import OpenCLBackend
 
     func = segmented_argsort_gpu(total, segments, dtype, descending, block, subgroup, chunk)
     profile = load_profile("deeplens" if subgroup else "aisage")

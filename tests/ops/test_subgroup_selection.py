@@ -9,9 +9,9 @@ import pytest
 import tvm
 from tvm import te
 
+from edgecv.board.errors import ProfileError
 from edgecv.codegen.op_versions import OpVersions
 from edgecv.codegen.opencl import build_opencl
-from edgecv.errors import ProfileError
 from edgecv.ops.scan import scan_gpu
 from edgecv.profiles import _missing_vector_features, load_profile
 
@@ -81,7 +81,7 @@ def test_subgroup_variant_only_when_asked_and_on_opencl():
 
 
 def test_unknown_operator_versions_are_named():
-    from edgecv.errors import EdgecvError
+    from edgecv.board.errors import EdgecvError
 
     with pytest.raises(EdgecvError, match="no GPU version box_nms=fast; known: box_nms=naive"):
         OpVersions({"box_nms": "fast"})

@@ -12,11 +12,11 @@ from conftest import needs_pocl
 from ops.kernels import run_cpu, run_opencl
 from tvm import relax
 
+from edgecv.board.runtime.opencl import OpenCLBackend
 from edgecv.codegen.cuda import build_cuda
 from edgecv.codegen.opencl import build_opencl
 from edgecv.lowering import lower
 from edgecv.profiles import load_profile
-from edgecv.runtime.opencl import OpenCLBackend
 from edgecv.schedules.gpu import (
     Conv2D,
     DenseColumns,

@@ -271,8 +271,8 @@ def test_cpu_profile_at_its_native_target_matches_mxnet(tmp_path, exported):
     that used to hang LLVM) deployed for `cpu` at this machine's own target, vs MXNet."""
     from conftest import mxnet_forward, random_input
 
+    from edgecv.board.model import load
     from edgecv.deploy import deploy
-    from edgecv.model import load
     from edgecv.pipelines import BuildOptions
 
     model = exported("squeezenet1.0")

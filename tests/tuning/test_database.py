@@ -13,9 +13,9 @@ import pytest
 import tvm
 from tuning_kernels import export_tiny, matmul_task, serial
 
+from edgecv.board.model import load
 from edgecv.cli import main
 from edgecv.deploy import deploy
-from edgecv.model import load
 from edgecv.pipelines import BuildOptions
 from edgecv.profiles import load_profile
 from edgecv.schedules.database import GZ, META, RECORDS, WORKLOADS, TuningDatabase
@@ -303,7 +303,7 @@ def test_deploy_reads_the_users_and_the_shipped_database_of_this_device_class():
 
 
 def test_tuning_for_cuda_without_a_gpu_is_refused_with_what_to_do(capsys):
-    from edgecv.runtime.cuda import cuda_devices
+    from edgecv.board.runtime.cuda import cuda_devices
 
     if cuda_devices():
         pytest.skip("this machine has a CUDA GPU")

@@ -97,9 +97,9 @@ def test_opencl_batch_with_a_candidate_the_compiler_crashes_on(tmp_path, monkeyp
 
     from test_opencl import device_or_skip
 
+    from edgecv.board.runtime import compiler_process
+    from edgecv.board.runtime.opencl_pieces import split_program
     from edgecv.profiles import load_profile
-    from edgecv.runtime import compiler_process
-    from edgecv.runtime.opencl_pieces import split_program
     from edgecv.schedules.device_class import find_device
     from edgecv.tuning.runners.opencl import LocalOpenCLRunner, OpenCLCompiler
 

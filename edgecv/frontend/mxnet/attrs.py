@@ -12,7 +12,7 @@ import ast
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import ConversionError
+from ...board.errors import ConversionError
 
 _REQUIRED = object()
 

@@ -8,7 +8,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ...errors import ConversionError
+from ...board.errors import ConversionError
 from .mxnet_graph import MXNetNode
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ...errors import (
+from ...board.errors import (
     ConversionError,
     EdgecvError,
     GraphError,

@@ -2,7 +2,7 @@
 
 Everything here validates before anything is converted: a truncated JSON file, a
 node that points past the end of the graph, a parameter the graph needs but the
-params file lacks: each is one :class:`~edgecv.errors.EdgecvError` naming the file
+params file lacks: each is one :class:`~edgecv.board.errors.EdgecvError` naming the file
 and the problem.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..._mxnet import import_mxnet
-from ...errors import GraphError, ParamsError, foreign_message
+from ...board.errors import GraphError, ParamsError, foreign_message
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..._mxnet import import_gluoncv, import_mxnet
-from ...errors import ModelNotFoundError, ParamsError, foreign_message
+from ...board.errors import ModelNotFoundError, ParamsError, foreign_message
 from .mxnet_graph import check_params_file
 from .random_weights import MEAN_RGB, STD_RGB, random_init
 

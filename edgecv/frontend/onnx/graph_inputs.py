@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...errors import GraphError, ShapeError
+from ...board.errors import GraphError, ShapeError
 
 
 @dataclass(frozen=True)

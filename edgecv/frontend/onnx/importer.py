@@ -14,7 +14,7 @@ import warnings
 import tvm
 from tvm import relax
 
-from ...errors import ConversionError, EdgecvError, foreign_message
+from ...board.errors import ConversionError, EdgecvError, foreign_message
 from ...op_registry import RegisteredOp
 from ..imported import ImportedModel, check_input_shapes
 from ..registered import emit_registered

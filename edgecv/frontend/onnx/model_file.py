@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...errors import GraphError, ModelNotFoundError, foreign_message
+from ...board.errors import GraphError, ModelNotFoundError, foreign_message
 
 # The default domain's opsets edgecv imports: from the first opset of ONNX 1.2 (TVM's
 # frontend takes models from ONNX 1.1 on) to the newest one the installed onnx package

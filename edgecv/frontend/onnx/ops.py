@@ -5,7 +5,7 @@ and every operator without a converter is named in one error, with its count."""
 
 from __future__ import annotations
 
-from ...errors import EdgecvError, UnsupportedOpsError
+from ...board.errors import EdgecvError, UnsupportedOpsError
 from ...op_registry import RegisteredOp, registered_op
 from .model_file import DEFAULT_DOMAINS
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import ConversionError
+from ...board.errors import ConversionError
 
 _WEIGHTED = {"Conv", "Gemm", "MatMul"}
 # Operators of the other ONNX quantized format (QOperator) and integer kernels

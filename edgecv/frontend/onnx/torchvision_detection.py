@@ -33,7 +33,7 @@ import numpy as np
 from tvm import relax
 from tvm.relax import op as R
 
-from ...errors import ConversionError
+from ...board.errors import ConversionError
 from .fold import fold
 from .vision import _shape, sorted_rows, suppressed
 

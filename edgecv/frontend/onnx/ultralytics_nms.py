@@ -26,7 +26,7 @@ import numpy as np
 from tvm import relax
 from tvm.relax import op as R
 
-from ...errors import ConversionError
+from ...board.errors import ConversionError
 from .vision import _shape, suppressed
 
 DOMAIN = "edgecv.ultralytics"

@@ -23,7 +23,7 @@ import tvm
 from tvm import relax
 from tvm.relax import op as R
 
-from ...errors import ConversionError
+from ...board.errors import ConversionError
 
 
 def _tag(bb, out: relax.Expr, **spec) -> None:

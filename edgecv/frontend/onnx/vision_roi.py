@@ -19,7 +19,7 @@ import numpy as np
 from tvm import relax
 from tvm.relax import op as R
 
-from ...errors import ConversionError
+from ...board.errors import ConversionError
 from .vision import _constant, _shape, _tag
 
 # ONNX's coordinate_transformation_mode -> the kernel's ``aligned``

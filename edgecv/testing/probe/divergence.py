@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgecv import progress
+from edgecv.board import progress
 
 from .graph import (
     _defined,

@@ -108,8 +108,8 @@ def _mxnet_forward(mx, group, input_names: list[str], params: str | Path):
 
 
 def _edgecv_forward(cut: Path, params, inputs: dict, profile: str, options, on, work: Path):
+    from edgecv.board.model import load
     from edgecv.deploy import deploy
-    from edgecv.model import load
 
     shapes = {k: tuple(v.shape) for k, v in inputs.items()}
     host = None if profile == "cpu" else "native"

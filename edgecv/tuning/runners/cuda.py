@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from ...errors import EdgecvError
+from ...board.errors import EdgecvError
 from ...profiles import Profile
 
 
 def refuse_without_gpu(profile: Profile) -> None:
     """Raise with what to do instead: this version times CUDA candidates only on a
     machine with a CUDA GPU, and has no CUDA runner yet."""
-    from ...runtime.cuda import cuda_devices
+    from ...board.runtime.cuda import cuda_devices
 
     found = cuda_devices()
     where = (

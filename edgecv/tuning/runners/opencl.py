@@ -8,7 +8,7 @@ launches); then the whole batch's device functions become ONE program
 on Intel's runtime whatever its size: one build per batch instead of one per candidate.
 
 Running: the program is built on the device by edgecv's OpenCL backend
-(:class:`~edgecv.runtime.opencl.OpenCLBackend`), each candidate's launches are bound
+(:class:`~edgecv.board.runtime.opencl.OpenCLBackend`), each candidate's launches are bound
 and replayed as a package's are, and the device time of its launches is summed from
 profiling events. Kernels the device's compiler rejects are named by its log; their
 candidates fail and the rest of the batch is built again without them.
@@ -27,9 +27,9 @@ from tvm import tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerInput
 
+from ...board.plan import launches_from_json, launches_to_json
 from ...codegen.gpu_lowering import device_module, lower_kernel
 from ...codegen.opencl import generate_opencl
-from ...plan import launches_from_json, launches_to_json
 from ..builder import Compiler
 from .llvm import TimingConfig, args_json
 from .results import done, failed
@@ -92,8 +92,8 @@ def time_opencl(device_query: str, source: str, candidates: str, config: str) ->
     ...]}`` or ``{"failed_kernels": [...]}`` when the compiler rejects kernels. Runs
     here or on an RPC server (:mod:`..fleet`), whose tuner checks the samples
     (:mod:`..plausibility`)."""
-    from ...runtime.opencl import OpenCLBackend
-    from ...runtime.opencl_program import ProgramBuildError
+    from ...board.runtime.opencl import OpenCLBackend
+    from ...board.runtime.opencl_program import ProgramBuildError
 
     cfg = TimingConfig(**json.loads(config))
     items = json.loads(candidates)
@@ -168,7 +168,7 @@ class _private_program_cache:
 
 
 def device_query(device) -> str:
-    """A query that names ``device`` for :class:`~edgecv.runtime.opencl.OpenCLBackend`."""
+    """A query that names ``device`` for :class:`~edgecv.board.runtime.opencl.OpenCLBackend`."""
     return f"{device.platform.name.strip()} / {device.name.strip()}"
 
 

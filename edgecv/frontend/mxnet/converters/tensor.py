@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
-from ....errors import ConversionError
+from ....board.errors import ConversionError
 from ..attrs import Attrs
 from ..context import Context
 from .registry import converts

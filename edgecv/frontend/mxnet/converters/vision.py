@@ -7,7 +7,7 @@ import json
 import numpy as np
 from tvm import relax
 
-from ....errors import EdgecvError
+from ....board.errors import EdgecvError
 from ..attrs import Attrs
 from ..context import Context
 from .registry import converts

@@ -2,7 +2,7 @@
 
 ``cv2.imwrite`` returns False instead of raising when the folder is missing or the
 extension is unknown, and ``np.savez`` raises deep inside zipfile: both become one
-:class:`~edgecv.errors.EdgecvError` naming the path and what to do.
+:class:`~edgecv.board.errors.EdgecvError` naming the path and what to do.
 """
 
 from __future__ import annotations

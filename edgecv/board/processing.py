@@ -54,7 +54,7 @@ class Preprocessing:
     layout: str = "NCHW"
 
     def as_dict(self) -> dict[str, Any]:
-        """The manifest's ``preprocessing`` section (what :func:`edgecv.imaging.preprocess`
+        """The manifest's ``preprocessing`` section (what :func:`edgecv.board.imaging.preprocess`
         reads)."""
         out = dataclasses.asdict(self)
         out["mean"], out["std"] = list(self.mean), list(self.std)
@@ -91,7 +91,7 @@ class Processing:
 
 def coco80() -> tuple[str, ...]:
     """COCO's 80 detection classes, in the order Ultralytics' models number them."""
-    text = (Path(__file__).parent / "data" / "coco80.txt").read_text(encoding="utf-8")
+    text = (Path(__file__).parent / "coco80.txt").read_text(encoding="utf-8")
     return tuple(line.strip() for line in text.splitlines() if line.strip())
 
 

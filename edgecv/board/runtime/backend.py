@@ -32,7 +32,7 @@ class Backend:
 
     def view(self, storage: Any, shape: tuple[int, ...], dtype: str, offset: int = 0) -> Any:
         """A tensor of ``shape``/``dtype`` over the bytes of ``storage`` from ``offset``
-        (a multiple of the device's :data:`~edgecv.plan.PIECE_ALIGNMENT`)."""
+        (a multiple of the device's :data:`~edgecv.board.plan.PIECE_ALIGNMENT`)."""
         raise NotImplementedError("need view")
 
     def upload(self, tensor: Any, array: np.ndarray) -> None:
@@ -53,7 +53,7 @@ class Backend:
         Backends whose launches can be prepared (arguments set) override this so an
         inference only enqueues; the default calls :meth:`kernel` each time.
         ``workspaces``: tensors for the kernel's device workspaces, in order (the plan's
-        :attr:`~edgecv.plan.Step.workspaces`, views of a context's storage);
+        :attr:`~edgecv.board.plan.Step.workspaces`, views of a context's storage);
         None where the plan has none for the launch: a GPU backend then allocates those
         its launches need itself (packages built before workspaces were planned).
         """
@@ -93,7 +93,7 @@ def planned_workspaces(name: str, workspaces: list[Any], sizes: list[int]) -> li
 def planned_arguments(name: str, tensors: list[Any], sizes: list[int]) -> list[Any]:
     """The plan's argument tensors of GPU kernel ``name`` (:meth:`Backend.bind`), checked
     against the bytes its device code reads or writes through each,
-    :attr:`~edgecv.plan.Launch.buffers` (``sizes``; empty in launches recorded
+    :attr:`~edgecv.board.plan.Launch.buffers` (``sizes``; empty in launches recorded
     before them). A GPU kernel checks nothing of what it is given: a smaller buffer
     would have it read or write past that buffer's end."""
     if not sizes:

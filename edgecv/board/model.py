@@ -149,14 +149,14 @@ class DeployedModel:
 
     def predict(self, image_bgr: np.ndarray, threshold: float | None = None, k: int = 5):
         """Classify (top-k ``(label, prob)``) or detect (:class:`Detection` list) one image,
-        as the package's decoder says (:mod:`edgecv.decoders`; boxes in ``image_bgr``'s
+        as the package's decoder says (:mod:`edgecv.board.decoders`; boxes in ``image_bgr``'s
         pixels, letterboxing undone).
 
         ``image_bgr`` is an HxWx3 uint8 BGR image, as ``cv2.imread`` returns it; a
         grayscale (HxW, HxWx1) or BGRA (HxWx4) one is converted as OpenCV converts an
         image it reads in colour. Anything else (None, an empty image, another dtype: a
-        float image's scale cannot be known) is one :class:`~edgecv.errors.EdgecvError`
-        saying how to convert it (:func:`~edgecv.imaging.bgr_image`). A detection whose
+        float image's scale cannot be known) is one :class:`~edgecv.board.errors.EdgecvError`
+        saying how to convert it (:func:`~edgecv.board.imaging.bgr_image`). A detection whose
         class id, score or box is NaN or infinite is dropped. ``threshold``: the lowest
         score kept (the decoder's ``confidence`` for Ultralytics' heads, 0.5 otherwise).
         """

@@ -10,7 +10,7 @@ A worker is started on first need and kept for the next programs (its runtime an
 contexts stay warm); a process using edgecv has as many as it compiled programs at
 once, at most one per core (a model's program compiles in pieces,
 :mod:`.opencl_pieces`). A worker is a fresh interpreter
-(``python -m edgecv.runtime.compiler_process``): not a fork, which is unsafe once an
+(``python -m edgecv.board.runtime.compiler_process``): not a fork, which is unsafe once an
 OpenCL runtime runs threads in the caller, and not multiprocessing's *spawn*, which
 re-runs a user's ``__main__``. A worker that dies while compiling, or runs past the
 time limit, is buried (and killed) and replaced by the next compile; the compile raises
@@ -60,7 +60,7 @@ class CompilerCrash(EdgecvError):
 
 def worker_command() -> list[str]:
     """How a worker is started (tests start one that crashes on demand)."""
-    return [sys.executable, "-m", "edgecv.runtime.compiler_process"]
+    return [sys.executable, "-m", "edgecv.board.runtime.compiler_process"]
 
 
 def in_worker() -> bool:
@@ -94,7 +94,7 @@ class _Worker:
     """One worker process and the file its stderr goes to."""
 
     def __init__(self):
-        package_root = str(Path(__file__).resolve().parents[2])
+        package_root = str(Path(__file__).resolve().parents[3])  # the folder above edgecv/
         env = dict(os.environ)
         # the worker imports this edgecv, also when it was found through sys.path only
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)

@@ -52,7 +52,7 @@ def input_specs(plan: Plan) -> list[InputSpec]:
 
 def prepare_inputs(specs: Sequence[InputSpec], inputs: Sequence[Any]) -> list[np.ndarray]:
     """The caller's ``inputs`` as the C-order arrays of the model's shapes and dtypes,
-    or one :class:`~edgecv.errors.ShapeError` line saying which input is wrong, how,
+    or one :class:`~edgecv.board.errors.ShapeError` line saying which input is wrong, how,
     and what to do. Arrays that already fit are passed through without a copy."""
     if len(inputs) != len(specs):
         names = ", ".join(f"`{name}` {shape}" for name, shape, _ in specs)
@@ -243,7 +243,7 @@ class ExecutionContext:
 
     def run_prepared(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """:meth:`run` on inputs :func:`prepare_inputs` returned. A failure on the
-        device is one :class:`InferenceError` (an :class:`~edgecv.errors.EdgecvError`
+        device is one :class:`InferenceError` (an :class:`~edgecv.board.errors.EdgecvError`
         of a backend passes as it is) naming where it happened; the context's memory
         then holds a partial inference, which the next one overwrites."""
         done = 0  # launches run so far: where a failure happened

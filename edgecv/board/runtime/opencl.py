@@ -3,7 +3,7 @@
 TVM's wheel has no OpenCL runtime, so this backend is the runtime: the program is built
 once per device and driver (:mod:`.opencl_program` chooses the device and builds or
 finds the program), buffers are allocated once by the executor, and each kernel call
-replays the launches recorded at build time (:class:`~edgecv.plan.Launch`)
+replays the launches recorded at build time (:class:`~edgecv.board.plan.Launch`)
 with ``clEnqueueNDRangeKernel``.
 
 The context, programs and memory are shared by every execution context of a model;

@@ -84,7 +84,7 @@ class Manifest:
     ) -> Manifest:
         """A deploy's manifest: the model (name, task, weights, symbol, source), the
         profile as deployed, the tensors, the classes, the pre- and post-processing
-        ``sections`` (:func:`edgecv.processing.to_manifest`; classes there replace the
+        ``sections`` (:func:`edgecv.board.processing.to_manifest`; classes there replace the
         source's), the build's facts and the versions."""
         return cls(
             {
@@ -174,11 +174,11 @@ class Manifest:
 
     @property
     def preprocessing(self) -> dict[str, Any]:
-        """The ``preprocessing`` section, as :func:`edgecv.imaging.preprocess` takes it."""
+        """The ``preprocessing`` section, as :func:`edgecv.board.imaging.preprocess` takes it."""
         return self.raw["preprocessing"]
 
     def processing(self, root: str | Path = "") -> Processing:
-        """The package's pre- and post-processing, checked (:mod:`edgecv.processing`)."""
+        """The package's pre- and post-processing, checked (:mod:`edgecv.board.processing`)."""
         return from_manifest(self.raw, root)
 
     # -- the build --------------------------------------------------------------------

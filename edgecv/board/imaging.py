@@ -41,7 +41,7 @@ def bgr_image(image: Any) -> np.ndarray:
     Converted as OpenCV converts an image it reads (``cv2.IMREAD_COLOR``): a grayscale
     image (HxW or HxWx1) has its channel repeated; a 4-channel one is BGRA (OpenCV's
     order, what ``cv2.IMREAD_UNCHANGED`` reads) and loses its alpha. Anything else is
-    one :class:`~edgecv.errors.EdgecvError` naming what was given and what to pass: not
+    one :class:`~edgecv.board.errors.EdgecvError` naming what was given and what to pass: not
     an array, an empty image, another number of channels, and any dtype but uint8 (a
     float image may hold 0-1 or 0-255 values, and preprocessing cannot tell which).
     An image that is already right is returned as it is, without a copy.
@@ -51,7 +51,7 @@ def bgr_image(image: Any) -> np.ndarray:
         if image is None:
             hint = " (cv2.imread returns None for a file it cannot read)"
         elif isinstance(image, (str, Path)):
-            hint = " (a file name: read it with edgecv.imaging.read_image or cv2.imread)"
+            hint = " (a file name: read it with edgecv.board.imaging.read_image or cv2.imread)"
         raise EdgecvError(
             f"the image is {type(image).__name__}, not a NumPy array{hint}: {_WANTED}"
         )
@@ -94,7 +94,7 @@ def _dtype_message(dtype: np.dtype) -> str:
 
 def preprocess(image_bgr: np.ndarray, spec: dict[str, Any], shape: tuple[int, ...]) -> np.ndarray:
     """BGR uint8 image -> the model's NCHW float input, as the manifest's
-    ``preprocessing`` section describes (:class:`edgecv.processing.Preprocessing`):
+    ``preprocessing`` section describes (:class:`edgecv.board.processing.Preprocessing`):
     stretched to the input size, or letterboxed (:func:`letterbox_geometry`), in the
     model's colour order, times ``scale``, less ``mean``, over ``std`` (grayscale and
     BGRA images converted first: :func:`bgr_image`)."""

@@ -1,5 +1,5 @@
-"""A model's outputs -> results, as its :class:`~edgecv.processing.Decoder` says: top-k
-classes, or :class:`~edgecv.imaging.Detection` boxes in the original image's pixels.
+"""A model's outputs -> results, as its :class:`~edgecv.board.processing.Decoder` says: top-k
+classes, or :class:`~edgecv.board.imaging.Detection` boxes in the original image's pixels.
 
 Detectors: GluonCV's (ids, scores, boxes) and torchvision's (boxes, labels, scores; the
 integer one is the labels, as SSD, RetinaNet and FCOS export boxes, scores, labels; rows

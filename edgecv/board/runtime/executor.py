@@ -1,4 +1,4 @@
-"""The executor: replays a static :class:`~edgecv.plan.Plan` on a backend,
+"""The executor: replays a static :class:`~edgecv.board.plan.Plan` on a backend,
 from any number of threads.
 
 Everything is resolved once, at construction, so that ``run`` allocates nothing: it
@@ -183,7 +183,7 @@ class Executor:
         Safe from any number of threads: the call runs in an idle execution context,
         waiting for one when all are busy. Inputs are checked before that
         (:func:`~.context.prepare_inputs`); a failure on the device is one
-        :class:`~edgecv.errors.EdgecvError` for this call, after which its context is
+        :class:`~edgecv.board.errors.EdgecvError` for this call, after which its context is
         replaced by a new one (see the module's notes).
         """
         arrays = prepare_inputs(self.specs, inputs)

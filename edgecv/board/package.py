@@ -335,7 +335,7 @@ def open_package(
     path: str | Path, verify: bool = True, sha256: str | None = None, keep: bool = True
 ) -> Package:
     """Locate a package and check it: its manifest against the pin ``sha256`` when given,
-    then field by field (:func:`~edgecv.manifest.check_manifest`); with ``verify`` every
+    then field by field (:func:`~edgecv.board.manifest.check_manifest`); with ``verify`` every
     file it lists against its sha256, and every file the loader reads (the plan, the
     params, each kernel file) must be listed. Nothing of a package is read, and no kernel library
     reaches the dynamic loader, before its bytes are known to be the ones the deploy

@@ -3,7 +3,7 @@ progress bars (tqdm) over the steps inside a stage.
 
 Usage, from any stage::
 
-    from edgecv import progress
+    from edgecv.board import progress
 
     progress.say("compiling 57 kernels for deeplens")        # one line, always shown
     for kernel in progress.steps(kernels, "scheduling", unit="kernel"):
