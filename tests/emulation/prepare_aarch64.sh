@@ -214,7 +214,7 @@ else
 fi
 
 # --- 4. unpack into the sysroot ----------------------------------------------
-if stamp_ok "$SYSROOT/.edgecv/board/manifest.txt" "$(cat "$APTDIR/manifest.txt")"; then
+if stamp_ok "$SYSROOT/.edgecv/manifest.txt" "$(cat "$APTDIR/manifest.txt")"; then
     log "sysroot unpacked"
 else
     log "unpacking ${#deb_files[@]} packages into $SYSROOT"
@@ -223,7 +223,7 @@ else
     printf '%s\0' "${deb_files[@]}" |
         xargs -0 -n 4 -P "$(nproc)" sh -c 'for d; do dpkg-deb -x "$d" "$0" || exit 255; done' "$ROOT/sysroot.partial"
     mkdir -p "$ROOT/sysroot.partial/.edgecv"
-    cp "$APTDIR/manifest.txt" "$ROOT/sysroot.partial/.edgecv/board/manifest.txt"
+    cp "$APTDIR/manifest.txt" "$ROOT/sysroot.partial/.edgecv/manifest.txt"
     rm -rf "$SYSROOT"
     mv "$ROOT/sysroot.partial" "$SYSROOT"
 fi
@@ -298,7 +298,7 @@ ready_key="$LAYOUT_VERSION"
 ready_ok=false
 if [[ -f $ROOT/READY ]] && [[ "$(tail -n 1 "$ROOT/READY")" == "$ready_key" ]]; then
     ready_ok=true
-    for f in "$SYSROOT/.edgecv/board/manifest.txt" "$SYSROOT/.edgecv/wrappers.stamp" "$SITE/.edgecv-requirements"; do
+    for f in "$SYSROOT/.edgecv/manifest.txt" "$SYSROOT/.edgecv/wrappers.stamp" "$SITE/.edgecv-requirements"; do
         [[ $ROOT/READY -nt $f ]] || ready_ok=false
     done
 fi
@@ -312,7 +312,7 @@ else
     {
         echo "created: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
         echo "debian sources: ${sources[*]}"
-        echo "debian packages: ${DEB_PACKAGES[*]} ($(wc -l <"$APTDIR/manifest.txt") in the closure, see sysroot/.edgecv/board/manifest.txt)"
+        echo "debian packages: ${DEB_PACKAGES[*]} ($(wc -l <"$APTDIR/manifest.txt") in the closure, see sysroot/.edgecv/manifest.txt)"
         echo "wheels: ${WHEELS[*]}"
         echo "$ready_key"
     } >"$ROOT/READY.tmp"
