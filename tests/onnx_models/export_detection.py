@@ -33,17 +33,59 @@ sys.path.insert(0, str(HERE))
 from seeded import strip  # noqa: E402
 
 # name -> (input size, keyword arguments of the model's builder). RetinaNet and FCOS
-# (builders taking min_size=max_size=320) export the same way; edgecv does not recognize
-# their post-processing yet (candidates per feature level, boxes decoded after the top-k).
+# choose candidates per feature level from the flattened scores and decode boxes after
+# the top-k (edgecv.frontend.onnx.torchvision_levels); their builders resize to
+# min_size..max_size, fixed here to the input's size.
 MODELS = {
     "ssdlite320_mobilenet_v3_large": (320, {"score_thresh": 0.03}),
     "ssd300_vgg16": (300, {"score_thresh": 0.05}),
+    "retinanet_resnet50_fpn": (320, {"min_size": 320, "max_size": 320}),
+    "fcos_resnet50_fpn": (320, {"min_size": 320, "max_size": 320, "score_thresh": 0.3}),
+    # torchvision's RetinaNet and FCOS classes (head, anchors, post-processing) on a
+    # two-level backbone of three convolutions (32 channels: FCOS's head normalizes in 32
+    # groups), so the default suite can deploy them; thresholds where the seeded weights
+    # (seeded.filled) pass a few hundred candidates, more than the top-k on the first level
+    "tiny_retinanet": (128, {"score_thresh": 0.0135, "topk_candidates": 400}),
+    "tiny_fcos": (128, {"score_thresh": 0.1, "topk_candidates": 400, "detections_per_img": 200}),
 }
+
+
+class TinyBackbone(torch.nn.Module):
+    """Feature maps at 1/4 and 1/8 of the input, 32 channels each (``out_channels`` is
+    what torchvision's detection heads read)."""
+
+    out_channels = 32
+
+    def __init__(self) -> None:
+        super().__init__()
+        conv = torch.nn.Conv2d
+        self.stem = torch.nn.Sequential(
+            conv(3, 32, 3, 2, 1), torch.nn.ReLU(), conv(32, 32, 3, 2, 1), torch.nn.ReLU()
+        )
+        self.down = torch.nn.Sequential(conv(32, 32, 3, 2, 1), torch.nn.ReLU())
+
+    def forward(self, x):
+        c4 = self.stem(x)
+        return {"0": c4, "1": self.down(c4)}
+
+
+def build(name: str, size: int, kwargs: dict) -> torch.nn.Module:
+    """The model ``name`` without trained weights."""
+    if not name.startswith("tiny_"):
+        return torchvision.models.get_model(name, weights=None, weights_backbone=None, **kwargs)
+    from torchvision.models import detection
+
+    sizes = dict(min_size=size, max_size=size, num_classes=5, **kwargs)
+    if name == "tiny_retinanet":
+        anchors = detection.anchor_utils.AnchorGenerator(((16,), (32,)), ((0.5, 1.0, 2.0),) * 2)
+        return detection.RetinaNet(TinyBackbone(), anchor_generator=anchors, **sizes)
+    anchors = detection.anchor_utils.AnchorGenerator(((16,), (32,)), ((1.0,),) * 2)
+    return detection.FCOS(TinyBackbone(), anchor_generator=anchors, **sizes)
 
 
 def export(name: str, size: int, kwargs: dict, out: Path) -> Path:
     torch.manual_seed(0)
-    net = torchvision.models.get_model(name, weights=None, weights_backbone=None, **kwargs)
+    net = build(name, size, kwargs)
     x = torch.rand(1, 3, size, size)
     with tempfile.TemporaryDirectory() as tmp:
         full = Path(tmp) / f"{name}.onnx"

@@ -19,6 +19,7 @@ from tvm import relax
 from tvm.relax import op as R
 
 from .torchvision_detection import Detections
+from .torchvision_levels import BatchedNMS, LevelCandidates
 from .ultralytics_nms import NMS as UltralyticsNMS
 from .vision import NonMaxSuppression, TopK
 from .vision_roi import CumSum, RoiAlign
@@ -71,9 +72,11 @@ def Split(bb, inputs, attrs, opset):  # noqa: N802 (named after the ONNX op)
 
 
 CONVERTERS: dict[str, Converter] = {
+    "BatchedNMS": BatchedNMS,  # torchvision_levels' node
     "Clip": Clip,
     "CumSum": CumSum,
     "Detections": Detections,  # torchvision_detection.rewrite's node
+    "LevelCandidates": LevelCandidates,  # torchvision_levels' node
     "NonMaxSuppression": NonMaxSuppression,
     "RoiAlign": RoiAlign,
     "Split": Split,

@@ -17,7 +17,7 @@ import numpy as np
 LARGEST_INPUT = 1 << 16
 
 
-def _static_shapes(model) -> dict[str, list[int]]:
+def static_shapes(model) -> dict[str, list[int]]:
     """Every value's shape that ONNX's shape inference finds static."""
     import onnx
 
@@ -47,7 +47,7 @@ def _fold_round(model):
     from onnx import numpy_helper
     from onnx.reference import ReferenceEvaluator
 
-    shapes = _static_shapes(model)
+    shapes = static_shapes(model)
     values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     kept, added = [], []
     for node in model.graph.node:
