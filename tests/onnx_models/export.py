@@ -69,11 +69,15 @@ def export(name: str, size: int, symbolic_batch: bool, out: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", default=list(MODELS), help="models to export")
+    parser.add_argument(
+        "names", nargs="*", default=list(MODELS),
+        help="models to export (any of torchvision's classifiers: 224x224, inception 299)",
+    )  # fmt: skip
+    parser.add_argument("--out", type=Path, default=HERE, help="folder")
     args = parser.parse_args()
     for name in args.names:
-        size, symbolic = MODELS[name]
-        path = export(name, size, symbolic, HERE)
+        size, symbolic = MODELS.get(name, (299 if name == "inception_v3" else 224, False))
+        path = export(name, size, symbolic, args.out)
         print(f"{path.name}: {path.stat().st_size / 1024:.1f} KiB")
 
 

@@ -110,8 +110,8 @@ def main() -> None:
     # beside, not among, the classifiers test_onnx_deploy.py deploys (onnx_models/*.onnx)
     parser.add_argument("--out", type=Path, default=HERE / "detection", help="folder")
     args = parser.parse_args()
-    for name in args.names:
-        size, kwargs = MODELS[name]
+    for name in args.names:  # another torchvision detector: at 320x320
+        size, kwargs = MODELS.get(name, (320, {"min_size": 320, "max_size": 320}))
         path = export(name, size, kwargs, args.out)
         print(f"{path.name}: {path.stat().st_size / 1024:.1f} KiB")
 
