@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import warnings
 
 import cv2
 import numpy as np
@@ -28,6 +30,23 @@ from edgecv.testing import assert_close
 
 mx = import_mxnet()
 S = mx.sym
+
+
+def cli(capfd, *args) -> subprocess.CompletedProcess:
+    """``edgecv ARGS`` through ``edgecv.cli.main`` in this process, as the console script
+    calls it: its exit status and what it wrote to stdout and stderr (file descriptors
+    included), shaped as ``run_cli``'s result. For what the command does; what the
+    process does (its imports, what prints on exit) is ``run_cli``'s, a few seconds more."""
+    capfd.readouterr()
+    formatwarning = warnings.formatwarning  # main() sets the user's warning format
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exit_:  # argparse's refusals
+        code = exit_.code
+    finally:
+        warnings.formatwarning = formatwarning
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out, err)
 
 
 def small_net():
@@ -232,11 +251,16 @@ def _cli_error_cases(tiny_package, tmp_path):
     return cases
 
 
-def test_cli_errors_exit_nonzero_with_one_line(tiny_package, tmp_path, monkeypatch):
-    for argv, fragment, env in _cli_error_cases(tiny_package, tmp_path):
+def test_cli_errors_exit_nonzero_with_one_line(tiny_package, tmp_path, monkeypatch, capfd):
+    """Each case through main() in this process; the first also as its own process (the
+    exit status a shell sees)."""
+    cases = _cli_error_cases(tiny_package, tmp_path)
+    argv, fragment, _ = cases[0]
+    assert_one_error_line(run_cli(*argv), fragment)
+    for argv, fragment, env in cases:
         for key, value in env.items():
             monkeypatch.setenv(key, value)
-        result = run_cli(*argv)
+        result = cli(capfd, *argv)
         for key in env:
             monkeypatch.delenv(key)
         assert_one_error_line(result, fragment)
@@ -244,21 +268,21 @@ def test_cli_errors_exit_nonzero_with_one_line(tiny_package, tmp_path, monkeypat
     assert not (tmp_path / "out.unknownext").exists()
 
 
-def test_verbose_shows_the_traceback(tmp_path):
+def test_verbose_shows_the_traceback(tmp_path, capfd):
     result = run_cli("-v", "run", tmp_path / "missing")
     assert result.returncode == 2
     assert "Traceback" in result.stderr and "PackageError" in result.stderr
     assert result.stderr.count("edgecv: error:") == 1
-    after = run_cli("run", tmp_path / "missing", "-v")  # -v after the command too
+    after = cli(capfd, "run", tmp_path / "missing", "-v")  # -v after the command too
     assert "Traceback" in after.stderr
 
 
-def test_unsupported_ops_come_before_missing_params(tmp_path):
+def test_unsupported_ops_come_before_missing_params(tmp_path, capfd):
     d = S.var("data")
     raw = json.loads(S.FullyConnected(S.relu(d), num_hidden=3, name="fc").tojson())
     raw["nodes"][1]["op"] = "Custom"
     (tmp_path / "odd-symbol.json").write_text(json.dumps(raw))  # no params file beside it
-    result = run_cli("deploy", tmp_path / "odd-symbol.json")
+    result = cli(capfd, "deploy", tmp_path / "odd-symbol.json")
     line = assert_one_error_line(result, "`Custom` (x1)")
     assert "--params" not in line
 
@@ -280,9 +304,9 @@ def test_graph_without_parameters_deploys_without_params_and_says_the_shape(tmp_
     assert_close(load(tmp_path / "pkg").run(x)[0], expected)
 
 
-def test_graph_with_parameters_and_no_params_file_names_them(tmp_path):
+def test_graph_with_parameters_and_no_params_file_names_them(tmp_path, capfd):
     small_net().save(str(tmp_path / "bare-symbol.json"))
-    result = run_cli("deploy", tmp_path / "bare-symbol.json")
+    result = cli(capfd, "deploy", tmp_path / "bare-symbol.json")
     assert_one_error_line(result, "conv_weight")
 
 
