@@ -1,5 +1,6 @@
 """No data loss: deploy never replaces what is not its own package, archives never
-extract outside their folder. Every case uses real files and the real CLI."""
+extract outside their folder. Every case uses real files and the real CLI (its
+``main()`` in this process, one refusal also as its own process)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import tarfile
 
 import pytest
 from helpers import assert_one_error_line, run_cli
-from test_bad_input import mx, small_net, small_params
+from test_bad_input import cli, mx, small_net, small_params
 
 from edgecv.board.errors import PackageError
 from edgecv.board.package import FORMAT, archive, unpack_if_archive
@@ -34,16 +35,17 @@ def pool_model(tmp_path_factory):
 
 
 def deploy_args(tiny_model, out, *extra):
-    return ["deploy", tiny_model, "--input-shape", "1,2,5,5", "-o", out, *extra]
+    """A deploy without the graph tuner (what these tests read does not depend on it)."""
+    return ["deploy", tiny_model, "--input-shape", "1,2,5,5", "--layout", "NCHW", "-o", out, *extra]
 
 
-def test_refuses_a_folder_that_is_not_a_package(tiny_model, tmp_path):
+def test_refuses_a_folder_that_is_not_a_package(tiny_model, tmp_path, capfd):
     folder = tmp_path / "Documents"
     folder.mkdir()
     (folder / "thesis.txt").write_text("five years of work")
     (folder / "manifest.json").write_text('{"not": "ours"}')  # a manifest, not an edgecv one
     for extra in ([], ["--force"]):
-        result = run_cli(*deploy_args(tiny_model, folder, *extra))
+        result = cli(capfd, *deploy_args(tiny_model, folder, *extra))
         line = assert_one_error_line(result, str(folder))
         assert "not an edgecv package" in line
     assert (folder / "thesis.txt").read_text() == "five years of work"
@@ -60,7 +62,7 @@ def test_refuses_a_file(tiny_model, tmp_path):
 
 
 @pytest.mark.parametrize("command", ["deploy", "tune"])
-def test_a_database_folder_that_is_not_one_is_refused(tiny_model, tmp_path, command):
+def test_a_database_folder_that_is_not_one_is_refused(tiny_model, tmp_path, command, capfd):
     """`--db` takes the tuning records and the graph tuner's costs: a file, or a folder
     of the user's own, is refused before anything is measured, and left as it was."""
     documents = tmp_path / "Documents"
@@ -74,7 +76,7 @@ def test_a_database_folder_that_is_not_one_is_refused(tiny_model, tmp_path, comm
             args += ["-o", str(tmp_path / "pkg")]
         else:
             args += ["--device", "cpu", "--trials", "1"]
-        result = run_cli(command, tiny_model, *args)
+        result = cli(capfd, command, tiny_model, *args)
         assert why in assert_one_error_line(result, str(db))
     assert sorted(p.name for p in documents.iterdir()) == ["thesis.txt"]
     assert (documents / "thesis.txt").read_text() == "five years of work"
@@ -82,18 +84,18 @@ def test_a_database_folder_that_is_not_one_is_refused(tiny_model, tmp_path, comm
     assert not (tmp_path / "pkg").exists()
 
 
-def test_replacing_a_package_takes_force(tiny_model, pool_model, tmp_path):
+def test_replacing_a_package_takes_force(tiny_model, pool_model, tmp_path, capfd):
     out = tmp_path / "pkg"
-    assert run_cli(*deploy_args(tiny_model, out)).returncode == 0
+    assert cli(capfd, *deploy_args(tiny_model, out)).returncode == 0
     first = json.loads((out / "manifest.json").read_text())
     assert first["format"] == FORMAT
     (out / "marker").write_text("from the first deploy")
 
-    refused = run_cli(*deploy_args(tiny_model, out))
+    refused = cli(capfd, *deploy_args(tiny_model, out))
     assert_one_error_line(refused, "--force")
     assert (out / "marker").is_file()  # untouched
 
-    replaced = run_cli("deploy", pool_model, "--input-shape", "1,3,8,8", "-o", out, "--force")
+    replaced = cli(capfd, "deploy", pool_model, "--input-shape", "1,3,8,8", "-o", out, "--force")
     assert replaced.returncode == 0, replaced.stderr
     second = json.loads((out / "manifest.json").read_text())
     assert (first["model"]["name"], second["model"]["name"]) == ("tiny", "pool")
@@ -101,9 +103,9 @@ def test_replacing_a_package_takes_force(tiny_model, pool_model, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]  # no leftovers
 
 
-def test_archive_never_overwrites_a_foreign_file(tiny_model, tmp_path):
+def test_archive_never_overwrites_a_foreign_file(tiny_model, tmp_path, capfd):
     out = tmp_path / "pkg"
-    assert run_cli(*deploy_args(tiny_model, out)).returncode == 0
+    assert cli(capfd, *deploy_args(tiny_model, out)).returncode == 0
     foreign = tmp_path / "pkg.tar.gz"
     foreign.write_bytes(b"someone's backup")
     with pytest.raises(PackageError, match="not an edgecv package archive"):
@@ -153,7 +155,7 @@ def _link(name, target, hard=False):
         (lambda tmp: (_link("pkg/in", "pkg/manifest.json", hard=True), b""), "`pkg/in` is a link"),
     ],
 )
-def test_archive_members_outside_the_package_are_refused(tmp_path, member, why):
+def test_archive_members_outside_the_package_are_refused(tmp_path, member, why, capfd):
     victim = tmp_path / "victim.txt"
     victim.write_text("safe")
     path = tmp_path / "pkg.tar.gz"
@@ -162,7 +164,7 @@ def test_archive_members_outside_the_package_are_refused(tmp_path, member, why):
         unpack_if_archive(path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg.tar.gz", "victim.txt"]
     assert victim.read_text() == "safe"
-    result = run_cli("run", path, "--input", tmp_path / "x.npy")
+    result = cli(capfd, "run", path, "--input", tmp_path / "x.npy")
     assert_one_error_line(result, "not a safe package archive")
 
 
@@ -186,9 +188,9 @@ def test_a_chain_of_links_cannot_write_outside(tmp_path, monkeypatch, data_filte
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg.tar.gz", "victim.txt"]
 
 
-def test_archive_does_not_overwrite_an_existing_folder(tiny_model, tmp_path):
+def test_archive_does_not_overwrite_an_existing_folder(tiny_model, tmp_path, capfd):
     out = tmp_path / "pkg"
-    assert run_cli(*deploy_args(tiny_model, out, "--archive")).returncode == 0
+    assert cli(capfd, *deploy_args(tiny_model, out, "--archive")).returncode == 0
     packed = tmp_path / "pkg.tar.gz"
     # The folder beside it is the same package: it is used as is.
     assert unpack_if_archive(packed) == out
