@@ -23,6 +23,7 @@ import edgecv
 from edgecv.board.errors import PackageError
 from edgecv.board.runtime.host import X86_FEATURES, this_arch, this_cpu_features
 from edgecv.deploy import deploy
+from edgecv.pipelines import BuildOptions
 from edgecv.testing import assert_close
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,6 +38,10 @@ DEVICE_RUNTIME = [
     "edgecv/commands",
 ]
 COMPILER_MODULES = ("tvm", "mxnet", "gluoncv", "cv2", "tqdm", "skimage", "scipy", "xgboost")
+# The packages here are built in NCHW: what they test is where the code runs and what it
+# imports, not the graph tuner's layouts (tests/graph_tuner), whose timings a default
+# deploy would spend first
+NCHW = "NCHW"
 
 
 def elf_machine(path: Path) -> int:
@@ -53,6 +58,17 @@ def small(tmp_path_factory):
     return symbol, params, x, mxnet_forward(symbol, params, x)
 
 
+@pytest.fixture(scope="module")
+def cpu_package(small, tmp_path_factory) -> Path:
+    """The small model's `cpu` package, deployed once; a test that changes it copies it."""
+    symbol, params, _, _ = small
+    folder = tmp_path_factory.mktemp("cpu") / "pkg"
+    options = BuildOptions(layout=NCHW)
+    return deploy(
+        str(symbol), folder, "cpu", params=str(params), input_shape=SHAPE, options=options
+    )
+
+
 def test_aisage_package_with_cpu_fallback_is_built_for_aarch64(small, tmp_path):
     symbol, params, _, _ = small
     path = deploy(
@@ -61,7 +77,7 @@ def test_aisage_package_with_cpu_fallback_is_built_for_aarch64(small, tmp_path):
         "aisage",
         params=str(params),
         input_shape=SHAPE,
-        cpu_ops=["max_pool2d", "mean"],
+        options=BuildOptions(cpu_ops=["max_pool2d", "mean"], layout=NCHW),
     )
     build = json.loads((path / "manifest.json").read_text())["build"]
     assert build["placement"]["launches"]["cpu"] == 2
@@ -92,6 +108,8 @@ def test_a_missing_cross_linker_is_one_error_naming_the_install(small, tmp_path)
         "--cpu-ops",
         "mean",
         "--no-device-check",
+        "--layout",
+        NCHW,
         "-o",
         str(tmp_path / "pkg"),
     ]
@@ -107,7 +125,7 @@ def test_a_missing_cross_linker_is_one_error_naming_the_install(small, tmp_path)
     assert not (tmp_path / "pkg").exists()
 
 
-def test_a_package_needing_cpu_features_this_machine_lacks_is_refused(small, tmp_path):
+def test_a_package_needing_cpu_features_this_machine_lacks_is_refused(small, cpu_package, tmp_path):
     """A `cpu` package built where AVX-512 (say) exists dies with SIGILL on an AVX2 box:
     loading one whose recorded features this CPU lacks is refused, naming them."""
     if this_arch() != "x86_64":
@@ -115,8 +133,8 @@ def test_a_package_needing_cpu_features_this_machine_lacks_is_refused(small, tmp
     lacking = sorted(set(X86_FEATURES) - (this_cpu_features("x86_64") or set()))
     if not lacking:
         pytest.skip("this CPU has every feature edgecv checks")
-    symbol, params, x, reference = small
-    path = deploy(str(symbol), tmp_path / "pkg", "cpu", params=str(params), input_shape=SHAPE)
+    _, _, x, reference = small
+    path = Path(shutil.copytree(cpu_package, tmp_path / "pkg"))  # its manifest is changed
     manifest_path = path / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     assert set(manifest["build"]["host"]["features"]) <= this_cpu_features("x86_64")
@@ -150,7 +168,7 @@ print(json.dumps({{"tvm": sys.modules.get("tvm") is not None,
 
 
 @pytest.mark.parametrize("profile", ["cpu", "deeplens"])
-def test_device_runtime_runs_packages_without_the_compiler(profile, small, tmp_path):
+def test_device_runtime_runs_packages_without_the_compiler(profile, small, cpu_package, tmp_path):
     """`edgecv.load(path).run(x)` in a process that cannot import TVM, MXNet, GluonCV or
     OpenCV: the same answer as MXNet, TVM's compiler library never mapped."""
     symbol, params, x, reference = small
@@ -160,17 +178,17 @@ def test_device_runtime_runs_packages_without_the_compiler(profile, small, tmp_p
 
         device_or_skip("intel(r) opencl")
         on = "intel"
-    cpu_ops = ["max_pool2d"] if profile == "deeplens" else []  # a CPU fallback launch too
-    host = "native" if cpu_ops else None
-    path = deploy(
-        str(symbol),
-        tmp_path / "pkg",
-        profile,
-        params=str(params),
-        input_shape=SHAPE,
-        cpu_ops=cpu_ops,
-        host=host,
-    )
+    path = cpu_package
+    if profile == "deeplens":  # with a CPU fallback launch too
+        path = deploy(
+            str(symbol),
+            tmp_path / "pkg",
+            profile,
+            params=str(params),
+            input_shape=SHAPE,
+            options=BuildOptions(cpu_ops=["max_pool2d"], layout=NCHW),
+            host="native",
+        )
     code = DEVICE_RUN.format(blocked=COMPILER_MODULES)
     done = subprocess.run(
         [sys.executable, "-c", code, str(path), str(_save(tmp_path, x)), on],
@@ -209,11 +227,11 @@ def python_3_9() -> str | None:
 
 
 @pytest.mark.skipif(python_3_9() is None, reason="no Python 3.9 on this machine")
-def test_device_runtime_installs_and_runs_on_python_3_9(small, tmp_path):
+def test_device_runtime_installs_and_runs_on_python_3_9(small, cpu_package, tmp_path):
     """The device runtime installed as a board would, on Python 3.9: `pip install` of
     edgecv's wheel (its base dependencies only), then `edgecv run` on a `cpu` package."""
-    symbol, params, x, reference = small
-    path = deploy(str(symbol), tmp_path / "pkg", "cpu", params=str(params), input_shape=SHAPE)
+    _, _, x, reference = small
+    path = cpu_package
     venv = tmp_path / "venv"
     subprocess.run([python_3_9(), "-m", "venv", str(venv)], check=True)
     wheel = build_wheel(tmp_path / "build")  # with its base dependencies, from PyPI
