@@ -10,6 +10,7 @@ import tvm
 from conftest import needs_pocl
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from matrix import each_once, examples
 
 from edgecv.board.runtime.opencl_devices import opencl_devices
 from edgecv.codegen.opencl import build_opencl
@@ -65,9 +66,15 @@ def check(ours: np.ndarray, x: np.ndarray, exclusive: bool) -> None:
 EDGES = [(1, 1), (1, 2), (2, 63), (1, 64), (1, 65), (3, 1000), (1, 4097), (2, 70001)]
 
 
-@pytest.mark.parametrize("shape", EDGES)
-@pytest.mark.parametrize("exclusive", [False, True])
-@pytest.mark.parametrize("dtype", ["int32", "float32"])
+@pytest.mark.parametrize(
+    ("shape", "exclusive", "dtype"),
+    # each length once per device, each (exclusive, dtype) pair at least once; the whole
+    # product with -m heavy (every pair is a program of its own)
+    each_once(
+        [(shape,) for shape in EDGES],
+        [(False, "int32"), (True, "float32"), (True, "int32"), (False, "float32")],
+    ),
+)
 @pytest.mark.parametrize(
     "device",
     [
@@ -88,7 +95,7 @@ def test_scan_edge_lengths(shape, exclusive, dtype, device):
 
 
 @needs_intel
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     n=st.integers(1, 3000),
     threads=st.sampled_from([1, 2, 16, 256]),
@@ -101,7 +108,7 @@ def test_scan_random_lengths_and_work_group_sizes(n, threads, exclusive, seed):
 
 
 @needs_intel
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 @given(
     n=st.integers(1, 3000),
     threads=st.sampled_from([16, 64, 256]),
