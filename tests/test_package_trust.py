@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import assert_one_error_line, run_cli
-from test_bad_input import mx, small_net, small_params
+from test_bad_input import cli, mx, small_net, small_params
 
 import edgecv
 import edgecv.board.runtime.cpu as cpu_runtime
@@ -38,6 +38,7 @@ def packages(tmp_path_factory) -> dict[str, Path]:
     """Two small CPU packages whose kernel libraries differ: ``tiny`` (a convolution and
     a dense layer, with weights) and ``pool`` (a max pool, no weights)."""
     from edgecv.deploy import deploy
+    from edgecv.pipelines import BuildOptions
 
     src = tmp_path_factory.mktemp("trust-src")
     small_net().save(str(src / "tiny-symbol.json"))
@@ -48,9 +49,14 @@ def packages(tmp_path_factory) -> dict[str, Path]:
     pool = mx.sym.Pooling(d, kernel=(2, 2), stride=(2, 2), pool_type="max")
     pool.save(str(src / "pool-symbol.json"))
     out = tmp_path_factory.mktemp("trust-packages")
+    nchw = BuildOptions(layout="NCHW")  # no graph tuner: no test here reads layouts
     return {
-        "tiny": deploy(src / "tiny-symbol.json", out / "tiny", input_shape=TINY_SHAPE),
-        "pool": deploy(src / "pool-symbol.json", out / "pool", input_shape=POOL_SHAPE),
+        "tiny": deploy(
+            src / "tiny-symbol.json", out / "tiny", input_shape=TINY_SHAPE, options=nchw
+        ),
+        "pool": deploy(
+            src / "pool-symbol.json", out / "pool", input_shape=POOL_SHAPE, options=nchw
+        ),
     }
 
 
@@ -63,9 +69,10 @@ def max_pool(x: np.ndarray) -> np.ndarray:
     return x.reshape(n, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))
 
 
-def test_deploy_prints_the_pin_and_run_holds_the_package_to_it(packages, tmp_path):
+def test_deploy_prints_the_pin_and_run_holds_the_package_to_it(packages, tmp_path, capfd):
     """The CLI round trip: deploy prints the sha256 of the manifest; `run --sha256`
-    runs the package it names and refuses, in one line naming both digests, another."""
+    runs the package it names and refuses, in one line naming both digests, another.
+    The deploy in a process of its own, the runs through main() in this one."""
     src = tmp_path / "pool-symbol.json"
     mx.sym.Pooling(mx.sym.var("data"), kernel=(2, 2), stride=(2, 2), pool_type="max").save(str(src))
     out = tmp_path / "pkg"
@@ -78,21 +85,23 @@ def test_deploy_prints_the_pin_and_run_holds_the_package_to_it(packages, tmp_pat
 
     x = np.random.default_rng(0).normal(size=POOL_SHAPE).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    ran = run_cli("run", out, "--input", tmp_path / "x.npy", "--sha256", pin_of(out).upper())
+    ran = cli(capfd, "run", out, "--input", tmp_path / "x.npy", "--sha256", pin_of(out).upper())
     assert ran.returncode == 0, ran.stderr
 
     other = pin_of(packages["tiny"])
-    refused = run_cli("run", out, "--input", tmp_path / "x.npy", "--sha256", other)
+    refused = cli(capfd, "run", out, "--input", tmp_path / "x.npy", "--sha256", other)
     line = assert_one_error_line(refused, other)
     assert pin_of(out) in line
     # an archive is held to the pin before anything of it is written
     shutil.rmtree(out)
-    refused = run_cli(
-        "run", tmp_path / "pkg.tar.gz", "--input", tmp_path / "x.npy", "--sha256", other
+    refused = cli(
+        capfd, "run", tmp_path / "pkg.tar.gz", "--input", tmp_path / "x.npy", "--sha256", other
     )
     assert_one_error_line(refused, other)
     assert not out.exists()
-    bad = run_cli("run", tmp_path / "pkg.tar.gz", "--input", tmp_path / "x.npy", "--sha256", "12ab")
+    bad = cli(
+        capfd, "run", tmp_path / "pkg.tar.gz", "--input", tmp_path / "x.npy", "--sha256", "12ab"
+    )
     assert_one_error_line(bad, "64 hex digits")
 
 
@@ -224,7 +233,7 @@ def test_kernels_load_from_a_private_folder_removed_at_exit(packages):
 
 
 @pytest.mark.parametrize("command", [["bench", "--repeat", "1", "--warmup", "0"], ["demo"]])
-def test_bench_and_demo_hold_the_package_to_its_pin(packages, tmp_path, command):
+def test_bench_and_demo_hold_the_package_to_its_pin(packages, tmp_path, command, capfd):
     """`bench` and `demo` load a package as `run` does: with `--sha256`, only the pinned
     one (refused in one line naming both digests, before anything of it runs)."""
     package, other = packages["pool"], pin_of(packages["tiny"])
@@ -233,11 +242,11 @@ def test_bench_and_demo_hold_the_package_to_its_pin(packages, tmp_path, command)
         if command == ["demo"]
         else []
     )
-    refused = run_cli(*command[:1], package, *command[1:], *extra, "--sha256", other)
+    refused = cli(capfd, *command[:1], package, *command[1:], *extra, "--sha256", other)
     line = assert_one_error_line(refused, other)
     assert pin_of(package) in line
     if command[0] == "bench":  # the pinned package itself runs
-        ran = run_cli(
-            "bench", package, "--repeat", "1", "--warmup", "0", "--sha256", pin_of(package)
+        ran = cli(
+            capfd, "bench", package, "--repeat", "1", "--warmup", "0", "--sha256", pin_of(package)
         )
         assert ran.returncode == 0, ran.stderr
