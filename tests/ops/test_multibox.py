@@ -9,7 +9,7 @@ from helpers import detector_inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernels import run_cpu, run_opencl
-from matrix import each_once, examples
+from matrix import each_once, examples, heavy_selected
 from tvm import te
 
 from edgecv._mxnet import import_mxnet
@@ -137,16 +137,20 @@ def test_pocl_matches_mxnet(batch, classes, n, attrs):
     topk=st.sampled_from([-1, 0, 4]),
     force=st.booleans(),
     ties=st.booleans(),
+    subgroup=st.sampled_from([None, 16]),
 )
-def test_random_vs_mxnet(seed, n, classes, nms, topk, force, ties):
+def test_random_vs_mxnet(seed, n, classes, nms, topk, force, ties, subgroup):
+    """Every example on the CPU and one OpenCL variant (drawn: each example's shapes and
+    attributes are a new program, 5-15 s to compile); ``-m heavy`` runs both variants."""
     rng = np.random.RandomState(seed)
     data = detector_inputs(rng, 2, classes, n, levels=[0.2, 0.4] if ties else None)
     attrs = dict(nms_threshold=nms, nms_topk=topk, force_suppress=force)
     ref = mxnet(*data, **attrs)
     check(cpu(*data, **attrs), ref)
     if HAVE_INTEL:
-        check(opencl(*data, threads=32, **attrs), ref)
-        check(opencl(*data, threads=64, subgroup=16, **attrs), ref)
+        for variant in [None, 16] if heavy_selected() else [subgroup]:
+            threads = 32 if variant is None else 64
+            check(opencl(*data, threads=threads, subgroup=variant, **attrs), ref)
 
 
 def test_bad_shapes_are_named():
@@ -213,20 +217,40 @@ def _ssd_head(tmp_path, classes=4):
     return tmp_path / "ssd-symbol.json", tmp_path / "ssd-0000.params"
 
 
-@pytest.mark.parametrize("profile", ["cpu", "aisage", "deeplens"])
-def test_imported_ssd_head_matches_mxnet(tmp_path, profile):
+@pytest.fixture(scope="module")
+def ssd_head(tmp_path_factory):
+    return _ssd_head(tmp_path_factory.mktemp("ssd_head"))
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [
+        "cpu",
+        # heavy: the work-group version deployed; by default the deeplens case deploys the
+        # GPU version (launch, package, load) and test_opencl_matches_mxnet runs that kernel
+        pytest.param("aisage", marks=pytest.mark.heavy),
+        "deeplens",
+    ],
+)
+def test_imported_ssd_head_matches_mxnet(tmp_path, ssd_head, profile):
     import json
 
     from conftest import mxnet_forward
 
     from edgecv.board.model import load
     from edgecv.deploy import deploy
+    from edgecv.pipelines import BuildOptions
 
     if profile != "cpu" and not HAVE_INTEL:
         pytest.skip("no Intel OpenCL runtime here")
-    symbol, params = _ssd_head(tmp_path)
+    symbol, params = ssd_head
     pkg = deploy(
-        str(symbol), tmp_path / "pkg", profile, params=str(params), input_shape=(2, 3, 12, 12)
+        str(symbol),
+        tmp_path / "pkg",
+        profile,
+        params=str(params),
+        input_shape=(2, 3, 12, 12),
+        options=BuildOptions(layout="NCHW"),  # not about layouts: no graph-tuner timings
     )
     if profile != "cpu":  # the GPU version ran: its NMS is one work-group per batch
         launches = json.loads((pkg / "kernels" / "opencl_launches.json").read_text())
