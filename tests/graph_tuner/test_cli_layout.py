@@ -1,4 +1,6 @@
-"""`edgecv deploy --layout ... --explain` as a user runs it."""
+"""`edgecv deploy --layout ... --explain` as a user runs it: the command's own entry
+(`edgecv.cli.main`) in this process, and a fresh process for an argument refused at
+the command line (its exit status and one line)."""
 
 from __future__ import annotations
 
@@ -8,38 +10,42 @@ from conftest import mxnet_forward, needs_pocl
 from helpers import run_cli
 from small_model import SHAPE, export_small_model
 
+from edgecv.cli import main
 from edgecv.testing import assert_close
 
 
-def test_deploy_layout_auto_explains_and_matches_mxnet(tmp_path, monkeypatch):
+def test_deploy_layout_auto_explains_and_matches_mxnet(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("EDGECV_TUNING_DIR", str(tmp_path / "tuning"))
     symbol, params = export_small_model(tmp_path / "small")
     shape = ",".join(map(str, SHAPE))
-    package = tmp_path / "pkg"
-    done = run_cli(
-        "deploy", symbol, "--input-shape", shape, "-o", package, "--layout", "auto", "--explain"
-    )
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
+    package = str(tmp_path / "pkg")
+    argv = ["deploy", str(symbol), "--input-shape", shape, "-o", package, "--layout", "auto"]
+    assert main([*argv, "--explain"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
     assert "layouts (auto): dp over 5 convolutions, predicted" in out, out
     assert "transforms inserted:" in out and "costs:" in out, out
     x = np.random.default_rng(1).standard_normal(SHAPE).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    ran = run_cli("run", package, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npz")
-    assert ran.returncode == 0, ran.stderr
+    ran = main(
+        ["run", package, "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npz")]
+    )
+    assert ran == 0, capsys.readouterr().err
     assert_close(np.load(tmp_path / "y.npz")["output0"], mxnet_forward(symbol, params, x)[0])
 
 
 def test_deploy_rejects_an_unknown_layout(tmp_path):
+    """In a fresh process: argparse's exit status and its one line."""
     done = run_cli("deploy", "mobilenet", "--layout", "NHWC", "-o", tmp_path / "p")
     assert done.returncode == 2 and "invalid choice: 'NHWC'" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("budget", ["-5", "0", "soon"])
-def test_deploy_rejects_a_budget_that_is_not_positive_seconds(tmp_path, budget):
-    done = run_cli("deploy", "mobilenet", "--layout-budget", budget, "-o", tmp_path / "p")
-    assert done.returncode == 2, done.stderr
-    assert "--layout-budget" in done.stderr and "positive seconds or `none`" in done.stderr
+def test_deploy_rejects_a_budget_that_is_not_positive_seconds(tmp_path, budget, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["deploy", "mobilenet", "--layout-budget", budget, "-o", str(tmp_path / "p")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2, err
+    assert "--layout-budget" in err and "positive seconds or `none`" in err
     assert not (tmp_path / "p").exists()
 
 
@@ -50,8 +56,6 @@ def test_a_spent_budget_is_explained_as_predicted(tmp_path, monkeypatch, capsys)
 
     monkeypatch.setenv("EDGECV_TUNING_DIR", str(tmp_path / "tuning"))
     monkeypatch.setattr(measure, "FIRST_BATCH", 6)
-    from edgecv.cli import main
-
     symbol, params = export_small_model(tmp_path / "small")
     shape = ",".join(map(str, SHAPE))
     argv = ["deploy", str(symbol), "--input-shape", shape, "-o", str(tmp_path / "pkg"), "--explain"]
@@ -67,27 +71,28 @@ def test_a_spent_budget_is_explained_as_predicted(tmp_path, monkeypatch, capsys)
 
 @needs_pocl()
 def test_deploy_on_names_the_device_that_times_the_layouts_and_checks_the_program(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, capsys
 ):
     """`--on portable`: a profile without Intel subgroups (aisage) is measured and
     checked on PoCL, not on the first device found (Intel's runtime)."""
     monkeypatch.setenv("EDGECV_TUNING_DIR", str(tmp_path / "tuning"))
     symbol, _ = export_small_model(tmp_path / "small")
     shape = ",".join(map(str, SHAPE))
-    argv = ["deploy", symbol, "--input-shape", shape, "--device", "aisage", "--on", "portable"]
-    done = run_cli(*argv, "-o", tmp_path / "pkg")
-    assert done.returncode == 0, done.stderr
-    assert "graph tuner: measuring" in done.stderr, done.stderr
-    measuring = [line for line in done.stderr.splitlines() if "graph tuner: measuring" in line]
+    argv = ["deploy", str(symbol), "--input-shape", shape, "--device", "aisage"]
+    status = main([*argv, "--on", "portable", "-o", str(tmp_path / "pkg")])
+    err = capsys.readouterr().err
+    assert status == 0, err
+    assert "graph tuner: measuring" in err, err
+    measuring = [line for line in err.splitlines() if "graph tuner: measuring" in line]
     assert all(":Portable Computing Language:" in line for line in measuring), measuring
-    assert "compiling the OpenCL program on `portable`" in done.stderr, done.stderr
+    assert "compiling the OpenCL program on `portable`" in err, err
 
 
-def test_deploy_on_a_device_that_is_not_here_is_refused(tmp_path):
-    done = run_cli(
-        "deploy", "mobilenet", "--device", "aisage", "--on", "no-such-gpu", "-o", tmp_path / "p"
-    )
-    assert done.returncode == 2, done.stderr
-    assert "no OpenCL device matches `no-such-gpu`" in done.stderr, done.stderr
-    assert "devices here:" in done.stderr, done.stderr
+def test_deploy_on_a_device_that_is_not_here_is_refused(tmp_path, capsys):
+    argv = ["deploy", "mobilenet", "--device", "aisage", "--on", "no-such-gpu"]
+    status = main([*argv, "-o", str(tmp_path / "p")])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "no OpenCL device matches `no-such-gpu`" in err, err
+    assert "devices here:" in err, err
     assert not (tmp_path / "p").exists()
