@@ -40,8 +40,10 @@ def raw_head_graph():
 def test_an_ultralytics_head_deploys_runs_and_draws(tmp_path):
     path = save(raw_head_graph(), tmp_path / "yolo.onnx")
     package = tmp_path / "yolo-cpu"
+    # NCHW: the graph tuner's layouts are not what this test is about (tests/graph_tuner)
+    layout = ("--layout", "NCHW")
     deployed = run_cli(
-        "deploy", path, "--device", "cpu", "-o", package, "--preprocess", "ultralytics"
+        "deploy", path, "--device", "cpu", "-o", package, "--preprocess", "ultralytics", *layout
     )
     assert deployed.returncode == 0, deployed.stderr
     manifest = json.loads((package / "manifest.json").read_text())
