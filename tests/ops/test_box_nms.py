@@ -9,6 +9,7 @@ import pytest
 import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from matrix import examples
 from tvm import relax, te
 
 from edgecv._mxnet import import_mxnet
@@ -78,7 +79,7 @@ ATTRS = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(attrs=ATTRS, seed=st.integers(0, 2**16), n=st.integers(1, 70), ties=st.booleans())
 def test_random_boxes(attrs, seed, n, ties):
     rng = np.random.RandomState(seed)
@@ -161,7 +162,7 @@ def test_ssd_sized_input_runs_and_matches():
     print(f"box_nms {data.shape}: TVM CPU {elapsed * 1e3:.1f} ms")
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(attrs=ATTRS, seed=st.integers(0, 2**16), n=st.integers(2, 70), cut=st.integers(1, 69))
 def test_first_rows_only(attrs, seed, n, cut):
     """``out_rows``: the first rows of MXNet's output (what a following slice keeps),
