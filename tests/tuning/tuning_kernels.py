@@ -21,21 +21,21 @@ def matmul_task(n: int = 128) -> Task:
     return Task("matmul", workload(func), 1, ["matmul"])
 
 
-def packed_conv_task(channels: int = 32, size: int = 14, block: int = 16) -> Task:
-    """A 3x3 conv2d + ReLU in ``NCHW{block}c`` (weights a parameter), lowered as deploy
-    lowers it, as a tuning task whose default rule (``gpu.PackedConv2D`` on OpenCL) has
-    tiles to offer."""
+def packed_conv_task(channels: int = 32, size: int = 14, block: int = 16, kernel: int = 3) -> Task:
+    """A ``kernel`` x ``kernel`` conv2d + ReLU in ``NCHW{block}c`` (weights a parameter),
+    lowered as deploy lowers it, as a tuning task whose default rule
+    (``gpu.PackedConv2D`` on OpenCL) has tiles to offer."""
     from tvm import relax
 
     from edgecv.graph_tuner.apply import desired_layouts
     from edgecv.lowering import lower
 
     x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
-    w = relax.Var("w", relax.TensorType((channels, channels, 3, 3), "float32"))
+    w = relax.Var("w", relax.TensorType((channels, channels, kernel, kernel), "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x, w]):
         with bb.dataflow():
-            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=1)))
+            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=kernel // 2)))
             out = bb.emit_output(y)
         bb.emit_func_output(out)
 
