@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import mxnet_forward, needs_pocl
+from conftest import mxnet_forward, pocl_unusable
 from small_model import SHAPE, export_small_model
 from test_opencl import device_or_skip
 
@@ -17,10 +17,20 @@ from edgecv.pipelines import BuildOptions
 from edgecv.testing import assert_close
 
 
+def skip_without_pocl():
+    """Skip, naming the reason, where PoCL cannot run here (``needs_pocl()`` is a mark,
+    and called in a test's body it skipped nothing)."""
+    reason = pocl_unusable()
+    if reason is not None:
+        pytest.skip(reason)
+
+
 @pytest.mark.parametrize(
     ("profile", "on", "shape"),
     [
-        ("deeplens", "intel", SHAPE),
+        # the same model at the size of the small model's other tests: the prime width
+        # below packs the same convolutions with the same rule (predicated, too)
+        pytest.param("deeplens", "intel", SHAPE, marks=pytest.mark.heavy, id="deeplens-intel"),
         # rows of 11 (prime, wider than a work-item's tile of 8): the last tile predicated
         pytest.param("deeplens", "intel", (1, 3, 11, 11), id="deeplens-intel-prime-width"),
         pytest.param("aisage", "pocl", SHAPE, marks=pytest.mark.heavy),
@@ -28,7 +38,7 @@ from edgecv.testing import assert_close
 )
 def test_packed_model_on_opencl_matches_mxnet(profile, on, shape, tmp_path):
     if on == "pocl":
-        needs_pocl()
+        skip_without_pocl()
     else:
         device_or_skip("intel(r) opencl")
     symbol, params = export_small_model(tmp_path / "small")
@@ -89,7 +99,7 @@ def test_layout_costs_are_measured_on_the_device_named():
     from edgecv.graph_tuner.opencl_meter import opencl_meter
     from edgecv.profiles import load_profile
 
-    needs_pocl()
+    skip_without_pocl()
     device_or_skip("intel(r) opencl")
     profile = load_profile("aisage")
     for query, name in (("pocl", "Portable Computing Language"), ("intel", "Intel(R) OpenCL")):
