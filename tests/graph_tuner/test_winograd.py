@@ -4,6 +4,8 @@ algorithm against NCHW and MXNet."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import tvm
@@ -163,10 +165,10 @@ def test_only_stride_1_3x3_convolutions_with_constant_weights_are_eligible():
     assert winograd.signature(packed) == winograd.signature(conv(x, w3, padding=1))
 
 
-@pytest.mark.parametrize("side", winograd.SIDES)
-def test_the_small_model_with_winograd_matches_nchw_and_mxnet(side, tmp_path):
+def test_the_small_model_with_winograd_matches_nchw_and_mxnet(tmp_path):
     """Every packable stride-1 3x3 convolution of the small model (b in 8c; b and d in
-    4c) run by Winograd's algorithm, lowered as a deploy lowers it."""
+    4c) run by Winograd's algorithm (each tile size), lowered as a deploy lowers it; the
+    plans' kernels built as one library (most are shared)."""
     from conftest import mxnet_forward
     from small_model import SHAPE, export_small_model
     from test_plans import _run_all
@@ -185,8 +187,8 @@ def test_the_small_model_with_winograd_matches_nchw_and_mxnet(side, tmp_path):
     expected = mxnet_forward(symbol, params, x)[0]
     mod = from_mxnet(load_symbol(symbol), load_params(params), {"data": SHAPE}).mod
     prepared = relax.transform.FoldConstant()(rewrite_activations(mod))
-    modules, plans = [mod], [None]
-    for packing, count in (("NCHW8c", 1), ("NCHW4c", 2)):
+    modules, plans, names = [mod], [None], []
+    for side, (packing, count) in itertools.product(winograd.SIDES, (("NCHW8c", 1), ("NCHW4c", 2))):
         extracted = extract(prepared, conv_candidates([packing]))
         layouts = uniform_plans(extracted.graph)[packing]
         chosen = {
@@ -199,11 +201,12 @@ def test_the_small_model_with_winograd_matches_nchw_and_mxnet(side, tmp_path):
         assert ops.count("winograd_conv2d_NCHWc") == count, packing
         modules.append(converted)
         plans.append(chosen)
+        names.append(f"F({side}, 3) in {packing}")
     nchw, *packed = _run_all(modules, x, plans)
     assert_close(nchw, expected, "NCHW vs MXNet")
-    for ours in packed:
-        assert_close(ours, nchw, f"F({side}, 3) vs NCHW")
-        assert_close(ours, expected, f"F({side}, 3) vs MXNet")
+    for name, ours in zip(names, packed, strict=True):
+        assert_close(ours, nchw, f"{name} vs NCHW")
+        assert_close(ours, expected, f"{name} vs MXNet")
 
 
 def test_the_gpu_rule_runs_clean_under_oclgrind():
