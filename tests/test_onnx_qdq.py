@@ -15,9 +15,10 @@ import json
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_one_error_line, run_cli
+from helpers import assert_one_error_line
 from onnx import helper
 from onnx_graphs import classifier, save
+from test_onnx_vision_ops import cli_here
 
 import edgecv
 from edgecv.deploy import deploy
@@ -132,8 +133,9 @@ def test_an_asymmetric_uint8_activation_leaves_its_reader_in_float32(tmp_path):
         )
 
 
-def test_a_qoperator_model_is_one_error_line(tmp_path):
-    """QLinearConv (the other format) is refused before anything is compiled."""
+def test_a_qoperator_model_is_one_error_line(tmp_path, capsys, monkeypatch):
+    """QLinearConv (the other format) is refused before anything is compiled (the command
+    run in this process)."""
     x = helper.make_tensor_value_info("x", onnx.TensorProto.UINT8, [1, 1, 4, 4])
     y = helper.make_tensor_value_info("y", onnx.TensorProto.UINT8, [1, 1, 4, 4])
     scalars = [
@@ -149,5 +151,8 @@ def test_a_qoperator_model_is_one_error_line(tmp_path):
     graph = helper.make_graph([node], "q", [x], [y], [*scalars, weight])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     onnx.save(model, tmp_path / "qop.onnx")
-    result = run_cli("deploy", tmp_path / "qop.onnx", "--device", "cpu", "-o", tmp_path / "out")
+    out = tmp_path / "out"
+    result = cli_here(
+        capsys, monkeypatch, "deploy", tmp_path / "qop.onnx", "--device", "cpu", "-o", out
+    )
     assert_one_error_line(result, "QuantFormat.QDQ")

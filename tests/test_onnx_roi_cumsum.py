@@ -1,17 +1,18 @@
-"""ONNX ``RoiAlign`` and ``CumSum`` deployed alone (graphs built with ``onnx.helper``)
-for `cpu` and `deeplens` (Intel's OpenCL runtime stands in), against ONNX Runtime's CPU
-forward of the same file; on deeplens every launch is on the GPU, edgecv's tagged
-``roi_align`` and ``scan`` kernels among them. An attribute edgecv's kernels do not
-compute is refused in one ``edgecv: error:`` line naming it."""
+"""ONNX ``RoiAlign`` and ``CumSum`` deployed without other operators (graphs built with
+``onnx.helper``, a test's cases side by side in one graph: one deploy) for `cpu` and
+`deeplens` (Intel's OpenCL runtime stands in), against ONNX Runtime's CPU forward of the
+same file; on deeplens every launch is on the GPU, edgecv's tagged ``roi_align`` and
+``scan`` kernels among them. An attribute edgecv's kernels do not compute is refused in
+one ``edgecv: error:`` line naming it."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_one_error_line, run_cli
+from helpers import assert_one_error_line
 from onnx import TensorProto, helper, numpy_helper
-from test_onnx_vision_ops import deployed, onnxruntime
+from test_onnx_vision_ops import cli_here, deployed, merged, onnxruntime
 from test_opencl import device_or_skip
 
 import edgecv
@@ -79,24 +80,31 @@ ROI_IDS = ["avg-adaptive", "max-ratio2", "avg-output_half", "max-output_half", "
 
 
 @pytest.mark.parametrize("profile", ["cpu", "deeplens"])
-@pytest.mark.parametrize("opset, shape, count, attrs", ROI_CASES, ids=ROI_IDS)
-def test_roi_align_matches_onnxruntime(tmp_path, profile, opset, shape, count, attrs):
+@pytest.mark.parametrize("opset", [16, 10])
+def test_roi_align_matches_onnxruntime(tmp_path, profile, opset):
+    """The cases of one opset side by side in one graph (one deploy), each run twice."""
     on = device_or_skip("intel") if profile == "deeplens" else None
     rng = np.random.RandomState(0)
-    model = roi_align_model(shape, count, opset, **attrs)
+    cases = [case for case in ROI_CASES if case[0] == opset]
+    model = merged(
+        [roi_align_model(shape, count, opset, **attrs) for _, shape, count, attrs in cases]
+    )
     package = deployed(model, tmp_path, profile)
     loaded = edgecv.load(package, on=on) if on else edgecv.load(package)
     if on:
         _gpu_only(loaded, "roi_align")
-    scale = attrs.get("spatial_scale", 1.0)
     for _ in range(2):
-        x = rng.standard_normal(shape).astype(np.float32)  # negatives: max mode's zeros
-        rois = _rois(rng, count, shape[2], shape[3], scale)
-        batch = rng.randint(0, shape[0], count).astype(np.int64)
-        (ours,) = loaded.run(x, rois, batch)
-        (ref,) = onnxruntime(model, {"x": x, "rois": rois, "batch": batch})
-        assert ours.shape == ref.shape
-        assert_close(ours, ref, "roi_align")
+        feeds = {}
+        for i, (_, shape, count, attrs) in enumerate(cases):
+            scale = attrs.get("spatial_scale", 1.0)
+            feeds[f"x_{i}"] = rng.standard_normal(shape).astype(np.float32)  # max's zeros
+            feeds[f"rois_{i}"] = _rois(rng, count, shape[2], shape[3], scale)
+            feeds[f"batch_{i}"] = rng.randint(0, shape[0], count).astype(np.int64)
+        ours_all = loaded.run(*feeds.values())
+        ref_all = onnxruntime(model, feeds)
+        for i, (ours, ref) in enumerate(zip(ours_all, ref_all, strict=True)):
+            assert ours.shape == ref.shape
+            assert_close(ours, ref, f"roi_align case {i}")
 
 
 CUMSUM_CASES = [  # shape, axis, exclusive, reverse, dtype
@@ -108,36 +116,54 @@ CUMSUM_CASES = [  # shape, axis, exclusive, reverse, dtype
 
 
 @pytest.mark.parametrize("profile", ["cpu", "deeplens"])
-@pytest.mark.parametrize("shape, axis, exclusive, reverse, dtype", CUMSUM_CASES)
-def test_cumsum_matches_onnxruntime(tmp_path, profile, shape, axis, exclusive, reverse, dtype):
+def test_cumsum_matches_onnxruntime(tmp_path, profile):
+    """Every case side by side in one graph (one deploy)."""
     on = device_or_skip("intel") if profile == "deeplens" else None
-    onnx_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    model = cumsum_model(shape, axis, onnx_type, exclusive=exclusive, reverse=reverse)
+    models = [
+        cumsum_model(
+            shape,
+            axis,
+            helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
+            exclusive=exclusive,
+            reverse=reverse,
+        )
+        for shape, axis, exclusive, reverse, dtype in CUMSUM_CASES
+    ]
+    model = merged(models)
     package = deployed(model, tmp_path, profile)
     loaded = edgecv.load(package, on=on) if on else edgecv.load(package)
     if on:
         _gpu_only(loaded, "scan")
-    x = (np.random.RandomState(1).standard_normal(shape) * 10).astype(dtype)
-    (ours,) = loaded.run(x)
-    (ref,) = onnxruntime(model, {"x": x})
-    assert ours.dtype == ref.dtype
-    if dtype == np.int32:
-        np.testing.assert_array_equal(ours, ref)
-    else:  # the GPU's sums are grouped differently from a sequential scan
-        np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-4)
+    rng = np.random.RandomState(1)
+    xs = [(rng.standard_normal(case[0]) * 10).astype(case[4]) for case in CUMSUM_CASES]
+    ours_all = loaded.run(*xs)
+    ref_all = onnxruntime(model, {f"x_{i}": x for i, x in enumerate(xs)})
+    for case, ours, ref in zip(CUMSUM_CASES, ours_all, ref_all, strict=True):
+        assert ours.dtype == ref.dtype
+        if case[4] == np.int32:
+            np.testing.assert_array_equal(ours, ref)
+        else:  # the GPU's sums are grouped differently from a sequential scan
+            np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 1)])
-def test_an_int64_cumsum_deploys_by_topi_and_matches(tmp_path, exclusive, reverse):
+def test_an_int64_cumsum_deploys_by_topi_and_matches(tmp_path):
     """edgecv's scan sums float32 and int32; an int64 CumSum (a count or position an
-    exporter writes) still deploys for the CPU, as TOPI's sequential cumsum."""
-    model = cumsum_model((2, 9), 1, TensorProto.INT64, exclusive=exclusive, reverse=reverse)
+    exporter writes) still deploys for the CPU, as TOPI's sequential cumsum (inclusive
+    forward and exclusive reversed, side by side in one graph)."""
+    model = merged(
+        [
+            cumsum_model((2, 9), 1, TensorProto.INT64, exclusive=exclusive, reverse=reverse)
+            for exclusive, reverse in [(0, 0), (1, 1)]
+        ]
+    )
     loaded = edgecv.load(deployed(model, tmp_path, "cpu"))
-    x = np.random.RandomState(2).randint(-1000, 1000, (2, 9)).astype(np.int64)
-    (ours,) = loaded.run(x)
-    (ref,) = onnxruntime(model, {"x": x})
-    assert ours.dtype == np.int64
-    np.testing.assert_array_equal(ours, ref)
+    rng = np.random.RandomState(2)
+    xs = [rng.randint(-1000, 1000, (2, 9)).astype(np.int64) for _ in range(2)]
+    ours_all = loaded.run(*xs)
+    ref_all = onnxruntime(model, {"x_0": xs[0], "x_1": xs[1]})
+    for ours, ref in zip(ours_all, ref_all, strict=True):
+        assert ours.dtype == np.int64
+        np.testing.assert_array_equal(ours, ref)
 
 
 CROP = dict(coordinate_transformation_mode="tf_crop_and_resize")
@@ -147,10 +173,14 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("model, fragment", REFUSED, ids=["roi_transform"])
-def test_what_the_kernels_do_not_compute_is_refused_in_one_line(tmp_path, model, fragment):
+def test_what_the_kernels_do_not_compute_is_refused_in_one_line(
+    tmp_path, capsys, monkeypatch, model, fragment
+):
     path = tmp_path / "model.onnx"
     onnx.save(model, str(path))
-    result = run_cli("deploy", path, "--device", "cpu", "-o", tmp_path / "out")
+    result = cli_here(
+        capsys, monkeypatch, "deploy", path, "--device", "cpu", "-o", tmp_path / "out"
+    )
     assert_one_error_line(result, fragment)
 
 

@@ -1,11 +1,14 @@
-"""ONNX ``TopK`` and ``NonMaxSuppression`` deployed alone (graphs built with
-``onnx.helper``) for `cpu` and `deeplens` (Intel's OpenCL runtime stands in), against
-ONNX Runtime's CPU forward of the same file: indices exactly, ties included; on deeplens
-the op runs as edgecv's tagged kernel on the GPU (no CPU launch)."""
+"""ONNX ``TopK`` and ``NonMaxSuppression`` deployed without other operators (graphs built
+with ``onnx.helper``, a test's cases side by side in one graph: one deploy) for `cpu` and
+`deeplens` (Intel's OpenCL runtime stands in), against ONNX Runtime's CPU forward of the
+same file: indices exactly, ties included; on deeplens the op runs as edgecv's tagged
+kernel on the GPU (no CPU launch)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import warnings
 
 import numpy as np
 import onnx
@@ -14,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_opencl import device_or_skip
 
 import edgecv
+from edgecv import cli
 from edgecv.board.errors import ConversionError
 from edgecv.deploy import deploy
 from edgecv.pipelines import BuildOptions
@@ -49,6 +53,52 @@ def nms_model(batch, classes, n, most, iou, score, center=0) -> onnx.ModelProto:
     inputs = [_tensor("boxes", [batch, n, 4]), _tensor("scores", [batch, classes, n])]
     outputs = [_tensor("selected", ["S", 3], TensorProto.INT64)]
     return _model([node], inputs, outputs, constants)
+
+
+def merged(models: list[onnx.ModelProto]) -> onnx.ModelProto:
+    """The graphs of ``models`` (one opset) side by side in one, every name of the i-th
+    suffixed ``_i`` (inputs, outputs and symbolic sizes in the models' order): one deploy
+    builds every case's kernels, and each case's outputs are compared on their own."""
+    nodes, inputs, outputs, weights = [], [], [], []
+    for i, model in enumerate(models):
+
+        def rename(name: str, i=i) -> str:
+            return f"{name}_{i}" if name else name
+
+        for node in model.graph.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.input[:] = [rename(n) for n in node.input]
+            copy.output[:] = [rename(n) for n in node.output]
+            copy.name = rename(node.name)
+            nodes.append(copy)
+        for given, into in (
+            (model.graph.input, inputs),
+            (model.graph.output, outputs),
+            (model.graph.initializer, weights),
+        ):
+            for item in given:
+                copy = type(item)()
+                copy.CopyFrom(item)
+                copy.name = rename(item.name)
+                if isinstance(copy, onnx.ValueInfoProto):
+                    for dim in copy.type.tensor_type.shape.dim:
+                        if dim.dim_param:
+                            dim.dim_param = rename(dim.dim_param)
+                into.append(copy)
+    graph = helper.make_graph(nodes, "cases", inputs, outputs, weights)
+    opsets = list(models[0].opset_import)
+    return helper.make_model(graph, opset_imports=opsets, ir_version=models[0].ir_version)
+
+
+def cli_here(capsys, monkeypatch, *args) -> subprocess.CompletedProcess:
+    """``edgecv ARGS`` run by edgecv.cli.main in this process, its exit status and output
+    as run_cli's finished process (the command in a process of its own: tests/test_cli.py)."""
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # main() sets it
+    argv = [str(a) for a in args]
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["edgecv", *argv], code, out, err)
 
 
 def onnxruntime(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
@@ -93,21 +143,27 @@ TOPK_CASES = [((4, 50), 7, -1, 1), ((3, 20, 5), 4, 1, 0), ((2, 3, 16), 16, 2, 1)
 
 @pytest.mark.parametrize("profile", ["cpu", "deeplens"])
 def test_topk_matches_onnxruntime_ties_included(tmp_path, profile):
+    """Every case in one graph (one deploy), distinct keys and then many equal ones."""
     on = device_or_skip("intel") if profile == "deeplens" else None
     rng = np.random.RandomState(0)
-    for i, (shape, k, axis, largest) in enumerate(TOPK_CASES):
-        model = topk_model(shape, k, axis, largest)
-        package = deployed(model, tmp_path / str(i), profile)
-        loaded = edgecv.load(package, on=on) if on else edgecv.load(package)
-        if on:
-            _gpu_only(loaded, package, {"row_argsort"})
-        distinct = rng.permutation(int(np.prod(shape))).reshape(shape).astype(np.float32)
-        tied = rng.randint(0, 4, shape).astype(np.float32)  # many equal keys
-        for x in (distinct, tied):
-            values, indices = loaded.run(x)
-            ref_values, ref_indices = onnxruntime(model, {"x": x})
-            np.testing.assert_array_equal(indices, ref_indices)
-            np.testing.assert_array_equal(values, ref_values)
+    model = merged([topk_model(shape, k, axis, largest) for shape, k, axis, largest in TOPK_CASES])
+    package = deployed(model, tmp_path, profile)
+    loaded = edgecv.load(package, on=on) if on else edgecv.load(package)
+    if on:
+        _gpu_only(loaded, package, {"row_argsort"})
+    shapes = [shape for shape, _, _, _ in TOPK_CASES]
+    for tied in (False, True):
+        xs = [
+            rng.randint(0, 4, shape).astype(np.float32)  # many equal keys
+            if tied
+            else rng.permutation(int(np.prod(shape))).reshape(shape).astype(np.float32)
+            for shape in shapes
+        ]
+        ours = loaded.run(*xs)
+        ref = onnxruntime(model, {f"x_{i}": x for i, x in enumerate(xs)})
+        assert len(ours) == len(ref) == 2 * len(TOPK_CASES)
+        for i, (actual, expected) in enumerate(zip(ours, ref, strict=True)):  # per case
+            np.testing.assert_array_equal(actual, expected, err_msg=f"output {i}, tied={tied}")
 
 
 NMS_CASES = [  # batch, classes, boxes, max per class, iou, score threshold, center
@@ -119,22 +175,27 @@ NMS_CASES = [  # batch, classes, boxes, max per class, iou, score threshold, cen
 
 @pytest.mark.parametrize("profile", ["cpu", "deeplens"])
 def test_nms_matches_onnxruntime(tmp_path, profile):
+    """Every case in one graph (one deploy), run on random scores twice and on tied ones."""
     on = device_or_skip("intel") if profile == "deeplens" else None
     rng = np.random.RandomState(1)
+    model = merged([nms_model(*case) for case in NMS_CASES])
+    package = deployed(model, tmp_path, profile)
+    loaded = edgecv.load(package, on=on) if on else edgecv.load(package)
+    if on:
+        _gpu_only(loaded, package, {"box_nms", "row_argsort"})
     padded = []
-    for i, (batch, classes, n, most, iou, score, center) in enumerate(NMS_CASES):
-        model = nms_model(batch, classes, n, most, iou, score, center)
-        package = deployed(model, tmp_path / str(i), profile)
-        loaded = edgecv.load(package, on=on) if on else edgecv.load(package)
-        if on:
-            _gpu_only(loaded, package, {"box_nms", "row_argsort"})
-        for tied in (False, False, True):
-            boxes = _random_boxes(rng, batch, n, center)
+    for tied in (False, False, True):
+        feeds = {}
+        for i, (batch, classes, n, _, _, _, center) in enumerate(NMS_CASES):
+            feeds[f"boxes_{i}"] = _random_boxes(rng, batch, n, center)
             scores = rng.uniform(size=(batch, classes, n)).astype(np.float32)
             if tied:  # equal scores (lower index first), some exactly at the threshold
                 scores = (rng.randint(0, 11, scores.shape) / 10).astype(np.float32)
-            (ours,) = loaded.run(boxes, scores)
-            (ref,) = onnxruntime(model, {"boxes": boxes, "scores": scores})
+            feeds[f"scores_{i}"] = scores
+        ours_all = loaded.run(*feeds.values())
+        ref_all = onnxruntime(model, feeds)
+        for case, ours, ref in zip(NMS_CASES, ours_all, ref_all, strict=True):
+            batch, classes, n, most = case[:4]
             assert ours.shape == (batch * classes * min(most, n), 3) and ours.dtype == np.int64
             count = int((ours[:, 0] >= 0).sum())
             padded.append(len(ours) - count)
