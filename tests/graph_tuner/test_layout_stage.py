@@ -37,9 +37,14 @@ def _conv_layouts(mod) -> list[str]:
 
 
 def test_auto_measures_once_then_reads_the_cache(small_mod, tmp_path, monkeypatch):
+    """Without a budget every kernel is measured in one batch; a second plan reads the
+    cache and measures nothing; another thread count measures again."""
     profile = load_profile("cpu")
-    options = BuildOptions(layout="auto", tuning=None, layout_costs=tmp_path)
-    _, first = choose_layouts(small_mod, profile, options)
+    said = []
+    options = BuildOptions(layout="auto", tuning=None, layout_costs=tmp_path, layout_budget_s=None)
+    _, first = choose_layouts(small_mod, profile, options, said.append)
+    assert set(first["costs"]) == {"measured"}, first["costs"]
+    assert len([m for m in said if "graph tuner: measuring" in m]) == 1, said
     assert first["chosen"] == "plan", first
     assert first["solver"] == "dp" and first["costs"].get("measured", 0) > 0
     assert "model_mismatch" not in first
@@ -233,12 +238,3 @@ def test_a_spent_budget_predicts_the_rest_and_a_later_deploy_measures_it(
         rounds.append(choose_layouts(small_mod, profile, options)[1]["costs"])
     assert "predicted" not in rounds[-1], rounds
     assert all(r.get("measured", 0) > 0 for r in rounds), rounds
-
-
-def test_no_budget_measures_everything_in_one_batch(small_mod, tmp_path):
-    profile = load_profile("cpu")
-    said = []
-    options = BuildOptions(layout="auto", tuning=None, layout_costs=tmp_path, layout_budget_s=None)
-    _, facts = choose_layouts(small_mod, profile, options, said.append)
-    assert set(facts["costs"]) == {"measured"}, facts["costs"]
-    assert len([m for m in said if "graph tuner: measuring" in m]) == 1, said
