@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 from helpers import assert_one_error_line, run_cli
-from test_bad_input import mx, small_net, small_params
+from test_bad_input import cli, mx, small_net, small_params
 
 from edgecv.bench.harness import alternate
 from edgecv.testing import INT8_PER_LAYER, TOLERANCES
@@ -24,10 +24,11 @@ def package(tmp_path_factory):
     prefix = root / "tiny"
     small_net().save(f"{prefix}-symbol.json")
     mx.nd.save(f"{prefix}-0000.params", {k: mx.nd.array(v) for k, v in small_params().items()})
-    result = run_cli(
-        "deploy", f"{prefix}-symbol.json", "--input-shape", "1,2,5,5", "-o", root / "pkg"
-    )
-    assert result.returncode == 0, result.stderr
+    from edgecv.cli import main
+
+    # in this process, without the graph tuner: what bench reports does not depend on it
+    argv = ["deploy", f"{prefix}-symbol.json", "--input-shape", "1,2,5,5", "--layout", "NCHW"]
+    assert main([*argv, "-o", str(root / "pkg")]) == 0
     return root / "pkg"
 
 
@@ -139,7 +140,10 @@ def test_bench_streams_reports_throughput_of_concurrent_callers(package, tmp_pat
         assert 0 < r["throughput_min_per_s"] <= r["throughput_per_s"], name
         assert 0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"], name
     assert "3 callers at once" in result.stdout and "inf/s" in result.stdout
-    assert_one_error_line(run_cli("bench", package, "--streams", "0"), "--streams 0")
+
+
+def test_bench_refuses_no_streams(package, capfd):
+    assert_one_error_line(cli(capfd, "bench", package, "--streams", "0"), "--streams 0")
 
 
 def test_alternate_concurrent_runs_every_caller_in_its_own_thread_in_rounds():
@@ -163,21 +167,29 @@ def test_alternate_concurrent_runs_every_caller_in_its_own_thread_in_rounds():
     assert all(len(t.per_round) == 2 for t in timed.values())
 
 
-def test_missing_source_is_listed_not_fatal(package, tmp_path):
+def test_missing_source_is_listed_not_fatal(package, tmp_path, capfd):
     manifest = json.loads((package / "manifest.json").read_text())
     source = manifest["model"]["source"]["symbol"]
-    result = run_cli(
-        "bench", package, "--repeat", "3", "--vs", "mxnet", "--source", tmp_path / "x-symbol.json"
+    result = cli(
+        capfd,
+        "bench",
+        package,
+        "--repeat",
+        "3",
+        "--vs",
+        "mxnet",
+        "--source",
+        tmp_path / "x-symbol.json",
     )
     assert result.returncode == 0, result.stderr
     assert "not run: mxnet" in result.stdout and "does not exist" in result.stdout
     assert source.endswith("tiny-symbol.json")
 
 
-def test_bench_bad_arguments(package, tmp_path):
-    assert_one_error_line(run_cli("bench", package, "--vs", "tensorrt"), "unknown baseline")
+def test_bench_bad_arguments(package, tmp_path, capfd):
+    assert_one_error_line(cli(capfd, "bench", package, "--vs", "tensorrt"), "unknown baseline")
     assert_one_error_line(
-        run_cli("bench", package, "--json", tmp_path / "no" / "b.json"), "does not exist"
+        cli(capfd, "bench", package, "--json", tmp_path / "no" / "b.json"), "does not exist"
     )
 
 
