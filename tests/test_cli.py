@@ -212,6 +212,8 @@ def test_archived_package_loads(tmp_path):
         f"{prefix}-symbol.json",
         "--input-shape",
         "1,2,5,5",
+        "--layout",
+        "NCHW",  # no graph tuner: the archive is what this test reads
         "-o",
         str(out),
         "--archive",
