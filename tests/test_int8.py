@@ -18,7 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from digits import accuracy, train_digits
-from helpers import assert_one_error_line, run_cli
+from helpers import assert_one_error_line
+from matrix import each_once
+from test_bad_input import cli
 
 import edgecv
 from edgecv._mxnet import import_mxnet
@@ -97,6 +99,18 @@ def small(tmp_path_factory):
     return symbol, npy, inputs, fp32
 
 
+@pytest.fixture(scope="module")
+def int8_minmax(small, tmp_path_factory):
+    """The small net's int8 package, min/max calibration on its inputs, NCHW."""
+    symbol, npy, _, _ = small
+    return deploy(
+        symbol,
+        tmp_path_factory.mktemp("int8") / "NCHW",
+        input_shape=SHAPE,
+        options=_options(precision="int8", calibrate=npy, calibration_method="minmax"),
+    )
+
+
 def _options(**fields) -> BuildOptions:
     """A build without the graph tuner's measurements or tuning records: fast, and the
     same kernels on every machine."""
@@ -106,8 +120,8 @@ def _options(**fields) -> BuildOptions:
 # --- the option and its errors ------------------------------------------------------
 
 
-def test_int8_without_calibration_is_refused_with_what_to_pass(tmp_path):
-    result = run_cli("deploy", "mobilenet", "--precision", "int8", "-o", tmp_path / "p")
+def test_int8_without_calibration_is_refused_with_what_to_pass(tmp_path, capfd):
+    result = cli(capfd, "deploy", "mobilenet", "--precision", "int8", "-o", tmp_path / "p")
     line = assert_one_error_line(result, "--precision int8 needs calibration data")
     assert "--calibrate DIR" in line and "--calibrate X.npy" in line
     assert not (tmp_path / "p").exists()
@@ -570,21 +584,26 @@ def _pack(x: np.ndarray, block: int) -> np.ndarray:
     return np.ascontiguousarray(x.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
 
 
+# By default each way of packing on a 3x3 of stride 2, and each but the packed weights
+# alone on a 1x1; `heavy` adds more shapes of the same ways (same code paths).
+_heavy = pytest.mark.heavy
+
+
 @pytest.mark.parametrize(
     "channels, outputs, size, kernel, stride, packed",
     [
-        (16, 32, 14, 3, 1, False),
+        pytest.param(16, 32, 14, 3, 1, False, marks=_heavy),
         (32, 16, 9, 1, 1, False),
         (16, 24, 15, 3, 2, False),
-        (64, 64, 7, 1, 1, False),
-        (16, 32, 14, 3, 1, True),
+        pytest.param(64, 64, 7, 1, 1, False, marks=_heavy),
+        pytest.param(16, 32, 14, 3, 1, True, marks=_heavy),
         (32, 16, 7, 3, 2, True),
-        (16, 32, 14, 3, 1, "data"),
+        pytest.param(16, 32, 14, 3, 1, "data", marks=_heavy),
         (32, 64, 7, 1, 1, "data"),
         (32, 16, 15, 3, 2, "data"),
-        (16, 32, 14, 3, 1, "pairs"),
+        pytest.param(16, 32, 14, 3, 1, "pairs", marks=_heavy),
         (32, 64, 7, 1, 1, "pairs"),
-        (64, 64, 7, 3, 1, "pairs"),
+        pytest.param(64, 64, 7, 3, 1, "pairs", marks=_heavy),
         (32, 16, 15, 3, 2, "pairs"),
     ],
 )
@@ -642,16 +661,21 @@ def test_dot_product_kernel_matches_the_generic_one_bit_for_bit(
     np.testing.assert_array_equal(outputs_[0], outputs_[1])
 
 
-@pytest.mark.parametrize("packed", [False, True, "pairs"])
 @pytest.mark.parametrize(
-    "cpu, instructions",
-    [
-        ("znver3", {"vpmaddubsw", "vpmaddwd"}),
-        ("skylake-avx512", {"vpmaddubsw", "vpmaddwd"}),
-        ("znver4", {"vpdpbusd"}),
-        ("alderlake", {"vpdpbusd"}),
-        ("cortex-a78", {"sdot"}),
-    ],
+    "cpu, instructions, packed",
+    # each CPU once, each packing at least once (pairs on AVX2 and on AVX-VNNI); the
+    # rest of the product with -m heavy
+    each_once(
+        [
+            ("znver3", {"vpmaddubsw", "vpmaddwd"}),
+            ("skylake-avx512", {"vpmaddubsw", "vpmaddwd"}),
+            ("znver4", {"vpdpbusd"}),
+            ("alderlake", {"vpdpbusd"}),
+            ("cortex-a78", {"sdot"}),
+        ],
+        ["pairs", False, True],
+        ["pairs", "plain", "packed"],
+    ),
 )
 def test_dot_product_instruction_is_chosen_from_the_target_features(cpu, instructions, packed):
     """Compiled (not run: this machine may lack them; the Cortex-A78's kernels run on
@@ -761,14 +785,9 @@ def test_the_quantization_epilogue_rounds_in_vectors(packed):
 # --- packages -------------------------------------------------------------------------
 
 
-def test_int8_package_matches_fp32_within_the_quantization_step(small, tmp_path):
+def test_int8_package_matches_fp32_within_the_quantization_step(small, int8_minmax):
     symbol, npy, inputs, fp32_path = small
-    int8_path = deploy(
-        symbol,
-        tmp_path / "int8",
-        input_shape=SHAPE,
-        options=_options(precision="int8", calibrate=npy, calibration_method="minmax"),
-    )
+    int8_path = int8_minmax
     fp32, int8 = edgecv.load(fp32_path), edgecv.load(int8_path)
     # min/max calibration on these very inputs: nothing is clipped, the derived bound holds
     errors = [
@@ -836,7 +855,7 @@ def test_int8_package_matches_fp32_within_the_quantization_step(small, tmp_path)
     assert reusable_statistics(saved, model_key(mod), options.calibration) is not None
 
 
-def test_int8_convolutions_in_the_packed_layout_give_the_nchw_answers(small, tmp_path):
+def test_int8_convolutions_in_the_packed_layout_give_the_nchw_answers(small, int8_minmax, tmp_path):
     """``--layout packed``: the uint8 x int8 convolutions run in ``NCHW{lanes}c`` on
     the dot product (``conv2d_int8_NCHWc``, data never repacked) beside the packed
     float32 ones. Integer sums are exact in any order and the epilogues are the same
@@ -845,22 +864,14 @@ def test_int8_convolutions_in_the_packed_layout_give_the_nchw_answers(small, tmp
     dot = dot_product_of(load_profile("cpu").tvm_target())
     if dot is None:
         pytest.skip("this CPU has no int8 dot-product instruction edgecv uses")
+    options = BuildOptions(
+        layout="packed", tuning=None, precision="int8", calibrate=npy, calibration_method="minmax"
+    )
     packages = {
-        layout: edgecv.load(
-            deploy(
-                symbol,
-                tmp_path / layout,
-                input_shape=SHAPE,
-                options=BuildOptions(
-                    layout=layout,
-                    tuning=None,
-                    precision="int8",
-                    calibrate=npy,
-                    calibration_method="minmax",
-                ),
-            )
-        )
-        for layout in ("NCHW", "packed")
+        "NCHW": edgecv.load(int8_minmax),
+        "packed": edgecv.load(
+            deploy(symbol, tmp_path / "packed", input_shape=SHAPE, options=options)
+        ),
     }
     packed = packages["packed"].manifest.build
     assert packed["layouts"]["chosen"] == f"NCHW{dot.lanes}c"
