@@ -34,6 +34,10 @@ pytestmark = pytest.mark.skipif(
     aarch64.unavailable_reason() is not None, reason=str(aarch64.unavailable_reason())
 )
 
+# The packages are built in NCHW: what runs on the board is the question here, not the
+# graph tuner's layouts (tests/graph_tuner), whose timings a default deploy spends first
+NCHW = "NCHW"
+
 # Runs on the board: load a package (the public API, or the CPU library alone for a
 # Jetson package whose CUDA part has no GPU here), run it, report what was loaded.
 BOARD = """
@@ -134,8 +138,7 @@ def test_aisage_detector_with_cpu_nms_runs_on_the_board(device_runtime, tmp_path
         "aisage",
         params=str(params),
         input_shape=shape,
-        cpu_ops=["box_nms"],
-        check_on=None,
+        options=BuildOptions(cpu_ops=["box_nms"], check_on=None, layout=NCHW),
     )
     build = json.loads((path / "manifest.json").read_text())["build"]
     assert build["placement"]["launches"]["cpu"] >= 1
@@ -161,7 +164,7 @@ def test_jetson_cpu_library_runs_on_the_board(device_runtime, tmp_path):
         "jetson_orin_nano",
         params=str(params),
         input_shape=SHAPE,
-        cpu_ops=everything,
+        options=BuildOptions(cpu_ops=everything, layout=NCHW),
     )
     build = json.loads((path / "manifest.json").read_text())["build"]
     assert build["placement"]["launches"]["gpu"] == 0
@@ -182,8 +185,7 @@ def test_device_runtime_cli_on_the_board(device_runtime, tmp_path):
         "aisage",
         params=str(params),
         input_shape=SHAPE,
-        cpu_ops=["max_pool2d", "mean"],
-        check_on=None,
+        options=BuildOptions(cpu_ops=["max_pool2d", "mean"], check_on=None, layout=NCHW),
     )
     x = np.random.RandomState(3).normal(size=SHAPE).astype(np.float32)
     np.save(tmp_path / "board" / "x.npy", x)
@@ -249,7 +251,9 @@ def test_int8_package_on_arm_sdot_runs_on_the_board(device_runtime, tmp_path):
     assert sorted(on_dot) == ["conv2d_2", "conv2d_3"]
     # sdot multiplies signed bytes: 7-bit data for both, 8-bit weights
     assert {(op["input_max"], op["weight_max"]) for op in on_dot.values()} == {(127, 127)}
-    fp32 = edgecv.load(deploy(str(symbol), tmp_path / "fp32", input_shape=INT8_SHAPE))
+    fp32_options = BuildOptions(layout=NCHW)
+    fp32 = deploy(str(symbol), tmp_path / "fp32", input_shape=INT8_SHAPE, options=fp32_options)
+    fp32 = edgecv.load(fp32)
     x = inputs[:1]  # one of the calibration inputs: min/max clips nothing of it
     outputs, loaded = run_on_board(device_runtime, path, x, "load")
     assert loaded["runtime_library"], loaded
