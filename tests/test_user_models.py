@@ -15,6 +15,7 @@ from user_models import efficient_lite, tiny_yolo
 
 import edgecv
 from edgecv.deploy import deploy
+from edgecv.pipelines import BuildOptions
 from edgecv.testing import assert_close
 
 MODELS = {"tiny_yolo": tiny_yolo, "efficient_lite": efficient_lite}
@@ -33,8 +34,17 @@ def exported(name, tmp_path_factory):
 def check(name, profile, on, tmp_path, tmp_path_factory):
     symbol, params, shape = exported(name, tmp_path_factory)
     host = "native" if profile == "aisage" else None  # its fallback kernels run here
+    # the GPU profiles build in NCHW: the graph tuner's measuring on an OpenCL device is
+    # tests/graph_tuner/test_opencl_layouts.py's; here the rules and answers are checked
+    options = None if profile == "cpu" else BuildOptions(layout="NCHW")
     path = deploy(
-        str(symbol), tmp_path / "pkg", profile, params=str(params), input_shape=shape, host=host
+        str(symbol),
+        tmp_path / "pkg",
+        profile,
+        params=str(params),
+        input_shape=shape,
+        host=host,
+        options=options,
     )
     x = np.random.RandomState(4).normal(size=shape).astype(np.float32)
     reference = mxnet_forward(symbol, params, x)
@@ -54,8 +64,8 @@ def test_user_model_on_the_cpu_profile_matches_mxnet(name, tmp_path, tmp_path_fa
     assert build["launches_in_place"] == IN_PLACE[name]
 
 
-# tiny_yolo's deploy for deeplens measures its layouts on Intel's runtime: 4-8 minutes
-# on 2 cores; it runs on the emulated board's PoCL in tests/emulation and with -m heavy
+# tiny_yolo for deeplens: a second model on Intel's runtime (its pooling kernel's rule);
+# it runs on the emulated board's PoCL in tests/emulation and with -m heavy
 @pytest.mark.parametrize(
     "name",
     [pytest.param(n, marks=pytest.mark.heavy) if n == "tiny_yolo" else n for n in sorted(MODELS)],
