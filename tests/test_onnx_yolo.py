@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import cv2
@@ -18,10 +19,10 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from helpers import run_cli
 from test_opencl import device_or_skip
 
 import edgecv
+from edgecv import cli
 from edgecv.board.errors import ConversionError
 from edgecv.board.processing import preset
 from edgecv.deploy import deploy
@@ -56,7 +57,11 @@ def raw_320(tmp_path_factory):
     """YOLOv8n's raw head at 320 x 320, deployed for `cpu` with the ultralytics preset."""
     folder = tmp_path_factory.mktemp("yolov8n_320")
     path = _filled("yolov8n_320", folder)
-    package = deploy(path, folder / "cpu", "cpu", processing=preset("ultralytics"))
+    # the tests read the head's numbers, not the layouts: packed without timing candidates
+    # (the graph tuner on YOLOv8's channel split: test_a_channel_split_keeps_the_graph_tuner;
+    # on an ONNX graph: test_onnx_deploy.py's test_the_classifier_matches_onnxruntime)
+    options = BuildOptions(layout="packed")
+    package = deploy(path, folder / "cpu", "cpu", processing=preset("ultralytics"), options=options)
     return path, package
 
 
@@ -65,8 +70,7 @@ def nms_320(tmp_path_factory):
     """YOLOv8n exported with ``nms=True`` at 320 x 320, deployed for `cpu`."""
     folder = tmp_path_factory.mktemp("yolov8n_320_nms")
     path = _filled("yolov8n_320_nms", folder)
-    # the NMS head is what this package is for: the backbone's layouts are chosen by the
-    # graph tuner in raw_320's deploy, here they are packed without timing candidates
+    # the NMS head is what this package is for: packed without timing candidates, as raw_320
     options = BuildOptions(layout="packed")
     package = deploy(
         path, folder / "cpu", "cpu", processing=preset("ultralytics-nms"), options=options
@@ -112,17 +116,21 @@ def test_the_nms_export_keeps_onnxruntimes_rows(nms_320):
     assert 10 <= kept < actual.shape[1], kept  # some boxes kept, some padding
 
 
-def test_run_image_draws_the_raw_heads_detections(raw_320, tmp_path):
+def test_run_image_draws_the_raw_heads_detections(raw_320, tmp_path, capsys, monkeypatch):
     """`edgecv run IMAGE` through the ultralytics decoder (letterbox, NMS in NumPy); the
-    threshold under the random weights' best scores on this image (about 0.03)."""
+    threshold under the random weights' best scores on this image (about 0.03). The
+    command runs in this process (its own process and exit codes: tests/test_cli.py)."""
     _, package = raw_320
     image = np.random.RandomState(1).randint(0, 255, (240, 400, 3)).astype(np.uint8)
     cv2.imwrite(str(tmp_path / "street.png"), image)
     saved = tmp_path / "out.png"
-    ran = run_cli("run", package, tmp_path / "street.png", "--threshold", "0.01", "--save", saved)
-    assert ran.returncode == 0, ran.stderr
-    rows = re.findall(r"^\s+([\d.]+)\s+(\w[\w ]*?)\s+\[([-\d, ]+)\]$", ran.stdout, re.M)
-    assert rows and all(float(score) >= 0.01 for score, _, _ in rows), ran.stdout
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # main() sets it
+    args = ["run", package, tmp_path / "street.png", "--threshold", "0.01", "--save", saved]
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rows = re.findall(r"^\s+([\d.]+)\s+(\w[\w ]*?)\s+\[([-\d, ]+)\]$", out, re.M)
+    assert rows and all(float(score) >= 0.01 for score, _, _ in rows), out
     drawn = cv2.imread(str(saved))
     assert drawn.shape == image.shape and (drawn != image).any()
 
