@@ -16,6 +16,8 @@ from user_models import efficient_lite, tiny_yolo
 import edgecv
 from edgecv.deploy import deploy
 from edgecv.pipelines import BuildOptions
+from edgecv.profiles import load_profile
+from edgecv.schedules.device_class import tuning_folders
 from edgecv.testing import assert_close
 
 MODELS = {"tiny_yolo": tiny_yolo, "efficient_lite": efficient_lite}
@@ -35,8 +37,13 @@ def check(name, profile, on, tmp_path, tmp_path_factory):
     symbol, params, shape = exported(name, tmp_path_factory)
     host = "native" if profile == "aisage" else None  # its fallback kernels run here
     # the GPU profiles build in NCHW: the graph tuner's measuring on an OpenCL device is
-    # tests/graph_tuner/test_opencl_layouts.py's; here the rules and answers are checked
-    options = None if profile == "cpu" else BuildOptions(layout="NCHW")
+    # tests/graph_tuner/test_opencl_layouts.py's; here the rules and answers are checked.
+    # The cpu deploys choose their layouts on costs measured within 20 s (past them
+    # predicted), not the default 90 s a user's first deploy may spend
+    options = BuildOptions(layout="NCHW")
+    if profile == "cpu":
+        tuning = tuning_folders(load_profile(profile), None)  # the databases deploy() reads
+        options = BuildOptions(tuning=tuning, layout_budget_s=20.0)
     path = deploy(
         str(symbol),
         tmp_path / "pkg",
