@@ -41,6 +41,27 @@ def run_cli(*args, cwd: str | None = None, timeout: float = 900) -> subprocess.C
     )
 
 
+def cli_here(capfd, *args) -> subprocess.CompletedProcess:
+    """``edgecv ARGS`` through ``edgecv.cli.main`` in this process, as the console script
+    calls it: its exit status and what it wrote to stdout and stderr (file descriptors
+    included), shaped as :func:`run_cli`'s result. For what the command does; what the
+    process does (its imports, what prints on exit) is ``run_cli``'s, a few seconds more."""
+    import warnings
+
+    from edgecv.cli import main
+
+    capfd.readouterr()
+    formatwarning = warnings.formatwarning  # main() sets the user's warning format
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exit_:  # argparse's refusals
+        code = exit_.code
+    finally:
+        warnings.formatwarning = formatwarning
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["edgecv", *map(str, args)], code, out, err)
+
+
 def assert_one_error_line(result: subprocess.CompletedProcess, fragment: str) -> str:
     """A CLI failure: non-zero exit, exactly one ``edgecv: error:`` line holding
     ``fragment``, no traceback. Returns that line."""

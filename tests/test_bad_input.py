@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import warnings
 
 import cv2
 import numpy as np
 import pytest
-from helpers import assert_one_error_line, run_cli
+from helpers import assert_one_error_line, cli_here, run_cli
 
 from edgecv._mxnet import import_mxnet
 from edgecv.board.errors import (
@@ -30,23 +28,6 @@ from edgecv.testing import assert_close
 
 mx = import_mxnet()
 S = mx.sym
-
-
-def cli(capfd, *args) -> subprocess.CompletedProcess:
-    """``edgecv ARGS`` through ``edgecv.cli.main`` in this process, as the console script
-    calls it: its exit status and what it wrote to stdout and stderr (file descriptors
-    included), shaped as ``run_cli``'s result. For what the command does; what the
-    process does (its imports, what prints on exit) is ``run_cli``'s, a few seconds more."""
-    capfd.readouterr()
-    formatwarning = warnings.formatwarning  # main() sets the user's warning format
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exit_:  # argparse's refusals
-        code = exit_.code
-    finally:
-        warnings.formatwarning = formatwarning
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(list(args), code, out, err)
 
 
 def small_net():
@@ -260,7 +241,7 @@ def test_cli_errors_exit_nonzero_with_one_line(tiny_package, tmp_path, monkeypat
     for argv, fragment, env in cases:
         for key, value in env.items():
             monkeypatch.setenv(key, value)
-        result = cli(capfd, *argv)
+        result = cli_here(capfd, *argv)
         for key in env:
             monkeypatch.delenv(key)
         assert_one_error_line(result, fragment)
@@ -273,7 +254,7 @@ def test_verbose_shows_the_traceback(tmp_path, capfd):
     assert result.returncode == 2
     assert "Traceback" in result.stderr and "PackageError" in result.stderr
     assert result.stderr.count("edgecv: error:") == 1
-    after = cli(capfd, "run", tmp_path / "missing", "-v")  # -v after the command too
+    after = cli_here(capfd, "run", tmp_path / "missing", "-v")  # -v after the command too
     assert "Traceback" in after.stderr
 
 
@@ -282,7 +263,7 @@ def test_unsupported_ops_come_before_missing_params(tmp_path, capfd):
     raw = json.loads(S.FullyConnected(S.relu(d), num_hidden=3, name="fc").tojson())
     raw["nodes"][1]["op"] = "Custom"
     (tmp_path / "odd-symbol.json").write_text(json.dumps(raw))  # no params file beside it
-    result = cli(capfd, "deploy", tmp_path / "odd-symbol.json")
+    result = cli_here(capfd, "deploy", tmp_path / "odd-symbol.json")
     line = assert_one_error_line(result, "`Custom` (x1)")
     assert "--params" not in line
 
@@ -306,7 +287,7 @@ def test_graph_without_parameters_deploys_without_params_and_says_the_shape(tmp_
 
 def test_graph_with_parameters_and_no_params_file_names_them(tmp_path, capfd):
     small_net().save(str(tmp_path / "bare-symbol.json"))
-    result = cli(capfd, "deploy", tmp_path / "bare-symbol.json")
+    result = cli_here(capfd, "deploy", tmp_path / "bare-symbol.json")
     assert_one_error_line(result, "conv_weight")
 
 

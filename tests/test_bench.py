@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 import pytest
-from helpers import assert_one_error_line, run_cli
-from test_bad_input import cli, mx, small_net, small_params
+from helpers import assert_one_error_line, cli_here, run_cli
+from test_bad_input import mx, small_net, small_params
 
 from edgecv.bench.harness import alternate
 from edgecv.testing import INT8_PER_LAYER, TOLERANCES
@@ -143,7 +143,7 @@ def test_bench_streams_reports_throughput_of_concurrent_callers(package, tmp_pat
 
 
 def test_bench_refuses_no_streams(package, capfd):
-    assert_one_error_line(cli(capfd, "bench", package, "--streams", "0"), "--streams 0")
+    assert_one_error_line(cli_here(capfd, "bench", package, "--streams", "0"), "--streams 0")
 
 
 def test_alternate_concurrent_runs_every_caller_in_its_own_thread_in_rounds():
@@ -170,7 +170,7 @@ def test_alternate_concurrent_runs_every_caller_in_its_own_thread_in_rounds():
 def test_missing_source_is_listed_not_fatal(package, tmp_path, capfd):
     manifest = json.loads((package / "manifest.json").read_text())
     source = manifest["model"]["source"]["symbol"]
-    result = cli(
+    result = cli_here(
         capfd,
         "bench",
         package,
@@ -187,9 +187,9 @@ def test_missing_source_is_listed_not_fatal(package, tmp_path, capfd):
 
 
 def test_bench_bad_arguments(package, tmp_path, capfd):
-    assert_one_error_line(cli(capfd, "bench", package, "--vs", "tensorrt"), "unknown baseline")
+    assert_one_error_line(cli_here(capfd, "bench", package, "--vs", "tensorrt"), "unknown baseline")
     assert_one_error_line(
-        cli(capfd, "bench", package, "--json", tmp_path / "no" / "b.json"), "does not exist"
+        cli_here(capfd, "bench", package, "--json", tmp_path / "no" / "b.json"), "does not exist"
     )
 
 

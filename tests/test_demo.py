@@ -8,8 +8,7 @@ import cv2
 import numpy as np
 import pytest
 import skimage.data
-from helpers import assert_one_error_line, run_cli
-from test_bad_input import cli
+from helpers import assert_one_error_line, cli_here, run_cli
 
 from edgecv._mxnet import import_mxnet
 
@@ -131,7 +130,7 @@ def test_demo_on_an_image_folder(detector_package, tmp_path, capfd):
     for i, frame in enumerate(frames):
         cv2.imwrite(str(folder / f"{i:02d}.png"), frame)
     out = tmp_path / "annotated.mp4"
-    result = cli(capfd, "demo", detector_package, "--images", folder, "--headless", "-o", out)
+    result = cli_here(capfd, "demo", detector_package, "--images", folder, "--headless", "-o", out)
     assert result.returncode == 0, result.stderr
     check_video(out, frames)
 
@@ -147,7 +146,7 @@ def test_demo_plays_several_sources_at_once(detector_package, tmp_path, capfd):
     for i, frame in enumerate(stills):
         cv2.imwrite(str(folder / f"{i:02d}.png"), frame)
     out = tmp_path / "annotated.mp4"
-    result = cli(
+    result = cli_here(
         capfd,
         "demo",
         detector_package,
@@ -169,7 +168,7 @@ def test_demo_plays_several_sources_at_once(detector_package, tmp_path, capfd):
     check_video(tmp_path / "annotated-2.mp4", stills)
     # one source that fails ends the run with its one error line
     assert_one_error_line(
-        cli(
+        cli_here(
             capfd,
             "demo",
             detector_package,
@@ -196,7 +195,7 @@ def test_demo_fits_photos_of_other_sizes_into_the_video(detector_package, tmp_pa
     for i, frame in enumerate(frames):
         cv2.imwrite(str(folder / f"{i:02d}.png"), frame)
     out = tmp_path / "mixed.mp4"
-    result = cli(capfd, "demo", detector_package, "--images", folder, "--headless", "-o", out)
+    result = cli_here(capfd, "demo", detector_package, "--images", folder, "--headless", "-o", out)
     assert result.returncode == 0, result.stderr
     read = read_video(out)
     assert [f.shape for f in read] == [(120, 160, 3)] * 3  # none dropped
@@ -215,7 +214,7 @@ def test_demo_fits_photos_of_other_sizes_into_the_video(detector_package, tmp_pa
 
 def test_demo_errors(detector_package, tmp_path, capfd):
     assert_one_error_line(
-        cli(
+        cli_here(
             capfd,
             "demo",
             detector_package,
@@ -228,7 +227,7 @@ def test_demo_errors(detector_package, tmp_path, capfd):
         "no .jpg/.png/.bmp images",
     )
     assert_one_error_line(
-        cli(
+        cli_here(
             capfd,
             "demo",
             detector_package,
@@ -240,4 +239,4 @@ def test_demo_errors(detector_package, tmp_path, capfd):
         ),
         "does not exist",
     )
-    assert_one_error_line(cli(capfd, "demo", detector_package, "--headless"), "needs -o")
+    assert_one_error_line(cli_here(capfd, "demo", detector_package, "--headless"), "needs -o")

@@ -18,9 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from digits import accuracy, train_digits
-from helpers import assert_one_error_line
+from helpers import assert_one_error_line, cli_here
 from matrix import each_once
-from test_bad_input import cli
 
 import edgecv
 from edgecv._mxnet import import_mxnet
@@ -121,7 +120,7 @@ def _options(**fields) -> BuildOptions:
 
 
 def test_int8_without_calibration_is_refused_with_what_to_pass(tmp_path, capfd):
-    result = cli(capfd, "deploy", "mobilenet", "--precision", "int8", "-o", tmp_path / "p")
+    result = cli_here(capfd, "deploy", "mobilenet", "--precision", "int8", "-o", tmp_path / "p")
     line = assert_one_error_line(result, "--precision int8 needs calibration data")
     assert "--calibrate DIR" in line and "--calibrate X.npy" in line
     assert not (tmp_path / "p").exists()

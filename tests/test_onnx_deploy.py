@@ -13,19 +13,18 @@ import hashlib
 import importlib.util
 import json
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from helpers import cli_here
 from onnx import numpy_helper
 from onnx_graphs import classifier, custom_domain, save
 from test_opencl import device_or_skip
 from tvm import te
 
 import edgecv
-from edgecv import cli
 from edgecv.deploy import deploy
 from edgecv.op_registry import register_op, unregister_op
 from edgecv.pipelines import BuildOptions
@@ -72,14 +71,13 @@ def test_the_classifier_matches_onnxruntime(small_package):
     assert manifest["build"]["layouts"]["chosen"] == "plan", manifest["build"]["layouts"]
 
 
-def test_bench_feeds_the_source_file_to_the_baselines(small_package, tmp_path, monkeypatch):
+def test_bench_feeds_the_source_file_to_the_baselines(small_package, tmp_path, capfd):
     """`bench --vs` in this process (the command's own process: tests/test_bench.py)."""
     path, package = small_package
     out = tmp_path / "bench.json"
-    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # main() sets it
     baselines = "mxnet,onnxruntime,openvino"
-    code = cli.main(["bench", str(package), "--repeat", "5", "--vs", baselines, "--json", str(out)])
-    assert code == 0
+    ran = cli_here(capfd, "bench", package, "--repeat", "5", "--vs", baselines, "--json", out)
+    assert ran.returncode == 0, ran.stderr
     report = json.loads(out.read_text())
     assert "does not read" in report["not_run"]["mxnet"]
     for name in ("onnxruntime", "openvino"):

@@ -15,10 +15,9 @@ import json
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_one_error_line
+from helpers import assert_one_error_line, cli_here
 from onnx import helper
 from onnx_graphs import classifier, save
-from test_onnx_vision_ops import cli_here
 
 import edgecv
 from edgecv.deploy import deploy
@@ -133,7 +132,7 @@ def test_an_asymmetric_uint8_activation_leaves_its_reader_in_float32(tmp_path):
         )
 
 
-def test_a_qoperator_model_is_one_error_line(tmp_path, capsys, monkeypatch):
+def test_a_qoperator_model_is_one_error_line(tmp_path, capfd):
     """QLinearConv (the other format) is refused before anything is compiled (the command
     run in this process)."""
     x = helper.make_tensor_value_info("x", onnx.TensorProto.UINT8, [1, 1, 4, 4])
@@ -152,7 +151,5 @@ def test_a_qoperator_model_is_one_error_line(tmp_path, capsys, monkeypatch):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     onnx.save(model, tmp_path / "qop.onnx")
     out = tmp_path / "out"
-    result = cli_here(
-        capsys, monkeypatch, "deploy", tmp_path / "qop.onnx", "--device", "cpu", "-o", out
-    )
+    result = cli_here(capfd, "deploy", tmp_path / "qop.onnx", "--device", "cpu", "-o", out)
     assert_one_error_line(result, "QuantFormat.QDQ")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_one_error_line
+from helpers import assert_one_error_line, cli_here
 from onnx import TensorProto, helper, numpy_helper
-from test_onnx_vision_ops import cli_here, deployed, merged, onnxruntime
+from test_onnx_vision_ops import deployed, merged, onnxruntime
 from test_opencl import device_or_skip
 
 import edgecv
@@ -173,14 +173,10 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("model, fragment", REFUSED, ids=["roi_transform"])
-def test_what_the_kernels_do_not_compute_is_refused_in_one_line(
-    tmp_path, capsys, monkeypatch, model, fragment
-):
+def test_what_the_kernels_do_not_compute_is_refused_in_one_line(tmp_path, capfd, model, fragment):
     path = tmp_path / "model.onnx"
     onnx.save(model, str(path))
-    result = cli_here(
-        capsys, monkeypatch, "deploy", path, "--device", "cpu", "-o", tmp_path / "out"
-    )
+    result = cli_here(capfd, "deploy", path, "--device", "cpu", "-o", tmp_path / "out")
     assert_one_error_line(result, fragment)
 
 

@@ -7,8 +7,6 @@ kernel on the GPU (no CPU launch)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import warnings
 
 import numpy as np
 import onnx
@@ -17,7 +15,6 @@ from onnx import TensorProto, helper, numpy_helper
 from test_opencl import device_or_skip
 
 import edgecv
-from edgecv import cli
 from edgecv.board.errors import ConversionError
 from edgecv.deploy import deploy
 from edgecv.pipelines import BuildOptions
@@ -89,16 +86,6 @@ def merged(models: list[onnx.ModelProto]) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "cases", inputs, outputs, weights)
     opsets = list(models[0].opset_import)
     return helper.make_model(graph, opset_imports=opsets, ir_version=models[0].ir_version)
-
-
-def cli_here(capsys, monkeypatch, *args) -> subprocess.CompletedProcess:
-    """``edgecv ARGS`` run by edgecv.cli.main in this process, its exit status and output
-    as run_cli's finished process (the command in a process of its own: tests/test_cli.py)."""
-    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # main() sets it
-    argv = [str(a) for a in args]
-    code = cli.main(argv)
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["edgecv", *argv], code, out, err)
 
 
 def onnxruntime(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:

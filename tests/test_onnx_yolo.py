@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import warnings
 from pathlib import Path
 
 import cv2
@@ -19,10 +18,10 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+from helpers import cli_here
 from test_opencl import device_or_skip
 
 import edgecv
-from edgecv import cli
 from edgecv.board.errors import ConversionError
 from edgecv.board.processing import preset
 from edgecv.deploy import deploy
@@ -116,7 +115,7 @@ def test_the_nms_export_keeps_onnxruntimes_rows(nms_320):
     assert 10 <= kept < actual.shape[1], kept  # some boxes kept, some padding
 
 
-def test_run_image_draws_the_raw_heads_detections(raw_320, tmp_path, capsys, monkeypatch):
+def test_run_image_draws_the_raw_heads_detections(raw_320, tmp_path, capfd):
     """`edgecv run IMAGE` through the ultralytics decoder (letterbox, NMS in NumPy); the
     threshold under the random weights' best scores on this image (about 0.03). The
     command runs in this process (its own process and exit codes: tests/test_cli.py)."""
@@ -124,11 +123,10 @@ def test_run_image_draws_the_raw_heads_detections(raw_320, tmp_path, capsys, mon
     image = np.random.RandomState(1).randint(0, 255, (240, 400, 3)).astype(np.uint8)
     cv2.imwrite(str(tmp_path / "street.png"), image)
     saved = tmp_path / "out.png"
-    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # main() sets it
     args = ["run", package, tmp_path / "street.png", "--threshold", "0.01", "--save", saved]
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    assert code == 0, err
+    ran = cli_here(capfd, *args)
+    out = ran.stdout
+    assert ran.returncode == 0, ran.stderr
     rows = re.findall(r"^\s+([\d.]+)\s+(\w[\w ]*?)\s+\[([-\d, ]+)\]$", out, re.M)
     assert rows and all(float(score) >= 0.01 for score, _, _ in rows), out
     drawn = cv2.imread(str(saved))

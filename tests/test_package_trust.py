@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_one_error_line, run_cli
-from test_bad_input import cli, mx, small_net, small_params
+from helpers import assert_one_error_line, cli_here, run_cli
+from test_bad_input import mx, small_net, small_params
 
 import edgecv
 import edgecv.board.runtime.cpu as cpu_runtime
@@ -85,21 +85,23 @@ def test_deploy_prints_the_pin_and_run_holds_the_package_to_it(packages, tmp_pat
 
     x = np.random.default_rng(0).normal(size=POOL_SHAPE).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    ran = cli(capfd, "run", out, "--input", tmp_path / "x.npy", "--sha256", pin_of(out).upper())
+    ran = cli_here(
+        capfd, "run", out, "--input", tmp_path / "x.npy", "--sha256", pin_of(out).upper()
+    )
     assert ran.returncode == 0, ran.stderr
 
     other = pin_of(packages["tiny"])
-    refused = cli(capfd, "run", out, "--input", tmp_path / "x.npy", "--sha256", other)
+    refused = cli_here(capfd, "run", out, "--input", tmp_path / "x.npy", "--sha256", other)
     line = assert_one_error_line(refused, other)
     assert pin_of(out) in line
     # an archive is held to the pin before anything of it is written
     shutil.rmtree(out)
-    refused = cli(
+    refused = cli_here(
         capfd, "run", tmp_path / "pkg.tar.gz", "--input", tmp_path / "x.npy", "--sha256", other
     )
     assert_one_error_line(refused, other)
     assert not out.exists()
-    bad = cli(
+    bad = cli_here(
         capfd, "run", tmp_path / "pkg.tar.gz", "--input", tmp_path / "x.npy", "--sha256", "12ab"
     )
     assert_one_error_line(bad, "64 hex digits")
@@ -242,11 +244,11 @@ def test_bench_and_demo_hold_the_package_to_its_pin(packages, tmp_path, command,
         if command == ["demo"]
         else []
     )
-    refused = cli(capfd, *command[:1], package, *command[1:], *extra, "--sha256", other)
+    refused = cli_here(capfd, *command[:1], package, *command[1:], *extra, "--sha256", other)
     line = assert_one_error_line(refused, other)
     assert pin_of(package) in line
     if command[0] == "bench":  # the pinned package itself runs
-        ran = cli(
+        ran = cli_here(
             capfd, "bench", package, "--repeat", "1", "--warmup", "0", "--sha256", pin_of(package)
         )
         assert ran.returncode == 0, ran.stderr

@@ -9,8 +9,8 @@ import json
 import tarfile
 
 import pytest
-from helpers import assert_one_error_line, run_cli
-from test_bad_input import cli, mx, small_net, small_params
+from helpers import assert_one_error_line, cli_here, run_cli
+from test_bad_input import mx, small_net, small_params
 
 from edgecv.board.errors import PackageError
 from edgecv.board.package import FORMAT, archive, unpack_if_archive
@@ -45,7 +45,7 @@ def test_refuses_a_folder_that_is_not_a_package(tiny_model, tmp_path, capfd):
     (folder / "thesis.txt").write_text("five years of work")
     (folder / "manifest.json").write_text('{"not": "ours"}')  # a manifest, not an edgecv one
     for extra in ([], ["--force"]):
-        result = cli(capfd, *deploy_args(tiny_model, folder, *extra))
+        result = cli_here(capfd, *deploy_args(tiny_model, folder, *extra))
         line = assert_one_error_line(result, str(folder))
         assert "not an edgecv package" in line
     assert (folder / "thesis.txt").read_text() == "five years of work"
@@ -76,7 +76,7 @@ def test_a_database_folder_that_is_not_one_is_refused(tiny_model, tmp_path, comm
             args += ["-o", str(tmp_path / "pkg")]
         else:
             args += ["--device", "cpu", "--trials", "1"]
-        result = cli(capfd, command, tiny_model, *args)
+        result = cli_here(capfd, command, tiny_model, *args)
         assert why in assert_one_error_line(result, str(db))
     assert sorted(p.name for p in documents.iterdir()) == ["thesis.txt"]
     assert (documents / "thesis.txt").read_text() == "five years of work"
@@ -86,16 +86,18 @@ def test_a_database_folder_that_is_not_one_is_refused(tiny_model, tmp_path, comm
 
 def test_replacing_a_package_takes_force(tiny_model, pool_model, tmp_path, capfd):
     out = tmp_path / "pkg"
-    assert cli(capfd, *deploy_args(tiny_model, out)).returncode == 0
+    assert cli_here(capfd, *deploy_args(tiny_model, out)).returncode == 0
     first = json.loads((out / "manifest.json").read_text())
     assert first["format"] == FORMAT
     (out / "marker").write_text("from the first deploy")
 
-    refused = cli(capfd, *deploy_args(tiny_model, out))
+    refused = cli_here(capfd, *deploy_args(tiny_model, out))
     assert_one_error_line(refused, "--force")
     assert (out / "marker").is_file()  # untouched
 
-    replaced = cli(capfd, "deploy", pool_model, "--input-shape", "1,3,8,8", "-o", out, "--force")
+    replaced = cli_here(
+        capfd, "deploy", pool_model, "--input-shape", "1,3,8,8", "-o", out, "--force"
+    )
     assert replaced.returncode == 0, replaced.stderr
     second = json.loads((out / "manifest.json").read_text())
     assert (first["model"]["name"], second["model"]["name"]) == ("tiny", "pool")
@@ -105,7 +107,7 @@ def test_replacing_a_package_takes_force(tiny_model, pool_model, tmp_path, capfd
 
 def test_archive_never_overwrites_a_foreign_file(tiny_model, tmp_path, capfd):
     out = tmp_path / "pkg"
-    assert cli(capfd, *deploy_args(tiny_model, out)).returncode == 0
+    assert cli_here(capfd, *deploy_args(tiny_model, out)).returncode == 0
     foreign = tmp_path / "pkg.tar.gz"
     foreign.write_bytes(b"someone's backup")
     with pytest.raises(PackageError, match="not an edgecv package archive"):
@@ -164,7 +166,7 @@ def test_archive_members_outside_the_package_are_refused(tmp_path, member, why, 
         unpack_if_archive(path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg.tar.gz", "victim.txt"]
     assert victim.read_text() == "safe"
-    result = cli(capfd, "run", path, "--input", tmp_path / "x.npy")
+    result = cli_here(capfd, "run", path, "--input", tmp_path / "x.npy")
     assert_one_error_line(result, "not a safe package archive")
 
 
@@ -190,7 +192,7 @@ def test_a_chain_of_links_cannot_write_outside(tmp_path, monkeypatch, data_filte
 
 def test_archive_does_not_overwrite_an_existing_folder(tiny_model, tmp_path, capfd):
     out = tmp_path / "pkg"
-    assert cli(capfd, *deploy_args(tiny_model, out, "--archive")).returncode == 0
+    assert cli_here(capfd, *deploy_args(tiny_model, out, "--archive")).returncode == 0
     packed = tmp_path / "pkg.tar.gz"
     # The folder beside it is the same package: it is used as is.
     assert unpack_if_archive(packed) == out
