@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EXPORTS = ROOT / "tests" / "onnx_models"
 FIELDS = ["model", "kind", "status", "deploy_s", "max_error", "detections", "error"]
+STATUSES = ("match", "mismatch", "deploy failed", "export failed", "timeout")
 
 
 def _models(torch_python: str) -> dict[str, str]:
@@ -152,8 +153,6 @@ def write_table(csv_path: Path, out: Path) -> None:
         lines.append("| " + " | ".join([*cells, r["detections"], error]) + " |")
     out.write_text("\n".join(lines) + "\n")
 
-
-STATUSES = ("match", "mismatch", "deploy failed", "export failed", "timeout")
 
 
 def main() -> None:
