@@ -154,7 +154,6 @@ def write_table(csv_path: Path, out: Path) -> None:
     out.write_text("\n".join(lines) + "\n")
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--torch-python", required=True, help="a Python with torchvision")
