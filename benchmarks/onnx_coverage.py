@@ -18,6 +18,11 @@ hang or a crash costs that model its ``--timeout`` and nothing else:
 
     python benchmarks/onnx_coverage.py --torch-python /path/to/torch/python --deploy cpu
     python benchmarks/onnx_coverage.py --torch-python ... --models resnet18,ssd300_vgg16
+    python benchmarks/onnx_coverage.py --torch-python ... --layout-budget 5 --timeout 900
+
+Models run smallest first (torchvision's recorded parameter counts), so a sweep stopped
+early has covered the most; ``--layout-budget`` gives the graph tuner fewer seconds to
+measure layouts (the question is deploy-and-match, not speed).
 
 Writes ``<out>.csv`` (one row per model, appended as each finishes: a long sweep can be
 stopped and resumed, models already in the file are skipped) and ``<out>.md`` (counts
@@ -42,14 +47,24 @@ STATUSES = ("match", "mismatch", "deploy failed", "export failed", "timeout")
 
 
 def _models(torch_python: str) -> dict[str, str]:
-    """Every torchvision classifier and detector name -> its kind."""
+    """Every torchvision classifier and detector name -> its kind, smallest first (by the
+    parameter count torchvision's weight tables record, read without downloading any), so
+    a sweep stopped early has covered the most models."""
     code = (
         "import json, torchvision.models as m\n"
-        "print(json.dumps([m.list_models(module=m), m.list_models(module=m.detection)]))"
+        "def size(name):\n"
+        "    try:\n"
+        "        return m.get_model_weights(name).DEFAULT.meta.get('num_params', 0)\n"
+        "    except Exception:\n"
+        "        return 0\n"
+        "kinds = [m.list_models(module=m), m.list_models(module=m.detection)]\n"
+        "print(json.dumps([[(n, size(n)) for n in names] for names in kinds]))"
     )
     out = subprocess.run([torch_python, "-c", code], capture_output=True, text=True, check=True)
     classifiers, detectors = json.loads(out.stdout.strip().splitlines()[-1])
-    return {**dict.fromkeys(classifiers, "classification"), **dict.fromkeys(detectors, "detection")}
+    sized = [(p, n, "classification") for n, p in classifiers]
+    sized += [(p, n, "detection") for n, p in detectors]
+    return {name: kind for _, name, kind in sorted(sized)}
 
 
 def _export(name: str, kind: str, torch_python: str, cache: Path, timeout: float) -> Path:
@@ -68,7 +83,7 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def check_one(stripped: str, kind: str, profile: str, work: str) -> dict:
+def check_one(stripped: str, kind: str, profile: str, work: str, budget: str) -> dict:
     """In the worker process: fill, deploy, compare; the CSV row's measured fields."""
     import numpy as np
 
@@ -77,11 +92,13 @@ def check_one(stripped: str, kind: str, profile: str, work: str) -> dict:
 
     import edgecv
     from edgecv.deploy import deploy
+    from edgecv.pipelines.steps import BuildOptions
     from edgecv.testing import compare_with_onnxruntime, match_detections
 
     path = seeded.filled(stripped, work)
+    options = BuildOptions(layout_budget_s=float(budget)) if budget != "default" else None
     start = time.perf_counter()
-    package = deploy(path, Path(work) / "package", profile)
+    package = deploy(path, Path(work) / "package", profile, options=options)
     row = {"deploy_s": round(time.perf_counter() - start, 1)}
     if kind == "classification":
         row["max_error"] = compare_with_onnxruntime(package, path)["max_error"]
@@ -123,7 +140,7 @@ def _run_one(name: str, kind: str, args, cache: Path) -> dict:
             "print('ROW ' + json.dumps(c.check_one(*sys.argv[2:])))"
         )
         command = [sys.executable, "-c", code, str(Path(__file__).parent)]
-        command += [str(stripped), kind, args.deploy, work]
+        command += [str(stripped), kind, args.deploy, work, str(args.layout_budget)]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired:
@@ -162,6 +179,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="results without suffix")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "onnx-cov")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per stage")
+    parser.add_argument(
+        "--layout-budget",
+        default="default",
+        help="the graph tuner's measuring budget in seconds (default: deploy's); a small "
+        "one shortens a sweep whose question is deploy-and-match, not speed",
+    )
     args = parser.parse_args()
     everything = _models(args.torch_python)
     names = args.models.split(",") if args.models else list(everything)
