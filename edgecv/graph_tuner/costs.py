@@ -219,7 +219,11 @@ def conv_kernels(
         if not chosen:
             return {}
     lowered = lower(
-        convert_layouts(extracted, layouts), chosen, extracted.int8_block, extracted.int8_pairs
+        convert_layouts(extracted, layouts),
+        chosen,
+        extracted.int8_block,
+        extracted.int8_pairs,
+        extracted.fast_exp,
     )
     functions = {gv.name_hint: f for gv, f in lowered.kernels.functions.items()}
     steps = [

@@ -52,6 +52,8 @@ class Extracted:
     int8_block: int | None = None
     # whether its packed ones sum two steps in int16 (7-bit data: lowering's int8_pairs)
     int8_pairs: bool = False
+    # whether sigmoid and SiLU take a vectorizable exp (lowering's fast_exp: CPU targets)
+    fast_exp: bool = False
 
 
 Candidates = Callable[[relax.Call], tuple[str, ...]]

@@ -18,6 +18,7 @@ import tvm
 from tvm import relax
 
 from ..board.errors import EdgecvError
+from ..lowering.legalize import fast_exp_for
 from ..profiles import Profile
 from ..schedules.cpu.dot_product import DotProduct, int8_lowering
 from .activations import rewrite_activations
@@ -158,6 +159,7 @@ def _tune(mod, profile, options, packings, mode, progress, dot) -> tuple[tvm.IRM
     int8_block, int8_pairs = int8_lowering(dot)
     extracted = extract(prepared, conv_candidates(packings, int8_block))
     extracted.int8_block, extracted.int8_pairs = int8_block, int8_pairs
+    extracted.fast_exp = fast_exp_for(profile.tvm_target())
     graph = extracted.graph
     facts: dict = {"mode": mode, "packings": packings}
     if all(len(graph.choices(i)) < 2 for i in graph.convs()):

@@ -49,16 +49,19 @@ def relax_passes() -> tvm.transform.Pass:
 
 
 def fusion_passes(
-    winograd: dict | None = None, int8_block: int | None = None, int8_pairs: bool = False
+    winograd: dict | None = None,
+    int8_block: int | None = None,
+    int8_pairs: bool = False,
+    fast_exp: bool = False,
 ) -> tvm.transform.Pass:
     """Legalize every op to a PrimFunc (convolutions the graph tuner packed by edgecv's
-    legalization, :mod:`.legalize`; those in ``winograd`` by Winograd's algorithm), then
-    group them (FuseOps) into kernels-to-be."""
+    legalization, :mod:`.legalize`; those in ``winograd`` by Winograd's algorithm;
+    sigmoid and SiLU by a vectorizable exp where ``fast_exp``), then group them
+    (FuseOps) into kernels-to-be."""
+    legalized = legalize_map(winograd, int8_block, int8_pairs, fast_exp)
     return tvm.transform.Sequential(
         [
-            relax.transform.LegalizeOps(
-                customize_legalize_map=legalize_map(winograd, int8_block, int8_pairs)
-            ),
+            relax.transform.LegalizeOps(customize_legalize_map=legalized),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             fuse_ops_keeping_concat_pieces,
@@ -183,16 +186,18 @@ def lower(
     winograd: dict | None = None,
     int8_block: int | None = None,
     int8_pairs: bool = False,
+    fast_exp: bool = False,
 ) -> Lowered:
     """Run the Relax passes and extract the static plan (target independent but for
     ``winograd``: the packed convolutions the graph tuner chose to run by Winograd's
     algorithm, ``int8_block``: the lanes of the CPU's int8 dot product, whose
     convolutions take their weights packed for it, and ``int8_pairs``: whether its
     packed convolutions sum two steps in int16 (7-bit data and weights; see
-    :func:`.legalize.legalize_map`))."""
+    :func:`.legalize.legalize_map`), and ``fast_exp``: whether sigmoid and SiLU take a
+    vectorizable exp (:func:`.legalize.fast_exp_for` the target))."""
     start = time.perf_counter()
     with tvm.transform.PassContext(config={"relax.FuseOps.max_depth": MAX_FUSION_DEPTH}):
-        mod = fusion_passes(winograd, int8_block, int8_pairs)(mod)
+        mod = fusion_passes(winograd, int8_block, int8_pairs, fast_exp)(mod)
     groups = _fused_ops(mod)
     mod = kernel_passes()(mod)
     passes_s = time.perf_counter() - start

@@ -27,6 +27,7 @@ from ..board.precision import Precision
 from ..graph_tuner import choose_layouts
 from ..graph_tuner.stage import winograd_plan
 from ..lowering import lower
+from ..lowering.legalize import fast_exp_for
 from ..profiles import Profile
 from ..schedules.cpu.dot_product import dot_product_of, int8_lowering
 from .int8 import quantize_model
@@ -48,7 +49,7 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
         precision["quantization"] = quantization
     mod, layouts = choose_layouts(mod, profile, options, progress, dot)  # 1
     progress("lowering (Relax passes, fusion, memory plan)")
-    lowered = lower(mod, winograd_plan(layouts), *int8_lowering(dot))  # 2
+    lowered = lower(mod, winograd_plan(layouts), *int8_lowering(dot), fast_exp_for(target))  # 2
     progress(
         f"scheduling and compiling {len(lowered.kernels.functions)} kernels for "
         f"{target.attrs.get('mcpu', 'the CPU')}"

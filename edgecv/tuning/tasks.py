@@ -87,8 +87,9 @@ def extract_tasks(mod: tvm.IRModule, profile: Profile, winograd: dict | None = N
     launch."""
     from ..codegen.op_versions import OpVersions
     from ..lowering import lower
+    from ..lowering.legalize import fast_exp_for
 
-    lowered = lower(mod, winograd)
+    lowered = lower(mod, winograd, fast_exp=fast_exp_for(profile.tvm_target()))
     kernels = lowered.kernels
     if profile.runtime != "cpu":
         target = profile.tvm_target()
