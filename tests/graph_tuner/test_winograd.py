@@ -54,22 +54,33 @@ NAMES = ["7x7", "13x10-uneven-tiles-leaky", "batch2-no-padding"]
 CASES = pytest.mark.parametrize(
     "batch, channels, outputs, height, width, pad, leaky", SHAPES, ids=NAMES
 )
-# Every case on Intel's runtime; on PoCL the uneven tiles (the predicated edges, the
-# epilogue) by default, and the other two cases, whose kernels and launches Intel's
-# runtime runs already, with `heavy`.
+
+
+# Each profile's packing on the device that stands in for its GPU: deeplens' 16-wide
+# subgroups on Intel's runtime (every case), Mali's float4 on PoCL (the uneven tiles:
+# the predicated edges, the epilogue) and on Intel's runtime (the other two cases). The
+# rest of the product, the same kernels and launches on the other device, with `heavy`.
+def _gpu_case(device, profile, block, side, shape, name):
+    uneven = "uneven" in name
+    default = {
+        ("intel", "deeplens"): True,
+        ("pocl", "aisage"): uneven,
+        ("intel", "aisage"): not uneven,
+        ("pocl", "deeplens"): False,
+    }[device, profile]
+    marks = [needs_pocl()] if device == "pocl" else []
+    marks += [] if default else [pytest.mark.heavy]
+    ident = f"{name}-{device}-{side}-{profile}-{block}"
+    return pytest.param(device, profile, block, side, *shape, id=ident, marks=marks)
+
+
 GPU_CASES = pytest.mark.parametrize(
-    "device, batch, channels, outputs, height, width, pad, leaky",
+    "device, profile, block, side, batch, channels, outputs, height, width, pad, leaky",
     [
-        pytest.param("intel", *shape, id=f"{name}-intel")
-        for shape, name in zip(SHAPES, NAMES, strict=True)
-    ]
-    + [
-        pytest.param(
-            "pocl",
-            *shape,
-            id=f"{name}-pocl",
-            marks=[needs_pocl()] if "uneven" in name else [needs_pocl(), pytest.mark.heavy],
-        )
+        _gpu_case(device, profile, block, side, shape, name)
+        for device in ("intel", "pocl")
+        for profile, block in (("deeplens", 16), ("aisage", 4))
+        for side in winograd.SIDES
         for shape, name in zip(SHAPES, NAMES, strict=True)
     ],
 )
@@ -118,8 +129,6 @@ def test_the_kernel_matches_a_numpy_convolution(
     assert_close(unpack(result.numpy()), expected, f"F({side}, 3)")
 
 
-@pytest.mark.parametrize("profile, block", [("deeplens", 16), ("aisage", 4)])
-@pytest.mark.parametrize("side", winograd.SIDES)
 @GPU_CASES
 def test_the_gpu_rule_matches_a_numpy_convolution_on_opencl(
     device, profile, block, side, batch, channels, outputs, height, width, pad, leaky
