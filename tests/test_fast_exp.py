@@ -1,4 +1,4 @@
-"""Sigmoid and SiLU on CPU targets take ``topi.fast_exp`` (edgecv/lowering/legalize.py's
+"""Sigmoid and SiLU on CPU targets take edgecv/lowering/legalize.py's ``vector_exp`` (its
 ``fast_exp_for``): no call of ``exp`` is left in their kernels, so LLVM vectorizes them,
 and their values stay within float32's rounding of NumPy's over the whole range,
 saturation included. Whole-model agreement: the ONNX classifier of
@@ -58,11 +58,11 @@ def test_sigmoid_and_silu_match_numpy_over_the_whole_range(fast_exp):
     x = np.concatenate([-x, x]).reshape(SHAPE).astype(np.float32)
     sigmoid, silu = (o.numpy() for o in vm["main"](tvm.runtime.tensor(x)))
     expected = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
-    # within about an ulp of 1.0 everywhere (what a sum downstream sees), and within a few
-    # millionths of the value while it is above float32's normal range (|x| < 80): the
-    # range reduction's error grows with the exponent, to 4e-6 of exp(80) measured
+    # within an ulp of 1.0 everywhere (what a sum downstream sees), and within a few ulps
+    # of the value while it is a normal float32 (|x| < 80; below, the polynomial's
+    # clamp gives 1.2e-38 where the true value is smaller still)
     ulp = 2.0**-23
     assert np.abs(sigmoid - expected).max() <= ulp
     normal = np.abs(x) < 80
-    np.testing.assert_allclose(sigmoid[normal], expected[normal], rtol=5e-6)
+    np.testing.assert_allclose(sigmoid[normal], expected[normal], rtol=4e-7)
     assert (np.abs(silu - x * expected) <= ulp * np.maximum(1.0, np.abs(x))).all()

@@ -52,22 +52,21 @@ CONV2D_INT8_PACKED = "conv2d_int8_NCHWc"
 
 
 def fast_exp_for(target: tvm.target.Target) -> bool:
-    """Whether a build for ``target`` computes the exponential in sigmoid and SiLU by
-    TVM's ``topi.fast_exp`` (a range reduction and a polynomial, within an ulp or two
-    of float32's exp) rather than TIR's ``exp``: on CPUs, where LLVM turns ``exp`` into
-    one call of the C library's ``expf`` per lane (a vector loop of calls), while the
-    polynomial vectorizes; a [16, 320, 320] sigmoid ran 5x faster so (a YOLOv8n has
-    such an activation after each of its convolutions). GPUs keep their hardware
-    ``exp``. One answer for the pipeline, the graph tuner and the tuning tasks."""
+    """Whether a build for ``target`` computes sigmoid and SiLU with :func:`vector_exp`
+    rather than TIR's ``exp``: on CPUs, where LLVM turns ``exp`` into one call of the C
+    library's ``expf`` per lane (a vector loop of calls), while the polynomial
+    vectorizes; a [16, 320, 320] sigmoid ran 5x faster so (a YOLOv8n has such an
+    activation after each of its convolutions). GPUs keep their hardware ``exp``. One
+    answer for the pipeline, the graph tuner and the tuning tasks."""
     return target.kind.name == "llvm"
 
 
 def fast_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-    """``relax.sigmoid`` of float32 as ``1 / (1 + fast_exp(-x))`` (:func:`fast_exp_for`);
-    other dtypes as TVM legalizes them."""
+    """``relax.sigmoid`` of float32 as ``1 / (1 + e^-x)`` by :func:`vector_exp`
+    (:func:`fast_exp_for`); other dtypes as TVM legalizes them."""
     if str(call.args[0].ty.dtype) != "float32":
         return tvm.ir.Op.get("relax.sigmoid").get_attr("FLegalize")(bb, call)
-    return bb.call_te(_sigmoid, call.args[0], primfunc_name_hint="tir_sigmoid")
+    return bb.call_te(_elementwise(_sigmoid), call.args[0], primfunc_name_hint="tir_sigmoid")
 
 
 def fast_silu(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -75,15 +74,55 @@ def fast_silu(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     sigmoid; other dtypes as TVM legalizes them."""
     if str(call.args[0].ty.dtype) != "float32":
         return tvm.ir.Op.get("relax.nn.silu").get_attr("FLegalize")(bb, call)
-    return bb.call_te(
-        lambda x: topi.multiply(x, _sigmoid(x)), call.args[0], primfunc_name_hint="silu"
-    )
+    silu = _elementwise(lambda x: x * _sigmoid(x))
+    return bb.call_te(silu, call.args[0], primfunc_name_hint="silu")
 
 
-def _sigmoid(x: te.Tensor) -> te.Tensor:
-    exp = topi.fast_exp(topi.negative(x))
+def _elementwise(f):
+    """A TE compute of ``f`` applied to each element of a tensor, the element bound once
+    (``let``): a schedule inlining the tensor's producers into this compute substitutes
+    them once, however often ``f`` reads its argument (a fused concatenation and reshape
+    repeated in each read of an ``exp``'s input made YOLOv8n's head kernel 5x slower)."""
+
+    def compute(x: te.Tensor) -> te.Tensor:
+        def element(*i):
+            value = tvm.tirx.Var("v", "float32")
+            return tvm.tirx.Let(value, x(*i), f(value))
+
+        return te.compute(x.shape, element, name="activation", tag="elemwise")
+
+    return compute
+
+
+def _sigmoid(x):
     one = tvm.tirx.const(1.0, "float32")
-    return te.compute(x.shape, lambda *i: one / (one + exp(*i)), name="sigmoid", tag="elemwise")
+    return one / (one + vector_exp(-x))
+
+
+# e^r on |r| <= ln(2)/2 by its Taylor series to r^6 (the remainder r^7/7! e^r is under
+# 1.7e-7 there, about an ulp); ln(2) in two parts, so n ln(2) of the range reduction is
+# exact for every n of a float32 exponent (the high part has 9 significant bits)
+_TAYLOR = [1.0, 1.0, 1 / 2, 1 / 6, 1 / 24, 1 / 120, 1 / 720]
+_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
+# e^87.3 is within float32's normal range and 2^n stays a normal number for |n| <= 126
+_EXP_BOUND = 87.3
+
+
+def vector_exp(v):
+    """``e^v`` of a float32 TIR expression in plain arithmetic that LLVM vectorizes:
+    ``v = n ln(2) + r`` with integer ``n`` and ``|r| <= ln(2)/2``, ``e^r`` by a
+    polynomial, ``2^n`` by writing ``n + 127`` into the float's exponent bits. ``v`` is
+    clamped to +-87.3 (``e^-87.3`` is 1.2e-38; sigmoid and SiLU saturate long before)."""
+    f32 = "float32"
+    const = lambda c: tvm.tirx.const(c, f32)  # noqa: E731
+    v = tvm.tirx.max(tvm.tirx.min(v, const(_EXP_BOUND)), const(-_EXP_BOUND))
+    n = tvm.tirx.floor(v * const(1.4426950408889634) + const(0.5))
+    r = v - n * const(_LN2_HI) - n * const(_LN2_LO)
+    poly = const(_TAYLOR[-1])
+    for c in reversed(_TAYLOR[:-1]):
+        poly = poly * r + const(c)
+    bits = tvm.tirx.shift_left(n.astype("int32") + 127, tvm.tirx.const(23, "int32"))
+    return poly * tvm.tirx.reinterpret(f32, bits)
 
 
 def legalize_map(
