@@ -168,10 +168,23 @@ def test_ssdlite_runs_every_launch_on_intel_opencl(ssdlite, tmp_path):
     assert_detections_match(ours, _onnxruntime(path, x), path, 320)
 
 
-def test_another_form_is_one_error_line(filled, tmp_path):
+def _zero_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (committed without its weights) with the emptied weights as zeros: a
+    refusal on import reads the graph's structure, not the weights, whose seeded fill
+    (ONNX Runtime run layer after layer) costs SSDlite tens of seconds."""
+    for tensor in model.graph.initializer:
+        if tensor.doc_string.startswith("seeded "):
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+            zeros = np.zeros(tuple(tensor.dims), dtype)
+            tensor.CopyFrom(onnx.numpy_helper.from_array(zeros, tensor.name))
+    return model
+
+
+def test_another_form_is_one_error_line(tmp_path):
     """A post-processing around NonMaxSuppression the importer does not recognize (here
-    one class's TopK takes the smallest scores) is refused in one line naming why."""
-    model = onnx.load(str(filled))
+    one class's TopK takes the smallest scores) is refused in one line naming why, by
+    the command's own process (its exit status and what it prints on the way out)."""
+    model = _zero_weights(onnx.load(str(FOLDER / f"{SSDLITE}.onnx")))
     topk = next(n for n in model.graph.node if n.op_type == "TopK")
     next(a for a in topk.attribute if a.name == "largest").i = 0
     onnx.save(model, str(tmp_path / "changed.onnx"))
