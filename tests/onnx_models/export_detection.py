@@ -47,6 +47,19 @@ MODELS = {
     # (seeded.filled) pass a few hundred candidates, more than the top-k on the first level
     "tiny_retinanet": (128, {"score_thresh": 0.0135, "topk_candidates": 400}),
     "tiny_fcos": (128, {"score_thresh": 0.1, "topk_candidates": 400, "detections_per_img": 200}),
+    # torchvision's FasterRCNN class (RPN, MultiScaleRoIAlign over both levels, box head,
+    # post-processing) on the same backbone: 150 proposals per level before the RPN's
+    # NMS and up to 300 after it, so its kept proposals end in padding rows
+    # (edgecv.frontend.onnx.torchvision_rcnn); a threshold where the seeded weights pass
+    # a few dozen detections
+    "tiny_faster_rcnn": (
+        128,
+        {
+            "rpn_pre_nms_top_n_test": 150,
+            "rpn_post_nms_top_n_test": 300,
+            "box_score_thresh": 0.26,
+        },
+    ),
 }
 
 
@@ -79,8 +92,42 @@ def build(name: str, size: int, kwargs: dict) -> torch.nn.Module:
     if name == "tiny_retinanet":
         anchors = detection.anchor_utils.AnchorGenerator(((16,), (32,)), ((0.5, 1.0, 2.0),) * 2)
         return detection.RetinaNet(TinyBackbone(), anchor_generator=anchors, **sizes)
+    if name == "tiny_faster_rcnn":
+        return _tiny_faster_rcnn(sizes)
     anchors = detection.anchor_utils.AnchorGenerator(((16,), (32,)), ((1.0,),) * 2)
     return detection.FCOS(TinyBackbone(), anchor_generator=anchors, **sizes)
+
+
+def _tiny_faster_rcnn(sizes: dict) -> torch.nn.Module:
+    """FasterRCNN on :class:`TinyBackbone`: the RoIs pooled 7x7 from the level of their
+    size (canonical scale 64: below 32 pixels the first level, above it the second, so
+    both are used at 128x128), a box head of 128 features."""
+    from torchvision.models import detection
+    from torchvision.ops import MultiScaleRoIAlign
+
+    anchors = detection.anchor_utils.AnchorGenerator(((16,), (32,)), ((0.5, 1.0, 2.0),) * 2)
+    pool = MultiScaleRoIAlign(["0", "1"], 7, 2, canonical_scale=64)
+    head = detection.faster_rcnn.TwoMLPHead(TinyBackbone.out_channels * 7 * 7, 128)
+    predictor = detection.faster_rcnn.FastRCNNPredictor(128, sizes.pop("num_classes"))
+    return detection.FasterRCNN(
+        TinyBackbone(),
+        rpn_anchor_generator=anchors,
+        box_roi_pool=pool,
+        box_head=head,
+        box_predictor=predictor,
+        **sizes,
+    )
+
+
+def output_names(net: torch.nn.Module) -> list[str]:
+    """The names of the outputs, in the order of the model's result: the two-stage
+    detectors (Faster R-CNN) return boxes, labels, scores; the one-stage ones boxes,
+    scores, labels."""
+    from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
+
+    if isinstance(net, GeneralizedRCNN):
+        return ["boxes", "labels", "scores"]
+    return ["boxes", "scores", "labels"]
 
 
 def export(name: str, size: int, kwargs: dict, out: Path) -> Path:
@@ -94,7 +141,7 @@ def export(name: str, size: int, kwargs: dict, out: Path) -> Path:
             (x,),
             str(full),
             input_names=["image"],
-            output_names=["boxes", "scores", "labels"],
+            output_names=output_names(net),
             opset_version=17,
             dynamo=False,
         )

@@ -20,6 +20,7 @@ from tvm.relax import op as R
 
 from .torchvision_detection import Detections
 from .torchvision_levels import BatchedNMS, LevelCandidates
+from .torchvision_rcnn import FilteredNMS, LevelRoiAlign
 from .ultralytics_nms import NMS as UltralyticsNMS
 from .vision import NonMaxSuppression, TopK
 from .vision_roi import CumSum, RoiAlign
@@ -76,7 +77,9 @@ CONVERTERS: dict[str, Converter] = {
     "Clip": Clip,
     "CumSum": CumSum,
     "Detections": Detections,  # torchvision_detection.rewrite's node
+    "FilteredNMS": FilteredNMS,  # torchvision_rcnn's nodes
     "LevelCandidates": LevelCandidates,  # torchvision_levels' node
+    "LevelRoiAlign": LevelRoiAlign,
     "NonMaxSuppression": NonMaxSuppression,
     "RoiAlign": RoiAlign,
     "Split": Split,

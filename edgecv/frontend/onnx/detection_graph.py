@@ -103,7 +103,12 @@ class BatchedNMSNodes:
     removed: set  # the If's, the Slice's and the Gathers' outputs
 
     @classmethod
-    def of(cls, graph: Graph, if_node) -> BatchedNMSNodes:
+    def of(
+        cls, graph: Graph, if_node, gathered: tuple = ("boxes", "scores", "labels")
+    ) -> BatchedNMSNodes:
+        """The nodes around ``if_node``; the kept rows gathered once from each of the
+        parts ``gathered`` names, and from no other (Faster R-CNN's RPN gathers only
+        its boxes: the scores are dead in the export)."""
         branch = nms_branch(if_node)
         made = {o for n in branch.node for o in n.output} | {t.name for t in branch.initializer}
         outer = [i for n in branch.node for i in n.input if i and i not in made]
@@ -130,8 +135,8 @@ class BatchedNMSNodes:
         gathers = [r for r in graph.readers.get(sliced.output[0], []) if r.op_type == "Gather"]
         parts = {"boxes": boxes, "scores": scores, "labels": labels}
         outputs = {p: g.output[0] for p, v in parts.items() for g in gathers if g.input[0] == v}
-        if len(outputs) != 3 or len(gathers) != 3:
-            raise Mismatch("the kept rows are not gathered once from boxes, scores and labels")
+        if set(outputs) != set(gathered) or len(gathers) != len(gathered):
+            raise Mismatch(f"the kept rows are not gathered once from {', '.join(gathered)}")
         removed = {if_node.output[0], sliced.output[0], *outputs.values()}
         iou = branch_iou(branch)
         return cls(boxes, scores, labels, iou, int(ends.reshape(-1)[0]), outputs, removed)

@@ -33,6 +33,7 @@ from tvm.relax import op as R
 
 from ...board.errors import ConversionError
 from . import torchvision_levels as levels
+from . import torchvision_rcnn as rcnn
 from .detection_graph import (
     DOMAIN,
     BatchedNMSNodes,
@@ -61,29 +62,45 @@ def rewrite(model, source: str):
 
 def replace_postprocessing(model, source: str):
     """:func:`rewrite` without the folding: one :class:`ConversionError` for an ``If``
-    around ``NonMaxSuppression`` in neither form, saying why for each."""
+    around ``NonMaxSuppression`` in none of the forms, saying why for each."""
     ifs = [n for n in model.graph.node if n.op_type == "If" and nms_branch(n) is not None]
     if not ifs:
         return model
-    graph = Graph.of(model.graph)
-    try:
-        if len(ifs) != 1:
-            raise Mismatch(f"{len(ifs)} If nodes hold a NonMaxSuppression, expected one")
-        nms = BatchedNMSNodes.of(graph, ifs[0])
+    forms = [("SSD", _replace_ssd), ("RetinaNet or FCOS", _replace_levels)]
+    forms.append(("Faster R-CNN", rcnn.replace))
+    reasons = []
+    for form, replace in forms:
         try:
-            node = _detections_node(graph, nms)
-        except Mismatch as ssd:
-            try:
-                return levels.replace(model)
-            except Mismatch as level:
-                raise Mismatch(f"as SSD: {ssd}; as RetinaNet or FCOS: {level}") from None
-    except Mismatch as why:
-        raise ConversionError(
-            f"{source}: the detection post-processing around NonMaxSuppression is not a "
-            f"form edgecv maps to fixed-size outputs (torchvision's SSD, SSDlite, "
-            f"RetinaNet and FCOS are; {why}); see docs/models.md, torchvision's detectors"
-        ) from None
-    return splice(model, [(node, ifs[0].output[0])], nms.removed)
+            return replace(model)
+        except Mismatch as why:
+            reasons.append(f"as {form}: {why}")
+    raise ConversionError(
+        f"{source}: the detection post-processing around NonMaxSuppression is not a "
+        f"form edgecv maps to fixed-size outputs (torchvision's SSD, SSDlite, RetinaNet, "
+        f"FCOS and Faster R-CNN are; {'; '.join(reasons)}); see docs/models.md, "
+        f"torchvision's detectors"
+    )
+
+
+def _one_nms_if(model):
+    """The one ``If`` around ``NonMaxSuppression`` of a one-stage detector."""
+    ifs = [n for n in model.graph.node if n.op_type == "If" and nms_branch(n) is not None]
+    if len(ifs) != 1:
+        raise Mismatch(f"{len(ifs)} If nodes hold a NonMaxSuppression, expected one")
+    return ifs[0]
+
+
+def _replace_ssd(model):
+    """``model`` with SSD's post-processing replaced by one Detections node."""
+    if_node = _one_nms_if(model)
+    graph = Graph.of(model.graph)
+    node = _detections_node(graph, nms := BatchedNMSNodes.of(graph, if_node))
+    return splice(model, [(node, if_node.output[0])], nms.removed)
+
+
+def _replace_levels(model):
+    _one_nms_if(model)
+    return levels.replace(model)
 
 
 def _detections_node(graph: Graph, nms: BatchedNMSNodes):
