@@ -16,6 +16,9 @@ from edgecv.deploy import deploy
 from edgecv.pipelines import BuildOptions
 from edgecv.testing import assert_close
 
+# rows of 11 (prime, wider than a work-item's tile of 8): the last tile predicated
+PRIME = (1, 3, 11, 11)
+
 
 def skip_without_pocl():
     """Skip, naming the reason, where PoCL cannot run here (``needs_pocl()`` is a mark,
@@ -31,8 +34,7 @@ def skip_without_pocl():
         # the same model at the size of the small model's other tests: the prime width
         # below packs the same convolutions with the same rule (predicated, too)
         pytest.param("deeplens", "intel", SHAPE, marks=pytest.mark.heavy, id="deeplens-intel"),
-        # rows of 11 (prime, wider than a work-item's tile of 8): the last tile predicated
-        pytest.param("deeplens", "intel", (1, 3, 11, 11), id="deeplens-intel-prime-width"),
+        pytest.param("deeplens", "intel", PRIME, id="deeplens-intel-prime-width"),
         pytest.param("aisage", "pocl", SHAPE, marks=pytest.mark.heavy),
     ],
 )
@@ -79,7 +81,7 @@ def test_auto_on_opencl_measures_on_the_device_and_matches_mxnet(
         tmp_path / "pkg",
         "deeplens",
         params=str(params),
-        input_shape=SHAPE,
+        input_shape=PRIME,
         host="native",
         options=options,
     )
@@ -88,7 +90,7 @@ def test_auto_on_opencl_measures_on_the_device_and_matches_mxnet(
     assert layouts["costs"].get("measured", 0) > 0, layouts["costs"]
     for conv in layouts["convolutions"]:
         assert all(s is not None and s > 0 for s in conv["seconds"].values()), conv
-    x = np.random.default_rng(3).standard_normal(SHAPE).astype(np.float32)
+    x = np.random.default_rng(3).standard_normal(PRIME).astype(np.float32)
     got = edgecv.load(path, on="intel").run(x)[0]
     assert_close(got, mxnet_forward(symbol, params, x)[0], name="auto on deeplens")
 
