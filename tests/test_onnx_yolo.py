@@ -4,7 +4,8 @@ seed here), against ONNX Runtime's CPU forward of the same file: the raw head on
 and on `deeplens` (every launch on Intel's OpenCL), the end-to-end NMS head
 (``nms=True``) on edgecv's box NMS with ONNX Runtime's kept rows (count, class and order
 exact), and `edgecv run IMAGE` drawing its detections. YOLOv8n at 320 x 320 in the
-default suite; at 640 and YOLO11n `heavy`."""
+default suite, its NMS head there cut from the export at the raw head (the whole NMS
+export compiles the backbone a second time: `heavy`); at 640 and YOLO11n `heavy`."""
 
 from __future__ import annotations
 
@@ -41,9 +42,18 @@ def _filled(stem: str, folder: Path) -> Path:
 
 def _input(path: Path) -> np.ndarray:
     """A standard normal image tensor of the model's input shape (seed 0)."""
+    return np.random.RandomState(0).standard_normal(_input_shape(path)).astype(np.float32)
+
+
+def _input_shape(path: Path) -> list[int]:
     dims = onnx.load(str(path), load_external_data=False).graph.input[0].type.tensor_type
-    shape = [d.dim_value for d in dims.shape.dim]
-    return np.random.RandomState(0).standard_normal(shape).astype(np.float32)
+    return [d.dim_value for d in dims.shape.dim]
+
+
+def _depth(path: Path) -> float:
+    """The loosening compare_with_onnxruntime gives the file: its convolutions / 10."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return max(1.0, sum(n.op_type == "Conv" for n in graph.node) / 10)
 
 
 def _onnxruntime(path: Path, x: np.ndarray) -> np.ndarray:
@@ -62,6 +72,30 @@ def raw_320(tmp_path_factory):
     options = BuildOptions(layout="packed")
     package = deploy(path, folder / "cpu", "cpu", processing=preset("ultralytics"), options=options)
     return path, package
+
+
+# the raw head [1, 4 + 80, 2100] inside the ``nms=True`` export, where its NMS head begins
+RAW_HEAD = "/model/model.22/Concat_3_output_0"
+
+
+@pytest.fixture(scope="module")
+def nms_head(tmp_path_factory):
+    """The NMS head of YOLOv8n's ``nms=True`` export at 320 x 320, cut from the committed
+    file at the raw head (its input) and deployed for `cpu`: the head's dozen kernels,
+    not the backbone's 95 again (the whole export: test_the_nms_export_keeps_onnxruntimes_rows)."""
+    folder = tmp_path_factory.mktemp("yolov8n_320_nms_head")
+    model = onnx.load(str(FOLDER / "yolov8n_320_nms.onnx"))
+    head = onnx.utils.Extractor(model).extract_model([RAW_HEAD], ["output0"])
+    assert not any(t.doc_string for t in head.graph.initializer), "no weight left to fill"
+    assert _shape_of(head.graph.input[0]) == [1, 84, 2100]
+    path = folder / "yolov8n_320_nms_head.onnx"
+    onnx.save(head, str(path))
+    package = deploy(path, folder / "cpu", "cpu", options=BuildOptions(layout="NCHW"))
+    return path, package
+
+
+def _shape_of(value) -> list[int]:
+    return [d.dim_value for d in value.type.tensor_type.shape.dim]
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +117,12 @@ def test_yolov8n_matches_onnxruntime_on_cpu(raw_320):
     assert compared["scale"] > 1, compared  # boxes in pixels: the comparison means something
 
 
-def assert_same_kept_rows(actual: np.ndarray, expected: np.ndarray, path: Path) -> int:
+def assert_same_kept_rows(actual: np.ndarray, expected: np.ndarray, side: int, depth: float) -> int:
     """The rows ONNX Runtime keeps (score above 0; zeros after), the same in number and
-    class, boxes and scores within the tolerance table loosened for depth, in ONNX
-    Runtime's order except within a run of scores tied to that tolerance (compared as a
-    set: edgecv.testing.match_detections); returns their count."""
+    class, boxes (pixels of a ``side`` x ``side`` input) and scores within the tolerance
+    table loosened by ``depth``, in ONNX Runtime's order except within a run of scores
+    tied to that tolerance (compared as a set: edgecv.testing.match_detections); returns
+    their count."""
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     kept = int((expected[0, :, 4] > 0).sum())
     assert int((actual[0, :, 4] > 0).sum()) == kept
@@ -97,13 +132,27 @@ def assert_same_kept_rows(actual: np.ndarray, expected: np.ndarray, path: Path) 
         ids = np.where(rows[..., 4:5] > 0, rows[..., 5:6], -1.0)
         return [ids, rows[..., 4:5], rows[..., :4]]
 
-    size = onnx.load(str(path), load_external_data=False).graph.input[0]
-    side = max(d.dim_value for d in size.type.tensor_type.shape.dim)
-    graph = onnx.load(str(path), load_external_data=False).graph
-    depth = max(1.0, sum(n.op_type == "Conv" for n in graph.node) / 10)
     return match_detections(gluoncv(actual), gluoncv(expected), depth, box_scale=side)
 
 
+def test_the_nms_head_keeps_onnxruntimes_rows(nms_head, raw_320):
+    """Ultralytics' NMS head recognized in its export and run on edgecv's box NMS, fed
+    the raw head's values on the test image (ONNX Runtime's forward of the raw export):
+    ONNX Runtime's kept rows from the same values, compared without loosening."""
+    path, package = nms_head
+    manifest = json.loads((package / "manifest.json").read_text())
+    assert "box_nms" in json.dumps(manifest["build"]), "the head runs on edgecv's box NMS"
+    raw, _ = raw_320
+    head = _onnxruntime(raw, _input(raw))
+    (actual,) = edgecv.load(package).run(head)
+    kept = assert_same_kept_rows(actual, _onnxruntime(path, head), 320, 1.0)
+    assert 10 <= kept < actual.shape[1], kept  # some boxes kept, some padding
+
+
+# the whole export compiles the backbone again: its head by default in
+# test_the_nms_head_keeps_onnxruntimes_rows, its backbone in
+# test_yolov8n_matches_onnxruntime_on_cpu (the raw export's)
+@pytest.mark.heavy
 def test_the_nms_export_keeps_onnxruntimes_rows(nms_320):
     path, package = nms_320
     manifest = json.loads((package / "manifest.json").read_text())
@@ -111,7 +160,9 @@ def test_the_nms_export_keeps_onnxruntimes_rows(nms_320):
     assert "box_nms" in kernels, "the head runs on edgecv's box NMS"
     x = _input(path)
     (actual,) = edgecv.load(package).run(x)
-    kept = assert_same_kept_rows(actual, _onnxruntime(path, x), path)
+    kept = assert_same_kept_rows(
+        actual, _onnxruntime(path, x), max(_input_shape(path)), _depth(path)
+    )
     assert 10 <= kept < actual.shape[1], kept  # some boxes kept, some padding
 
 
@@ -205,6 +256,7 @@ def test_the_640_exports_match_onnxruntime(stem, tmp_path):
     x = _input(path)
     if stem.endswith("_nms"):
         (actual,) = edgecv.load(package).run(x)
-        assert assert_same_kept_rows(actual, _onnxruntime(path, x), path) >= 10
+        side, depth = max(_input_shape(path)), _depth(path)
+        assert assert_same_kept_rows(actual, _onnxruntime(path, x), side, depth) >= 10
     else:
         compare_with_onnxruntime(package, path, [x])
