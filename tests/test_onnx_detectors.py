@@ -28,6 +28,7 @@ import edgecv
 from edgecv.board.decoders import decode_detections
 from edgecv.board.processing import preset
 from edgecv.deploy import deploy
+from edgecv.frontend.onnx.importer import from_onnx
 from edgecv.frontend.onnx.torchvision_detection import replace_postprocessing
 from edgecv.pipelines import BuildOptions
 from edgecv.testing import TOLERANCES, assert_close
@@ -265,3 +266,14 @@ def test_a_split_into_one_keeps_the_graph_tuner(tmp_path):
     assert "reason" not in layouts, layouts
     x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
     assert_close(edgecv.load(package).run(x)[0], _onnxruntime(path, x)[0])
+
+
+def test_the_ssd_form_imports_to_fixed_size_outputs():
+    """SSDlite's post-processing replaced (import only: the deploy and the rows against
+    ONNX Runtime are the heavy tests above): boxes, scores and labels of
+    ``detections_per_img`` rows, labels int64 as torchvision's (a label constant that
+    Relax narrowed to int32 once failed this import)."""
+    model = _zero_weights(onnx.load(str(FOLDER / f"{SSDLITE}.onnx")))
+    imported = from_onnx(model, None, source=f"{SSDLITE}.onnx")
+    assert imported.output_shapes == [(300, 4), (300,), (300,)], imported.output_shapes
+    assert imported.output_dtypes == ["float32", "float32", "int64"], imported.output_dtypes

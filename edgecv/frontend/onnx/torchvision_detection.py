@@ -201,7 +201,7 @@ def Detections(bb, inputs, attrs, opset):  # noqa: N802 (named after the node)
     best = bb.normalize(R.reshape(R.gather_elements(rows, index, axis=1), (classes * k,)))
     flat = bb.normalize(R.reshape(index, (classes * k,)))
     corners = bb.normalize(R.take(boxes, flat, axis=0))
-    label = relax.const(np.repeat(np.asarray(labels, np.int64), k))
+    label = relax.const(np.repeat(np.asarray(labels, np.int64), k), "int64")  # else int32
     keep = min(int(attrs["detections"]), classes * k)
     return batched_detections(
         bb, corners, best, label, attrs["score_threshold"], attrs["iou_threshold"], keep
