@@ -79,8 +79,11 @@ def _export(name: str, kind: str, torch_python: str, cache: Path, timeout: float
 
 
 def _last_line(text: str) -> str:
+    """The last line of a failed stage's stderr that says something: TVM prints
+    warnings on the way out (a BlockBuilder destroyed) after the error."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
+    said = [line for line in lines if "Warning" not in line and "warn(" not in line]
+    return (said or lines or [""])[-1][:300]
 
 
 def check_one(stripped: str, kind: str, profile: str, work: str, budget: str) -> dict:
