@@ -2,7 +2,9 @@
 with ``onnx.helper``, a test's cases side by side in one graph: one deploy) for `cpu` and
 `deeplens` (Intel's OpenCL runtime stands in), against ONNX Runtime's CPU forward of the
 same file: indices exactly, ties included; on deeplens the op runs as edgecv's tagged
-kernel on the GPU (no CPU launch)."""
+kernel on the GPU (no CPU launch), one case of each test by default (every case with
+``-m heavy``: the converter's forms are the cpu cases', the GPU kernels' shapes and
+attributes tests/ops/'s, and each case is a GPU sort program of its own to compile)."""
 
 from __future__ import annotations
 
@@ -128,17 +130,28 @@ def _random_boxes(rng, batch, n, center):
 TOPK_CASES = [((4, 50), 7, -1, 1), ((3, 20, 5), 4, 1, 0), ((2, 3, 16), 16, 2, 1)]
 
 
-@pytest.mark.parametrize("profile", ["cpu", "deeplens"])
-def test_topk_matches_onnxruntime_ties_included(tmp_path, profile):
-    """Every case in one graph (one deploy), distinct keys and then many equal ones."""
+def profiles(gpu_case: int) -> list:
+    """(profile, the index of the one case it runs, None: every case): every case on
+    `cpu`; on deeplens case ``gpu_case`` by default, every case `heavy` (module docstring)."""
+    return [
+        pytest.param("cpu", None, id="cpu"),
+        pytest.param("deeplens", gpu_case, id="deeplens"),
+        pytest.param("deeplens", None, id="deeplens-every-case", marks=pytest.mark.heavy),
+    ]
+
+
+@pytest.mark.parametrize(("profile", "only"), profiles(1))  # the middle axis, smallest first
+def test_topk_matches_onnxruntime_ties_included(tmp_path, profile, only):
+    """The cases in one graph (one deploy), distinct keys and then many equal ones."""
     on = device_or_skip("intel") if profile == "deeplens" else None
     rng = np.random.RandomState(0)
-    model = merged([topk_model(shape, k, axis, largest) for shape, k, axis, largest in TOPK_CASES])
+    cases = TOPK_CASES if only is None else [TOPK_CASES[only]]
+    model = merged([topk_model(shape, k, axis, largest) for shape, k, axis, largest in cases])
     package = deployed(model, tmp_path, profile)
     loaded = edgecv.load(package, on=on) if on else edgecv.load(package)
     if on:
         _gpu_only(loaded, package, {"row_argsort"})
-    shapes = [shape for shape, _, _, _ in TOPK_CASES]
+    shapes = [shape for shape, _, _, _ in cases]
     for tied in (False, True):
         xs = [
             rng.randint(0, 4, shape).astype(np.float32)  # many equal keys
@@ -148,7 +161,7 @@ def test_topk_matches_onnxruntime_ties_included(tmp_path, profile):
         ]
         ours = loaded.run(*xs)
         ref = onnxruntime(model, {f"x_{i}": x for i, x in enumerate(xs)})
-        assert len(ours) == len(ref) == 2 * len(TOPK_CASES)
+        assert len(ours) == len(ref) == 2 * len(cases)
         for i, (actual, expected) in enumerate(zip(ours, ref, strict=True)):  # per case
             np.testing.assert_array_equal(actual, expected, err_msg=f"output {i}, tied={tied}")
 
@@ -160,12 +173,13 @@ NMS_CASES = [  # batch, classes, boxes, max per class, iou, score threshold, cen
 ]
 
 
-@pytest.mark.parametrize("profile", ["cpu", "deeplens"])
-def test_nms_matches_onnxruntime(tmp_path, profile):
-    """Every case in one graph (one deploy), run on random scores twice and on tied ones."""
+@pytest.mark.parametrize(("profile", "only"), profiles(2))  # centre boxes, rows filled
+def test_nms_matches_onnxruntime(tmp_path, profile, only):
+    """The cases in one graph (one deploy), run on random scores twice and on tied ones."""
     on = device_or_skip("intel") if profile == "deeplens" else None
     rng = np.random.RandomState(1)
-    model = merged([nms_model(*case) for case in NMS_CASES])
+    cases = NMS_CASES if only is None else [NMS_CASES[only]]
+    model = merged([nms_model(*case) for case in cases])
     package = deployed(model, tmp_path, profile)
     loaded = edgecv.load(package, on=on) if on else edgecv.load(package)
     if on:
@@ -173,7 +187,7 @@ def test_nms_matches_onnxruntime(tmp_path, profile):
     padded = []
     for tied in (False, False, True):
         feeds = {}
-        for i, (batch, classes, n, _, _, _, center) in enumerate(NMS_CASES):
+        for i, (batch, classes, n, _, _, _, center) in enumerate(cases):
             feeds[f"boxes_{i}"] = _random_boxes(rng, batch, n, center)
             scores = rng.uniform(size=(batch, classes, n)).astype(np.float32)
             if tied:  # equal scores (lower index first), some exactly at the threshold
@@ -181,7 +195,7 @@ def test_nms_matches_onnxruntime(tmp_path, profile):
             feeds[f"scores_{i}"] = scores
         ours_all = loaded.run(*feeds.values())
         ref_all = onnxruntime(model, feeds)
-        for case, ours, ref in zip(NMS_CASES, ours_all, ref_all, strict=True):
+        for case, ours, ref in zip(cases, ours_all, ref_all, strict=True):
             batch, classes, n, most = case[:4]
             assert ours.shape == (batch * classes * min(most, n), 3) and ours.dtype == np.int64
             count = int((ours[:, 0] >= 0).sum())
