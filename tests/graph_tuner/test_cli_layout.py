@@ -15,15 +15,27 @@ from edgecv.testing import assert_close
 
 
 def test_deploy_layout_auto_explains_and_matches_mxnet(tmp_path, monkeypatch, capsys):
+    """`--layout auto --explain` with a `--layout-budget` small enough that the first
+    batch spends it: the plan and its costs explained, the costs it predicted said and
+    marked, and the package computes what MXNet does."""
+    from edgecv.graph_tuner import measure
+
     monkeypatch.setenv("EDGECV_TUNING_DIR", str(tmp_path / "tuning"))
+    monkeypatch.setattr(measure, "FIRST_BATCH", 6)
     symbol, params = export_small_model(tmp_path / "small")
     shape = ",".join(map(str, SHAPE))
     package = str(tmp_path / "pkg")
     argv = ["deploy", str(symbol), "--input-shape", shape, "-o", package, "--layout", "auto"]
-    assert main([*argv, "--explain"]) == 0, capsys.readouterr().err
+    assert main([*argv, "--explain", "--layout-budget", "0.001"]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "layouts (auto): dp over 5 convolutions, predicted" in out, out
     assert "transforms inserted:" in out and "costs:" in out, out
+    assert "predicted" in out.split("costs:", 1)[1].splitlines()[0], out  # the sources
+    assert any(
+        line.rstrip().endswith("predicted)") or " predicted," in line
+        for line in out.splitlines()
+        if line.startswith("  lv")
+    ), out
     x = np.random.default_rng(1).standard_normal(SHAPE).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     ran = main(
@@ -47,26 +59,6 @@ def test_deploy_rejects_a_budget_that_is_not_positive_seconds(tmp_path, budget, 
     assert done.value.code == 2, err
     assert "--layout-budget" in err and "positive seconds or `none`" in err
     assert not (tmp_path / "p").exists()
-
-
-def test_a_spent_budget_is_explained_as_predicted(tmp_path, monkeypatch, capsys):
-    """`--layout-budget` small enough that the first batch spends it: the deploy says
-    how many costs it predicted, and --explain marks them."""
-    from edgecv.graph_tuner import measure
-
-    monkeypatch.setenv("EDGECV_TUNING_DIR", str(tmp_path / "tuning"))
-    monkeypatch.setattr(measure, "FIRST_BATCH", 6)
-    symbol, params = export_small_model(tmp_path / "small")
-    shape = ",".join(map(str, SHAPE))
-    argv = ["deploy", str(symbol), "--input-shape", shape, "-o", str(tmp_path / "pkg"), "--explain"]
-    assert main([*argv, "--layout-budget", "0.001"]) == 0
-    out = capsys.readouterr().out
-    assert "predicted" in out.split("costs:", 1)[1].splitlines()[0], out  # the sources
-    assert any(
-        line.rstrip().endswith("predicted)") or " predicted," in line
-        for line in out.splitlines()
-        if line.startswith("  lv")
-    ), out
 
 
 @needs_pocl()
