@@ -49,6 +49,16 @@ def export_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("zoo")
 
 
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    """edgecv's wheel, built once per session (once per xdist worker, in its own folder)
+    from a copy of the sources: tests/test_wheel.py, tests/test_boards.py and the
+    emulated board install it; each install reads it and leaves it as it is."""
+    from test_wheel import build_wheel
+
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
 _EXPORTS: dict[str, object] = {}
 
 

@@ -17,7 +17,6 @@ import pytest
 from conftest import mxnet_forward
 from graph_tuner.small_model import SHAPE, export_small_model
 from helpers import assert_one_error_line, run_cli
-from test_wheel import build_wheel
 
 import edgecv
 from edgecv.board.errors import PackageError
@@ -227,23 +226,21 @@ def python_3_9() -> str | None:
 
 
 @pytest.mark.skipif(python_3_9() is None, reason="no Python 3.9 on this machine")
-def test_device_runtime_installs_and_runs_on_python_3_9(small, cpu_package, tmp_path):
+def test_device_runtime_installs_and_runs_on_python_3_9(small, cpu_package, wheel, tmp_path):
     """The device runtime installed as a board would, on Python 3.9: `pip install` of
     edgecv's wheel (its base dependencies only), then `edgecv run` on a `cpu` package."""
     _, _, x, reference = small
     path = cpu_package
     venv = tmp_path / "venv"
-    subprocess.run([python_3_9(), "-m", "venv", str(venv)], check=True)
-    wheel = build_wheel(tmp_path / "build")  # with its base dependencies, from PyPI
-    install = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True
-    )
+    # a venv without pip of its own (ensurepip alone costs seconds): this pip installs
+    # into it with --python, running under the venv's Python 3.9 and resolving for it
+    subprocess.run([python_3_9(), "-m", "venv", "--without-pip", str(venv)], check=True)
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
+    # with its base dependencies, from PyPI
+    install = subprocess.run([*pip, "install", "-q", str(wheel)], capture_output=True, text=True)
     assert install.returncode == 0, install.stderr[-2000:]
     listed = subprocess.run(
-        [str(venv / "bin" / "pip"), "list", "--format=freeze"],
-        capture_output=True,
-        text=True,
-        check=True,
+        [*pip, "list", "--format=freeze"], capture_output=True, text=True, check=True
     ).stdout
     assert "apache-tvm-ffi==" in listed and "apache-tvm==" not in listed, listed
     done = subprocess.run(

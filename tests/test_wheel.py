@@ -81,9 +81,7 @@ def build_wheel(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Installed:
-    wheel = build_wheel(tmp_path_factory.mktemp("build"))
-
+def installed(wheel, tmp_path_factory) -> Installed:
     # Another path: a venv without pip (ensurepip alone takes 15 s), the wheel installed
     # into it by this pip (--python).
     venv = tmp_path_factory.mktemp("elsewhere") / "venv"
