@@ -46,12 +46,22 @@ FAMILIES = [
     pytest.param("segmentation", "fastscnn_citys", marks=HEAVY, id="segmentation"),
     pytest.param("other", "monodepth2_resnet18_kitti_mono_640x192", marks=HEAVY, id="other"),
 ]
+# CenterNet at 256x256 instead of its usual 512x512: the same operators and converters
+# (a 64x64 heatmap, its top 100 of 20,480 scores decoded), kernels a quarter the size
+# to measure and run (the test took 197 s CPU at 512, 173 s at 256, on one heavily
+# loaded machine: most of it compiles, whatever the size). The others keep their sizes
+SMALLER = {"centernet": (1, 3, 256, 256)}
 
 
 @pytest.mark.parametrize(("family", "name"), FAMILIES)
 def test_family_member_deploys_for_cpu_and_matches_mxnet(exported, tmp_path, family, name):
     assert zoo.family_of(name).family == family
-    model = exported(name)
+    if family in SMALLER:
+        model = zoo.export(
+            name, tmp_path / "export", pretrained=False, seed=0, input_shape=SMALLER[family]
+        )
+    else:
+        model = exported(name)
     layout = "NCHW" if family in NCHW_ONLY else "auto"
     tuning = tuning_folders(load_profile("cpu"), None)  # the databases deploy() reads
     options = BuildOptions(tuning=tuning, layout=layout, layout_budget_s=LAYOUT_BUDGET_S)
