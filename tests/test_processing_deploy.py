@@ -12,7 +12,7 @@ import re
 import cv2
 import numpy as np
 import onnxruntime
-from helpers import run_cli
+from helpers import cli_here, run_cli
 from onnx import helper
 from onnx_graphs import Graph, save, tensor
 
@@ -37,13 +37,24 @@ def raw_head_graph():
     return g.model([tensor("x", [1, 3, 64, 64])], [tensor("head", [1, 6, ANCHORS])])
 
 
-def test_an_ultralytics_head_deploys_runs_and_draws(tmp_path):
+def test_an_ultralytics_head_deploys_runs_and_draws(tmp_path, capfd):
+    """Deploy and demo through the command's entry in this process, `run IMAGE` as its
+    own process (what it prints on the way out)."""
     path = save(raw_head_graph(), tmp_path / "yolo.onnx")
     package = tmp_path / "yolo-cpu"
     # NCHW: the graph tuner's layouts are not what this test is about (tests/graph_tuner)
     layout = ("--layout", "NCHW")
-    deployed = run_cli(
-        "deploy", path, "--device", "cpu", "-o", package, "--preprocess", "ultralytics", *layout
+    deployed = cli_here(
+        capfd,
+        "deploy",
+        path,
+        "--device",
+        "cpu",
+        "-o",
+        package,
+        "--preprocess",
+        "ultralytics",
+        *layout,
     )
     assert deployed.returncode == 0, deployed.stderr
     manifest = json.loads((package / "manifest.json").read_text())
@@ -70,7 +81,7 @@ def test_an_ultralytics_head_deploys_runs_and_draws(tmp_path):
     for i in range(2):
         cv2.imwrite(str(folder / f"{i}.png"), image)
     out = tmp_path / "demo.mp4"
-    shown = run_cli("demo", package, "--images", folder, "--headless", "-o", out)
+    shown = cli_here(capfd, "demo", package, "--images", folder, "--headless", "-o", out)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.count("2 detections") == 2 and out.stat().st_size > 0, shown.stdout
 
