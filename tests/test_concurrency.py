@@ -12,6 +12,7 @@ interleave at many points of an inference of this tiny model.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 import time
@@ -249,22 +250,26 @@ def test_short_lived_calling_threads_leave_no_threads_behind(package):
     assert kept_threads() == kept
 
 
-def test_a_package_redeployed_in_place_runs_its_new_kernels(small, tmp_path):
+def test_a_package_redeployed_in_place_runs_its_new_kernels(small, package, tmp_path):
     """The dynamic loader returns the library already loaded under a path: a package
     redeployed in place (--force) for another input size and loaded again in the same
-    process ran the old kernels (wrong results). The new load must run the new ones."""
+    process ran the old kernels (wrong results). The new load must run the new ones.
+    The first package is the module's `cpu` one, copied (the same deploy)."""
     symbol, params = small
     out = tmp_path / "pkg"
+    shutil.copytree(package("cpu"), out)
     for shape in (SHAPE, (1, 3, 16, 16)):
-        deploy(
-            str(symbol),
-            out,
-            "cpu",
-            params=str(params),
-            input_shape=shape,
-            options=QUICK,
-            force=True,
-        )
+        if shape != SHAPE:
+            deploy(
+                str(symbol),
+                out,
+                "cpu",
+                params=str(params),
+                input_shape=shape,
+                host="native",
+                options=QUICK,
+                force=True,
+            )
         model = edgecv.load(out)
         assert model.input_shape == shape
         x = np.random.RandomState(1).normal(size=shape).astype(np.float32)
