@@ -21,10 +21,8 @@ from emulation import aarch64
 from graph_tuner.small_model import SHAPE, export_small_model
 from test_int8 import SHAPE as INT8_SHAPE
 from test_int8 import _small_net, arm_cpu_profile
-from test_wheel import build_wheel
 from user_models import tiny_yolo
 
-import edgecv
 from edgecv.deploy import deploy
 from edgecv.pipelines import BuildOptions
 from edgecv.schedules.cpu.dot_product import NEON_SDOT
@@ -85,10 +83,9 @@ print(json.dumps({
 
 
 @pytest.fixture(scope="module")
-def device_runtime(tmp_path_factory) -> Path:
+def device_runtime(wheel, tmp_path_factory) -> Path:
     """edgecv installed from its wheel as a board installs it (its dependencies are the
     prepared aarch64 wheels); no TVM anywhere on the board's path."""
-    wheel = build_wheel(tmp_path_factory.mktemp("wheel"))
     target = tmp_path_factory.mktemp("device-runtime")
     subprocess.run(
         [
@@ -227,7 +224,7 @@ def test_int8_package_on_arm_sdot_runs_on_the_board(device_runtime, tmp_path):
     """(d) ``--precision int8`` for a CPU profile of the Jetson Orin's Cortex-A78 (a
     profile file, as a user writes one): calibrated here, its uint8 x int8 convolutions
     on ``sdot`` with 7-bit data, run on the emulated board (qemu's CPU has the dot
-    product). Against this machine's float32 package of the same weights: within the
+    product). Against MXNet's float32 forward pass of the same weights: within the
     quantization step, as on x86."""
     symbol = _small_net(tmp_path / "export" / "small")
     inputs = np.random.RandomState(1).normal(size=(16, *INT8_SHAPE[1:])).astype(np.float32)
@@ -251,13 +248,11 @@ def test_int8_package_on_arm_sdot_runs_on_the_board(device_runtime, tmp_path):
     assert sorted(on_dot) == ["conv2d_2", "conv2d_3"]
     # sdot multiplies signed bytes: 7-bit data for both, 8-bit weights
     assert {(op["input_max"], op["weight_max"]) for op in on_dot.values()} == {(127, 127)}
-    fp32_options = BuildOptions(layout=NCHW)
-    fp32 = deploy(str(symbol), tmp_path / "fp32", input_shape=INT8_SHAPE, options=fp32_options)
-    fp32 = edgecv.load(fp32)
+    params = symbol.with_name(symbol.name.replace("-symbol.json", "-0000.params"))
     x = inputs[:1]  # one of the calibration inputs: min/max clips nothing of it
     outputs, loaded = run_on_board(device_runtime, path, x, "load")
     assert loaded["runtime_library"], loaded
-    error = assert_close_int8(outputs[0], fp32.run(x)[0], layers=5)
+    error = assert_close_int8(outputs[0], mxnet_forward(symbol, params, x)[0], layers=5)
     assert error > 0, "int8 gave exactly the float32 outputs: was anything quantized?"
 
 
