@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import mxnet_forward, random_input
+from helpers import cli_here
 
 from edgecv import load as edgecv_load
 from edgecv.cli import main
@@ -29,15 +30,14 @@ def mobilenet_package(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def mobilenet_probabilities(tmp_path_factory):
+def mobilenet_probabilities(exported):
     """MXNet's class probabilities for the package's network: the zoo model exported with
-    the same seeded random weights `deploy --random-weights` gave it."""
-    from edgecv.frontend.mxnet import zoo
-
-    exported = zoo.export("mobilenet1.0", tmp_path_factory.mktemp("mxnet"), pretrained=False)
+    the same seeded random weights `deploy --random-weights` gave it (the session's export,
+    seed 0, which test_run_on_tensor_writes_outputs_matching_mxnet reads too)."""
+    model = exported("mobilenet1.0")
 
     def probabilities(x: np.ndarray) -> np.ndarray:
-        (logits,) = mxnet_forward(exported.symbol_path, exported.params_path, x)
+        (logits,) = mxnet_forward(model.symbol_path, model.params_path, x)
         e = np.exp(logits[0] - logits[0].max())
         return e / e.sum()
 
@@ -106,23 +106,10 @@ def test_run_on_tensor_writes_outputs_matching_mxnet(mobilenet_package, exported
     assert_close(ours["output0"], ref, "mobilenet1.0 via the CLI")
 
 
-def test_run_on_sample_photo_prints_mxnets_top5(mobilenet_package, mobilenet_probabilities):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "edgecv.cli",
-            "run",
-            str(mobilenet_package),
-            "--sample",
-            "chelsea",
-            "--repeat",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+def test_run_on_sample_photo_prints_mxnets_top5(mobilenet_package, mobilenet_probabilities, capfd):
+    # in this process: the next test runs the same command as a process of its own
+    result = cli_here(capfd, "run", mobilenet_package, "--sample", "chelsea", "--repeat", "1")
+    assert result.returncode == 0, result.stderr
     lines = [
         line
         for line in result.stdout.splitlines()
