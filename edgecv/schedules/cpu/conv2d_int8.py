@@ -157,6 +157,7 @@ def schedule_conv2d_int8(
     loops = sch.get_loops(packed_data)
     sch.parallel(sch.fuse(*loops[:2]))
     placed.add(sch.get(packed_data).name_hint)
+    register_intrinsics()
     sch.tensorize(co_v, dot.intrinsic)  # last: the loops it replaces are gone after it
     return placed
 
@@ -241,6 +242,7 @@ def schedule_conv2d_int8_nchwc(
     _store_vectors(sch, write_back, simd)
     placed = _pad_rows(sch, conv)
     # last: the loops it replaces are gone after it
+    register_intrinsics()
     sch.tensorize(inner[0], dot.pairs if step else dot.intrinsic)
     return placed
 
@@ -252,7 +254,10 @@ class Conv2DInt8(OneReductionRule):
         dot = dot_product_of(target)
         if dot is None:
             return None
-        register_intrinsics()
+        # the intrinsics are registered by the schedule of a kernel that is this rule's,
+        # just before it tensorizes: each kernel of a deploy is scheduled in a forked
+        # child, which registered them anew (seconds of TVMScript parsing) for every
+        # float kernel that came this far down the rules
         self._dot = dot
         return super().apply(func, target, tunable)
 
