@@ -42,8 +42,9 @@ def two_inputs(tmp_path_factory):
 
 
 def in_process(capsys, *args) -> subprocess.CompletedProcess:
-    """``edgecv ARGS`` run by ``edgecv.cli.main`` in this process (the refusals here are
-    about their one line, not the process: the two-input deploy and run are real ones)."""
+    """``edgecv ARGS`` run by ``edgecv.cli.main`` in this process (the refusals and the
+    deploy here are about what the command does, not the process: the two-input run is a
+    real one)."""
     capsys.readouterr()
     try:
         code = main([str(a) for a in args])
@@ -61,7 +62,7 @@ def test_a_two_input_model_deploys_and_runs_as_mxnet(two_inputs, tmp_path, capsy
     symbol = f"{two_inputs}-symbol.json"
     package = tmp_path / "pkg"
     # NCHW: the graph tuner's layouts are not what this test is about (tests/graph_tuner)
-    result = run_cli("deploy", symbol, "-o", package, *shape_args(), "--layout", "NCHW")
+    result = in_process(capsys, "deploy", symbol, "-o", package, *shape_args(), "--layout", "NCHW")
     assert result.returncode == 0, result.stderr
     rng = np.random.RandomState(1)
     xs = [rng.normal(size=s).astype(np.float32) for s in SHAPES.values()]
