@@ -38,7 +38,12 @@ def _conv_layouts(mod) -> list[str]:
 
 def test_auto_measures_once_then_reads_the_cache(small_mod, tmp_path, monkeypatch):
     """Without a budget every kernel is measured in one batch; a second plan reads the
-    cache and measures nothing; another thread count measures again."""
+    cache and measures nothing; another thread count measures again (its first batch,
+    with a budget that batch spends: none of it from the cache)."""
+    from dataclasses import replace
+
+    from edgecv.graph_tuner import measure
+
     profile = load_profile("cpu")
     said = []
     options = BuildOptions(layout="auto", tuning=None, layout_costs=tmp_path, layout_budget_s=None)
@@ -71,7 +76,8 @@ def test_auto_measures_once_then_reads_the_cache(small_mod, tmp_path, monkeypatc
     (key,) = saved["devices"]
     threads = int(key.rsplit("=", 1)[1])
     monkeypatch.setenv("TVM_NUM_THREADS", str(threads + 1))
-    _, third = choose_layouts(small_mod, profile, options)
+    monkeypatch.setattr(measure, "FIRST_BATCH", 6)  # the small model has 13 kernels
+    _, third = choose_layouts(small_mod, profile, replace(options, layout_budget_s=1e-3))
     assert "cache" not in third["costs"] and third["costs"]["measured"] > 0, third["costs"]
     saved = json.loads((tmp_path / COSTS_FILE).read_text())
     device_class = costs.costs_folder_name(key)
