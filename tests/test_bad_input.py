@@ -268,12 +268,13 @@ def test_unsupported_ops_come_before_missing_params(tmp_path, capfd):
     assert "--params" not in line
 
 
-def test_graph_without_parameters_deploys_without_params_and_says_the_shape(tmp_path):
+def test_graph_without_parameters_deploys_without_params_and_says_the_shape(tmp_path, capfd):
     d = S.var("data")
     S.Pooling(S.relu(d), kernel=(2, 2), stride=(2, 2), pool_type="avg").save(
         str(tmp_path / "pool-symbol.json")
     )
-    result = run_cli("deploy", tmp_path / "pool-symbol.json", "-o", tmp_path / "pkg")
+    # in this process: what the deploy does and says, not the process (the next tests')
+    result = cli_here(capfd, "deploy", tmp_path / "pool-symbol.json", "-o", tmp_path / "pkg")
     assert result.returncode == 0, result.stderr
     assert "assuming data 1x3x224x224" in result.stderr
     from edgecv.board.model import load
