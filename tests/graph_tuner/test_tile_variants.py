@@ -110,3 +110,26 @@ def test_every_winograd_product_tile_computes_the_convolution():
     assert tvm_ffi.structural_equal(found[0].mod, default.mod), "the default is not first"
     for n, got in enumerate(run_all(found, inputs, shape)):
         assert_close(unpack(got), expected, name=f"Winograd tile variant {n} of {len(found)}")
+
+
+def test_a_tile_fitted_as_one_tried_before_is_not_scheduled_again():
+    """Tiles are upper bounds fitted to the kernel's extents: the rule schedules each
+    fitted tile once (not every one of its 48 tiles) and offers what scheduling every
+    tile offers, in the same order."""
+    from edgecv.schedules.gpu.conv2d_packed import TILES, Tile
+
+    func = _conv_kernel(_conv_module(16, 32, 8, 1, 1, 1, 16, True))
+    tried = []
+
+    class Counting(PackedConv2D):
+        def _tiled(self, func, target, tile):
+            tried.append(tile)
+            return super()._tiled(func, target, tile)
+
+    with TARGET:
+        found = Counting().apply(func, TARGET, True)
+        every = [PackedConv2D()._tiled(func, TARGET, tile) for tile in [Tile(), *TILES]]
+        fit = PackedConv2D()._fitter(func, TARGET)
+    offered = [tvm_ffi.structural_hash(sch.mod) for sch in found]
+    assert offered == list(dict.fromkeys(tvm_ffi.structural_hash(s.mod) for s in every))
+    assert len(tried) == len({fit(tile) for tile in [Tile(), *TILES]}) < len(TILES) // 2

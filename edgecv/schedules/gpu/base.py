@@ -46,7 +46,12 @@ class GPURule(ScheduleRule):
 
     @staticmethod
     def variants(
-        func: tirx.PrimFunc, target: Target, default, knobs: Sequence, schedule: Callable
+        func: tirx.PrimFunc,
+        target: Target,
+        default,
+        knobs: Sequence,
+        schedule: Callable,
+        fit: Callable | None = None,
     ) -> s_tir.Schedule | list[s_tir.Schedule] | None:
         """``schedule(func, target, default)``, the rule's schedule with its default
         knobs (tile sizes); with ``knobs`` (dlight's ``tunable``) a list of it and of
@@ -54,12 +59,19 @@ class GPURule(ScheduleRule):
 
         Knob values are upper bounds fitted to the kernel's extents, so many give the
         same schedule (kept once); one that does not schedule this kernel is left out.
+        ``fit(knob)``, when given, is a knob as fitted to this kernel (all the schedule
+        depends on): a knob fitted as one tried before is not scheduled again.
         """
         first = schedule(func, target, default)
         if first is None or not knobs:
             return first
         found, seen = [first], {tvm_ffi.structural_hash(first.mod)}
+        fitted = {fit(default)} if fit is not None else set()
         for knob in knobs:
+            if fit is not None:
+                if fit(knob) in fitted:  # fitted as a knob tried before: its schedule
+                    continue
+                fitted.add(fit(knob))
             try:
                 sch = schedule(func, target, knob)
             except (RuntimeError, ValueError):  # TVM refused: these knobs do not fit this kernel

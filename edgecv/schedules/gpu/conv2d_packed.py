@@ -14,6 +14,7 @@ each value it loads feeds several FMAs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import product
 
@@ -85,13 +86,9 @@ def schedule_tile(
     (its fused epilogue) or, when None, by a block made here. Also the tile of
     Winograd's products (:mod:`.winograd`), which have the loops of a 1x1 conv."""
     n, co, y, x, lane, *reduction = sch.get_loops(conv)
-    block, width = extent(sch, lane), extent(sch, x)
-    pixels = pixel_tile(width, tile.pixels)
-    chunks = 1 if depthwise else divisor_at_most(extent(sch, co), tile.channel_blocks)
+    pixels, chunks, threads = tile_fitter(sch, conv, target, depthwise)(tile)
     bc, vc = sch.split(co, [None, chunks])
     bx, vx = sch.split(x, [None, pixels])
-    limit = max(1, min(max_threads(target), tile.group) // block)
-    threads = divisor_at_most(-(-width // pixels), limit)
     bx, tx = sch.split(bx, [None, threads])
     sch.reorder(n, bc, y, bx, tx, lane, *reduction, vc, vx)
     sch.bind(sch.fuse(n, bc, y, bx), "blockIdx.x")
@@ -104,27 +101,65 @@ def schedule_tile(
         sch.unroll(loop)
 
 
+def tile_fitter(sch: s_tir.Schedule, conv, target: Target, depthwise: bool) -> Callable:
+    """``fit(tile)``: the (pixels, channel blocks, work-items along a row) that
+    :func:`schedule_tile` gives the unscheduled block ``conv`` for ``tile``, all its
+    schedule depends on (two tiles that fit alike give the same schedule)."""
+    _, co, _, x, lane, *_ = sch.get_loops(conv)
+    block, width, channels = extent(sch, lane), extent(sch, x), extent(sch, co)
+
+    def fit(tile: Tile) -> tuple[int, int, int]:
+        pixels = pixel_tile(width, tile.pixels)
+        chunks = 1 if depthwise else divisor_at_most(channels, tile.channel_blocks)
+        limit = max(1, min(max_threads(target), tile.group) // block)
+        return pixels, chunks, divisor_at_most(-(-width // pixels), limit)
+
+    return fit
+
+
 class PackedConv2D(GPURule):
     """``conv2d_NCHWc`` and ``depthwise_conv2d_NCHWc`` with their fused neighbours.
 
     ``tunable``: the schedules of every tile of :data:`TILES` (the default's first)."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool):
-        return self.variants(func, target, Tile(), TILES if tunable else [], self._tiled)
+        if not tunable:
+            return self._tiled(func, target, Tile())
+        fit = self._fitter(func, target)
+        return self.variants(func, target, Tile(), TILES, self._tiled, fit)
 
     def _tiled(self, func: tirx.PrimFunc, target: Target, tile: Tile) -> s_tir.Schedule | None:
         started = self.start(func, target)
         if started is None:
             return None
         sch, found, reductions = started
-        if len(reductions) != 1:
+        depthwise = _depthwise(sch, reductions)
+        if depthwise is None:
             return None
-        conv = reductions[0]
-        name, kinds = sch.get(conv).name_hint, iter_kinds(sch, conv)
-        if name.startswith(DEPTHWISE) and kinds == "SSSSSRR":
-            _schedule(sch, conv, found, target, True, tile)
-        elif name.startswith(CONV2D) and kinds in ("SSSSSRRRR", "SSSSSRRR"):
-            _schedule(sch, conv, found, target, False, tile)
-        else:
-            return None
+        _schedule(sch, reductions[0], found, target, depthwise, tile)
         return sch
+
+    def _fitter(self, func: tirx.PrimFunc, target: Target) -> Callable | None:
+        started = self.start(func, target)
+        if started is None:
+            return None
+        sch, _, reductions = started
+        depthwise = _depthwise(sch, reductions)
+        try:
+            return None if depthwise is None else tile_fitter(sch, reductions[0], target, depthwise)
+        except ValueError:  # an extent that is not a constant: the rule refuses it anyway
+            return None
+
+
+def _depthwise(sch: s_tir.Schedule, reductions: list) -> bool | None:
+    """Whether the kernel's one reduction block is a depthwise (True) or plain (False)
+    packed convolution; None when it is neither."""
+    if len(reductions) != 1:
+        return None
+    conv = reductions[0]
+    name, kinds = sch.get(conv).name_hint, iter_kinds(sch, conv)
+    if name.startswith(DEPTHWISE) and kinds == "SSSSSRR":
+        return True
+    if name.startswith(CONV2D) and kinds in ("SSSSSRRRR", "SSSSSRRR"):
+        return False
+    return None

@@ -23,7 +23,7 @@ from tvm.target import Target
 
 from ..common.winograd import GEMM, INPUT, INPUT_ROWS, NAMES, OUTPUT, OUTPUT_COLS, take_epilogue
 from .base import GPURule, extent, max_threads, work_items
-from .conv2d_packed import TILES, Tile, schedule_tile
+from .conv2d_packed import TILES, Tile, schedule_tile, tile_fitter
 
 GROUP = 128  # work-items per group (at most) in the transforms
 
@@ -33,7 +33,23 @@ class Winograd(GPURule):
     tile of the products (:data:`.conv2d_packed.TILES`), the default's first."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool):
-        return self.variants(func, target, Tile(), TILES if tunable else [], self._tiled)
+        if not tunable:
+            return self._tiled(func, target, Tile())
+        return self.variants(func, target, Tile(), TILES, self._tiled, self._fitter(func, target))
+
+    def _fitter(self, func: tirx.PrimFunc, target: Target):
+        """The products' tile fitter (:func:`.conv2d_packed.tile_fitter`): the tile is
+        all that differs between the variants, the transforms' schedules are the same."""
+        started = self.start(func, target)
+        if started is None:
+            return None
+        sch, found, _ = started
+        if GEMM not in [sch.get(b).name_hint for b in found]:
+            return None
+        try:
+            return tile_fitter(sch, sch.get_sblock(GEMM), target, False)
+        except ValueError:
+            return None
 
     def _tiled(self, func: tirx.PrimFunc, target: Target, tile: Tile) -> s_tir.Schedule | None:
         started = self.start(func, target)
