@@ -288,9 +288,10 @@ def FilteredNMS(bb, inputs, attrs, opset):  # noqa: N802 (named after the node)
             condition = R.not_equal(condition, relax.const(0, str(condition.ty.dtype)))
         valid = condition if valid is None else R.logical_and(valid, condition)
     lowest = float(np.finfo(np.float32).min)  # a row failing a condition: below it
-    scores = bb.normalize(R.where(valid, scores, relax.const(-np.inf, "float32")))
+    if valid is not None:
+        scores = bb.normalize(R.where(valid, scores, relax.const(-np.inf, "float32")))
     labels = bb.normalize(R.astype(labels, "int64"))
-    keep = int(attrs["detections"])
+    keep = min(int(attrs["detections"]), n)
     return batched_detections(bb, boxes, scores, labels, lowest, attrs["iou_threshold"], keep)
 
 
