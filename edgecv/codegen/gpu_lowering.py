@@ -26,6 +26,7 @@ from pathlib import Path
 
 import tvm
 from tvm import s_tir, tirx
+from tvm_ffi.serialization import from_json_graph_str
 
 from ..board.errors import EdgecvError
 from ..board.plan import Launch
@@ -262,7 +263,8 @@ def device_module(parts: list[str]) -> tvm.IRModule:
     one module, through the last device-side passes, ready for code generation."""
     functions = {}
     for path in parts:
-        for gv, func in tvm.ir.load_json(Path(path).read_text()).functions.items():
+        # written by this TVM (lower_to_file): read without load_json's upgrade of old JSON
+        for gv, func in from_json_graph_str(Path(path).read_text()).functions.items():
             functions[tvm.ir.GlobalVar(gv.name_hint)] = func
     return _device_passes(tvm.IRModule(functions))
 

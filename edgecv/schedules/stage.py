@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
+from tvm_ffi.serialization import from_json_graph_str
 
 from .database import TuningDatabase
 
@@ -125,12 +126,20 @@ class ScheduleOrder:
         return None if scheduled is None else Candidate(index, name, scheduled)
 
 
+def copy_of(node):
+    """A copy of a TVM object (a kernel, a module) sharing no statement with it. Through
+    TVM's JSON, read back without ``tvm.ir.load_json``'s upgrade of older TVMs' JSON: this
+    TVM wrote it, and that upgrade (a pure-Python re-encoding of the whole graph, indented)
+    took several times as long as the copy itself."""
+    return from_json_graph_str(tvm.ir.save_json(node))
+
+
 def _apply(rule: dlight.ScheduleRule, func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
     symbol = func.attrs.get("global_symbol") if func.attrs else None
     bare = func.without_attr("global_symbol") if symbol else func
     # A schedule may rewrite the function it was given in place (seen in TVM 0.27): each
     # rule gets its own copy, so a rule that fails halfway leaves nothing behind.
-    bare = tvm.ir.load_json(tvm.ir.save_json(bare))
+    bare = copy_of(bare)
     with target:
         sch = rule.apply(bare, target, False)
     if sch is None:

@@ -330,3 +330,28 @@ def test_cpu_profile_at_its_native_target_matches_mxnet(tmp_path, exported):
     assert "cpu.SafeParallel" not in rules, rules
     x = random_input(model.input_shape)
     assert_close(load(path).run(x)[0], mxnet_forward(model.symbol_path, model.params_path, x)[0])
+
+
+def test_each_rule_schedules_a_copy_read_back_without_tvms_json_upgrade(monkeypatch):
+    """A rule schedules its own copy of the kernel (a schedule may rewrite the function
+    it was given), CPU and GPU rules alike: a copy read back as this TVM wrote it, not
+    through the upgrade of older TVMs' JSON, which took longer than the copy itself."""
+    from tvm.ir import json_compact
+
+    from edgecv.profiles import load_profile
+    from edgecv.schedules import gpu
+
+    def upgrade(json_str):
+        raise AssertionError("the copy went through tvm.ir.load_json's upgrade")
+
+    monkeypatch.setattr(json_compact, "upgrade_json", upgrade)
+    kernels = list(conv_relu_kernels().kernels.functions.values())
+    cpu_order = ScheduleOrder(TARGET, cpu.default_rules(TARGET), cpu.safe_rule())
+    opencl = load_profile("deeplens").tvm_target()
+    gpu_order = ScheduleOrder(opencl, gpu.default_rules(opencl), gpu.safe_rule())
+    for order in (cpu_order, gpu_order):
+        for func in kernels:
+            before = func.script()
+            first = next(c for c in order.attempts(func) if c.func is not None or c.error)
+            assert first.error == "" and first.func is not None, first
+            assert func.script() == before  # the kernel itself is left as it was

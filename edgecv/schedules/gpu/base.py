@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight import ScheduleRule
 from tvm.target import Target
+
+from ..stage import copy_of
 
 # The function attribute dlight's ApplyDefaultSchedule sets on what it scheduled and
 # checks to skip functions already scheduled (TVM 0.27).
@@ -31,8 +32,7 @@ class GPURule(ScheduleRule):
         given in place (seen in TVM 0.27), so a rule that failed halfway, or succeeded,
         would leave the caller's kernel changed for the next rule or the CPU build.
         """
-        copy = tvm.ir.load_json(tvm.ir.save_json(func))
-        return s_tir.Schedule(copy.with_attr(SCHEDULED, True))
+        return s_tir.Schedule(copy_of(func).with_attr(SCHEDULED, True))
 
     def start(self, func, target: Target):
         """``(schedule, blocks, reduction blocks)`` of a copy of ``func``, or None when
