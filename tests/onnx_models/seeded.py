@@ -92,8 +92,13 @@ def _unit_gains(model: onnx.ModelProto, rng: np.random.RandomState) -> None:
     initialization): He's scale assumes ReLU alone, and squeeze-and-excitation gates and
     SiLU shrink EfficientNet-B0's logits to 0.003, too small for a comparison relative to 1
     to mean anything. The weights are inputs of one probe session, so each layer costs one
-    run, not a session."""
+    run, not a session. A layer ONNX Runtime cannot reach on the probe's input keeps He's
+    scale: a two-stage detector's box head, behind proposals that a threshold emptied for
+    weights not yet rescaled (a reshape of zero rows fails)."""
     import onnxruntime as ort
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
+
+    REFUSED = (Fail, InvalidArgument, RuntimeException)  # noqa: N806 (ONNX Runtime's errors)
 
     weights = {t.name: t for t in model.graph.initializer}
     layers = [n for n in model.graph.node if n.op_type in WEIGHTED and n.input[1] in weights]
@@ -124,7 +129,10 @@ def _unit_gains(model: onnx.ModelProto, rng: np.random.RandomState) -> None:
             dims = [d if isinstance(d, int) else 1 for d in value.shape]
             feed[value.name] = rng.standard_normal(dims).astype(np.float32)
     for node in layers:
-        (out,) = session.run([node.output[0]], feed)
+        try:
+            (out,) = session.run([node.output[0]], feed)
+        except REFUSED:  # behind a data-dependent filter that left no rows: He's scale
+            continue
         std = float(np.std(out))
         if np.isfinite(std) and std > 0:
             feed[node.input[1]] = (feed[node.input[1]] / std).astype(feed[node.input[1]].dtype)
