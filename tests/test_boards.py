@@ -93,7 +93,7 @@ def test_aisage_package_with_cpu_fallback_is_built_for_aarch64(small, tmp_path):
 
 def test_a_missing_cross_linker_is_one_error_naming_the_install(small, tmp_path):
     """Without the ziglang wheel, an aarch64 package with CPU launches stops with one
-    line naming the install step (ziglang blocked in a fresh process)."""
+    line naming the install step (ziglang blocked in a fresh process), before compiling."""
     symbol, params, _, _ = small
     argv = [
         "deploy",
@@ -122,6 +122,8 @@ def test_a_missing_cross_linker_is_one_error_naming_the_install(small, tmp_path)
     assert_one_error_line(done, "pip install 'edgecv[compiler]'")
     assert "ziglang" in done.stderr
     assert not (tmp_path / "pkg").exists()
+    # refused once the model is lowered, before its GPU kernels are compiled, not at the link
+    assert "lowering (Relax passes" in done.stderr and "scheduling and" not in done.stderr
 
 
 def test_a_package_needing_cpu_features_this_machine_lacks_is_refused(small, cpu_package, tmp_path):

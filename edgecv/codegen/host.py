@@ -85,6 +85,13 @@ def link_command(host: Host, objects: list[str], output: Path) -> list[str] | No
     return [*zig, "cc", "-target", target, "-shared", "-o", str(output), *objects, "-lm"]
 
 
+def check_cross_linker(host: Host) -> None:
+    """Refuse, with the install step, a build whose CPU code for ``host`` will need the
+    cross linker where it is missing: callers ask before compiling, not at the link."""
+    if not host.is_native_isa:
+        _zig()
+
+
 def _zig() -> list[str]:
     if importlib.util.find_spec("ziglang") is None:
         raise EdgecvError(

@@ -35,6 +35,7 @@ def build(mod: tvm.IRModule, profile: Profile, options: BuildOptions, progress: 
     mod = fp16.convert(mod, options, progress)  # 0
     progress("lowering (Relax passes, fusion, memory plan)")
     lowered = lower(mod)  # 1
+    g.check_forced_cpu_link(lowered, profile, options)
     started = time.perf_counter()
     gpu_names, compiled, work = g.schedule_gpu_kernels(lowered, profile, options, progress)  # 2, 3
     no_kernel = g.no_gpu_kernel(compiled)

@@ -11,7 +11,7 @@ from ..board.plan import Launch, Plan, launches_to_json
 from ..board.precision import Precision
 from ..codegen.contained import Compiled
 from ..codegen.gpu_lowering import device_module, lower_to_file
-from ..codegen.host import host_of
+from ..codegen.host import check_cross_linker, host_of
 from ..fallback import Placement, insert_copies, place
 from ..lowering import Lowered
 from ..lowering.precision import widen_kernels
@@ -95,6 +95,15 @@ def warn_fallbacks(placement: Placement) -> None:
                 f"{node.kernel} ({', '.join(node.ops)}) runs on the CPU: {node.detail}",
                 stacklevel=3,
             )
+
+
+def check_forced_cpu_link(lowered: Lowered, profile: Profile, options: BuildOptions) -> None:
+    """Operators of the model forced onto the CPU (``--cpu-ops``) of a profile whose host
+    is another architecture: their library needs the cross linker, so a missing one is
+    refused before the GPU kernels compile (minutes on a large model), not at the link."""
+    present = {op for ops in lowered.kernel_ops.values() for op in ops}
+    if set(options.cpu_ops or ()) & present:
+        check_cross_linker(host_of(profile.host_target()))
 
 
 def copies_and_cpu_kernels(
