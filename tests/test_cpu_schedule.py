@@ -158,3 +158,24 @@ def test_detection_heads_take_the_conv_rule(out_channels):
     with target:
         chosen = next(c for c in order.attempts(conv.without_attr("global_symbol")) if c.func)
     assert chosen.rule == "cpu.Conv2D"
+
+
+def test_every_rule_declines_an_opaque_kernel_without_raising():
+    """MultiBox's CPU kernel (an IR-builder op: a block writing through opaque buffer
+    accesses) is no kernel of the reduction rules: each returns None, as a rule does
+    for a kernel not its own, instead of failing on the missing write region (which the
+    schedule stage reported as a warning on every SSD deploy)."""
+    from tvm import te
+
+    from edgecv.ops.multibox import multibox_detection
+    from edgecv.schedules.cpu import default_rules
+
+    cls = te.placeholder((1, 3, 40), "float32")
+    loc = te.placeholder((1, 160), "float32")
+    anchors = te.placeholder((1, 40, 4), "float32")
+    func = te.create_prim_func([cls, loc, anchors, multibox_detection(cls, loc, anchors)])
+    target = tvm.target.Target({"kind": "llvm"})
+    declined = [
+        type(r).__name__ for r in default_rules(target) if r.apply(func, target, False) is None
+    ]
+    assert {"PackedConv2D", "Conv2DInt8", "Conv2D", "Window", "Dense"} <= set(declined)

@@ -27,6 +27,8 @@ class OneReductionRule(dlight.ScheduleRule):
     ) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
         blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+        if any(not sch.get(block).writes for block in blocks):
+            return None  # a block of opaque writes (an IR-builder op: box NMS, MultiBox)
         reductions = [i for i, b in enumerate(blocks) if "R" in iter_kinds(sch, b)]
         if len(reductions) != 1:
             return None
