@@ -101,7 +101,9 @@ def check_one(stripped: str, kind: str, profile: str, work: str, budget: str) ->
     path = seeded.filled(stripped, work)
     options = BuildOptions(layout_budget_s=float(budget)) if budget != "default" else None
     start = time.perf_counter()
-    package = deploy(path, Path(work) / "package", profile, options=options)
+    package = deploy(
+        path, Path(work) / "package", profile, options=options, input_shape=_batch_one(path)
+    )
     row = {"deploy_s": round(time.perf_counter() - start, 1)}
     if kind == "classification":
         row["max_error"] = compare_with_onnxruntime(package, path)["max_error"]
@@ -133,6 +135,23 @@ def check_one(stripped: str, kind: str, profile: str, work: str, budget: str) ->
     )
     row["detections"] = count
     return row
+
+
+def _batch_one(path) -> dict | None:
+    """The graph's inputs with each symbolic dimension 1 (an exporter's dynamic batch), or
+    None when every dimension is fixed."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    weights = {t.name for t in graph.initializer}
+    shapes, symbolic = {}, False
+    for value in graph.input:
+        if value.name in weights:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        symbolic |= any(not d.HasField("dim_value") for d in dims)
+        shapes[value.name] = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in dims)
+    return shapes if symbolic else None
 
 
 def _run_one(name: str, kind: str, args, cache: Path) -> dict:
