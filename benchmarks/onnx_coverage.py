@@ -138,20 +138,16 @@ def check_one(stripped: str, kind: str, profile: str, work: str, budget: str) ->
 
 
 def _batch_one(path) -> dict | None:
-    """The graph's inputs with each symbolic dimension 1 (an exporter's dynamic batch), or
-    None when every dimension is fixed."""
+    """The graph's inputs (:func:`edgecv.frontend.onnx.graph_inputs.graph_inputs`) with
+    each symbolic dimension 1 (an exporter's dynamic batch), or None when all are fixed."""
     import onnx
 
-    graph = onnx.load(str(path), load_external_data=False).graph
-    weights = {t.name for t in graph.initializer}
-    shapes, symbolic = {}, False
-    for value in graph.input:
-        if value.name in weights:
-            continue
-        dims = value.type.tensor_type.shape.dim
-        symbolic |= any(not d.HasField("dim_value") for d in dims)
-        shapes[value.name] = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in dims)
-    return shapes if symbolic else None
+    from edgecv.frontend.onnx.graph_inputs import graph_inputs
+
+    inputs = graph_inputs(onnx.load(str(path), load_external_data=False))
+    if all(value.static for value in inputs):
+        return None
+    return {v.name: tuple(d if isinstance(d, int) else 1 for d in v.dims) for v in inputs}
 
 
 def _run_one(name: str, kind: str, args, cache: Path) -> dict:
