@@ -277,3 +277,17 @@ def test_the_ssd_form_imports_to_fixed_size_outputs():
     imported = from_onnx(model, None, source=f"{SSDLITE}.onnx")
     assert imported.output_shapes == [(300, 4), (300,), (300,)], imported.output_shapes
     assert imported.output_dtypes == ["float32", "float32", "int64"], imported.output_dtypes
+
+
+def refused_with_a_reader(model, value: str) -> str:
+    """The one-line refusal of ``model`` (a detector's graph) once ``value`` also feeds a
+    node of no recognized form (a ``Neg`` whose output the graph returns)."""
+    from edgecv.board.errors import ConversionError
+
+    model.graph.node.append(onnx.helper.make_node("Neg", [value], ["extra"]))
+    model.graph.output.append(onnx.helper.make_empty_tensor_value_info("extra"))
+    with pytest.raises(ConversionError) as raised:
+        replace_postprocessing(model, "changed.onnx")
+    message = str(raised.value)
+    assert "\n" not in message and "changed.onnx" in message
+    return message
