@@ -115,3 +115,44 @@ def test_a_filter_read_elsewhere_is_one_error_line(filled):
     message = refused_with_a_reader(model, nonzero.output[0])
     assert "as SSD: 2 If nodes" in message and "as Faster R-CNN: " in message
     assert "indices are read by Neg" in message
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory) -> Path:
+    """torchvision's fasterrcnn_mobilenet_v3_large_320_fpn (at its own 320x320, the box
+    score threshold 0.02: export_detection.MODELS), weights filled from seed 0."""
+    name = "fasterrcnn_mobilenet_v3_large_320_fpn.onnx"
+    return seeded.filled(FOLDER / name, tmp_path_factory.mktemp("real-rcnn"))
+
+
+def test_the_seeded_weights_reach_every_layer(real):
+    """seeded.filled rescales every weighted layer of a real Faster R-CNN, the RPN's and
+    the box head's too, so each layer's output on the test image has a standard deviation
+    of order 1: a probe that also ran the detector's own outputs failed on the box
+    decoding of zero rows for every layer, which left all at He's scale (the RPN's logits
+    in the hundreds, 5 proposals, no detection)."""
+    model = onnx.load(str(real))
+    weights = {t.name for t in model.graph.initializer}
+    layers = [n.output[0] for n in model.graph.node
+              if n.op_type in ("Conv", "Gemm") and n.input[1] in weights]  # fmt: skip
+    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in layers)
+    probed = real.with_name("layers.onnx")
+    onnx.save(model, str(probed))
+    outputs = _onnxruntime(probed, _image(320))
+    stds = {name: float(np.std(out)) for name, out in zip(layers, outputs[3:], strict=True)}
+    assert len(stds) > 60 and all(0.1 < s < 10 for s in stds.values()), stds
+    # and the detections a comparison can read: more than a few, fewer than the cap
+    assert 10 <= len(outputs[2]) < DETECTIONS, len(outputs[2])
+
+
+@pytest.mark.heavy  # a whole detector deployed: minutes (docs/testing.md)
+def test_the_real_faster_rcnn_matches_onnxruntime(real, tmp_path):
+    """fasterrcnn_mobilenet_v3_large_320_fpn deployed for cpu, row by row against ONNX
+    Runtime (the tiny Faster R-CNN above is the default suite's check of the same
+    replacements)."""
+    x = _image(320)
+    package = deploy(real, tmp_path / "real-cpu", "cpu")
+    ref, ours = _onnxruntime(real, x), edgecv.load(package).run(x)
+    ref, ours = ([r[i] for i in (0, 2, 1)] for r in (ref, ours))
+    found = assert_detections_match(ours, ref, real, 320)
+    assert 10 <= found["count"] < DETECTIONS, found

@@ -92,9 +92,11 @@ def _unit_gains(model: onnx.ModelProto, rng: np.random.RandomState) -> None:
     initialization): He's scale assumes ReLU alone, and squeeze-and-excitation gates and
     SiLU shrink EfficientNet-B0's logits to 0.003, too small for a comparison relative to 1
     to mean anything. The weights are inputs of one probe session, so each layer costs one
-    run, not a session. A layer ONNX Runtime cannot reach on the probe's input keeps He's
-    scale: a two-stage detector's box head, behind proposals that a threshold emptied for
-    weights not yet rescaled (a reshape of zero rows fails)."""
+    run, not a session. The probe's graph holds only what the layers' outputs need
+    (:func:`_needed`): ONNX Runtime runs every node of a session for any output asked, and
+    a detector's own outputs (a two-stage detector's box decoding of zero rows, while the
+    RPN's weights are not yet rescaled) would fail every layer's run. A layer ONNX Runtime
+    still cannot reach on the probe's input keeps He's scale."""
     import onnxruntime as ort
     from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
 
@@ -112,12 +114,16 @@ def _unit_gains(model: onnx.ModelProto, rng: np.random.RandomState) -> None:
         onnx.helper.make_tensor_value_info(n, weights[n].data_type, list(weights[n].dims))
         for n in sorted(names)
     )
-    known = {o.name for o in probe.graph.output}
+    del probe.graph.output[:]
     probe.graph.output.extend(
-        onnx.helper.make_empty_tensor_value_info(n.output[0])
-        for n in layers
-        if n.output[0] not in known
+        onnx.helper.make_empty_tensor_value_info(n)
+        for n in dict.fromkeys(n.output[0] for n in layers)
     )
+    needed = _needed(probe.graph, [o.name for o in probe.graph.output])
+    nodes = [n for n in probe.graph.node if any(o in needed for o in n.output)]
+    del probe.graph.node[:]
+    probe.graph.node.extend(nodes)
+    del probe.graph.value_info[:]
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(
@@ -138,6 +144,35 @@ def _unit_gains(model: onnx.ModelProto, rng: np.random.RandomState) -> None:
             feed[node.input[1]] = (feed[node.input[1]] / std).astype(feed[node.input[1]].dtype)
     for name in names:
         weights[name].CopyFrom(numpy_helper.from_array(feed[name], name))
+
+
+def _needed(graph: onnx.GraphProto, outputs: list[str]) -> set[str]:
+    """The values ``outputs`` are computed from in ``graph``, a node's subgraphs (an
+    ``If``'s branches) reading values of the outer graph included."""
+    producer = {o: n for n in graph.node for o in n.output}
+    needed, todo = set(), list(outputs)
+    while todo:
+        name = todo.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        node = producer.get(name)
+        if node is not None:
+            todo.extend(i for i in node.input if i)
+            todo.extend(_outer_reads(node))
+    return needed
+
+
+def _outer_reads(node: onnx.NodeProto) -> set[str]:
+    """Every value a node's subgraphs read (their own values among them: harmless, none
+    is produced outside)."""
+    reads = set()
+    for attr in node.attribute:
+        for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+            for inner in sub.node:
+                reads.update(i for i in inner.input if i)
+                reads.update(_outer_reads(inner))
+    return reads
 
 
 def _fan_in(dims: tuple[int, ...], readers: dict, name: str) -> int:
