@@ -43,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EXPORTS = ROOT / "tests" / "onnx_models"
 FIELDS = ["model", "kind", "status", "deploy_s", "max_error", "detections", "error"]
+DETECTION_OUTPUTS = ("boxes", "scores", "labels")  # export_detection.output_names
 STATUSES = ("match", "no detections", "mismatch", "deploy failed", "export failed", "timeout")
 
 
@@ -114,8 +115,13 @@ def check_one(stripped: str, kind: str, profile: str, work: str, budget: str) ->
     (spec,) = model.manifest.inputs
     x = np.random.RandomState(0).rand(*spec.shape).astype(np.float32)  # an image in [0, 1]
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    ref_boxes, ref_scores, ref_labels = session.run(None, {session.get_inputs()[0].name: x})
-    boxes, scores, labels = model.run(x)
+    # by name: the two-stage detectors return boxes, labels, scores; the others boxes,
+    # scores, labels (both sides in the graph's order)
+    order = [[o.name for o in session.get_outputs()].index(n) for n in DETECTION_OUTPUTS]
+    ref = session.run(None, {session.get_inputs()[0].name: x})
+    ref_boxes, ref_scores, ref_labels = (ref[i] for i in order)
+    ours = model.run(x)
+    boxes, scores, labels = (ours[i] for i in order)
     count = int((scores >= 0).sum())
     if count != len(ref_scores):
         raise AssertionError(f"{count} detections, ONNX Runtime has {len(ref_scores)}")
