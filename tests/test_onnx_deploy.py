@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -70,6 +71,25 @@ def test_the_classifier_matches_onnxruntime(small_package):
     assert [o["name"] for o in manifest["outputs"]] == ["probs"]
     # the packed layouts the graph tuner chose hold for an ONNX graph too
     assert manifest["build"]["layouts"]["chosen"] == "plan", manifest["build"]["layouts"]
+
+
+def test_outputs_computed_elsewhere_are_compared_without_loading(small_package, tmp_path):
+    """A board's outputs (a package this machine cannot load) compare against ONNX
+    Runtime with the same tolerances; changed outputs fail, and outputs without the
+    inputs they came from are refused."""
+    path, package = small_package
+    x = np.random.RandomState(3).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    outputs = edgecv.load(package).run(x)
+    # the package's manifest is read, its kernels are not loaded: a copy without them
+    manifest_only = tmp_path / "manifest-only"
+    manifest_only.mkdir()
+    shutil.copy(package / "manifest.json", manifest_only / "manifest.json")
+    found = compare_with_onnxruntime(manifest_only, path, [x], outputs=outputs)
+    assert found["max_error"] < 1e-5 and found["scale"] > 0.1, found
+    with pytest.raises(AssertionError):
+        compare_with_onnxruntime(manifest_only, path, [x], outputs=[o + 0.1 for o in outputs])
+    with pytest.raises(ValueError, match="need their inputs"):
+        compare_with_onnxruntime(manifest_only, path, outputs=outputs)
 
 
 def test_bench_feeds_the_source_file_to_the_baselines(small_package, tmp_path, capfd):

@@ -149,6 +149,7 @@ def compare_with_onnxruntime(
     onnx_path: str | Path,
     inputs: dict[str, np.ndarray] | list[np.ndarray] | None = None,
     seed: int = 0,
+    outputs: list[np.ndarray] | None = None,
 ) -> dict:
     """Assert a package's outputs match ONNX Runtime's CPU forward pass of the ONNX file
     it was deployed from, on the same ``inputs``; the ONNX counterpart of
@@ -163,6 +164,10 @@ def compare_with_onnxruntime(
     inputs : dict or list, optional
         Arrays by input name or in the package's input order; by default standard normal
         values of each input's shape and dtype from ``seed``.
+    outputs : list of arrays, optional
+        The package's outputs for ``inputs`` computed elsewhere (a board's run of a
+        package this machine cannot load); ``inputs`` must be given then, and the package
+        is not loaded.
 
     Every output compares with :func:`assert_close`, loosened for depth (the file's
     Conv, ConvTranspose, Gemm and MatMul nodes / 10, as :func:`network_loosening` counts
@@ -177,10 +182,21 @@ def compare_with_onnxruntime(
     import onnxruntime as ort
 
     from ..board.model import DeployedModel, load
+    from ..board.package import read_manifest
 
-    loaded = isinstance(package_or_model, DeployedModel)
-    model = package_or_model if loaded else load(package_or_model)
-    specs = model.manifest.inputs
+    if outputs is not None and inputs is None:
+        raise ValueError("compare_with_onnxruntime: outputs computed elsewhere need their inputs")
+    if outputs is not None:
+        model = None
+    elif isinstance(package_or_model, DeployedModel):
+        model = package_or_model
+    else:
+        model = load(package_or_model)
+    specs = (
+        model.manifest.inputs
+        if model is not None
+        else read_manifest(package_or_model, verify=False)[1].inputs
+    )
     if inputs is None:
         rng = np.random.RandomState(seed)
         inputs = [rng.standard_normal(t.shape).astype(t.dtype) for t in specs]
@@ -193,7 +209,8 @@ def compare_with_onnxruntime(
     def forward(*arrays):
         return session.run(None, dict(zip(names, arrays, strict=True)))
 
-    ref, ours = forward(*xs), model.run(*xs)
+    ref = forward(*xs)
+    ours = list(outputs) if outputs is not None else model.run(*xs)
     if len(ours) != len(ref):
         raise AssertionError(f"{len(ours)} outputs, ONNX Runtime has {len(ref)}")
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
