@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import cv2
 import numpy as np
-import pytest
 import skimage.data
 from helpers import assert_one_error_line, cli_here, run_cli
 
@@ -34,18 +33,6 @@ def tiny_detector():
     scores = S.slice_axis(nms, axis=2, begin=1, end=2)
     boxes = S.slice_axis(nms, axis=2, begin=2, end=6)
     return S.Group([ids, scores, boxes])
-
-
-@pytest.fixture(scope="module")
-def detector_package(tmp_path_factory):
-    root = tmp_path_factory.mktemp("demo")
-    symbol = root / "tiny_det-symbol.json"
-    tiny_detector().save(str(symbol))
-    from edgecv.cli import main
-
-    argv = ["deploy", str(symbol), "--input-shape", f"1,3,{SIZE},{SIZE}"]
-    assert main([*argv, "-o", str(root / "pkg")]) == 0  # in this process: seconds less
-    return root / "pkg"
 
 
 def photos(size=(160, 120)):
@@ -240,3 +227,28 @@ def test_demo_errors(detector_package, tmp_path, capfd):
         "does not exist",
     )
     assert_one_error_line(cli_here(capfd, "demo", detector_package, "--headless"), "needs -o")
+
+
+def test_demo_pipelined_and_sequential_show_the_same_frames(detector_package, tmp_path, capfd):
+    """``--streams 2`` (two inferences in flight) and ``--sequential`` (one frame after
+    another) write the same annotated frames; each prints a line per frame with its
+    stage times and a summary line with the frames/s, drops and latency percentiles."""
+    video = tmp_path / "clip.mp4"
+    decoded = write_clip(video, photos())
+    for flags in (["--streams", "2"], ["--sequential"]):
+        out = tmp_path / f"annotated{flags[0]}.mp4"
+        argv = ["demo", detector_package, "--video", video, "--headless", "-o", out, *flags]
+        result = cli_here(capfd, *argv)
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        frames = [line for line in lines if line.startswith("frame ")]
+        assert [line.split(":")[0] for line in frames] == [f"frame {i + 1}" for i in range(4)]
+        assert all("decode " in line and "latency " in line for line in frames)
+        summary = [line for line in lines if line.startswith(f"video {video}: ")]
+        assert len(summary) == 1 and f"{len(decoded)} frames, " in summary[0], lines
+        assert "0 dropped" in summary[0] and "p99" in summary[0]
+        check_video(out, decoded)
+    assert_one_error_line(
+        cli_here(capfd, "demo", detector_package, "--video", video, "--streams", "0"),
+        "--streams 0",
+    )

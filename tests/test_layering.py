@@ -49,8 +49,8 @@ FLOORS = [
 BOARD_FLOORS = [
     ["__init__", "errors", "_version", "progress"],
     ["plan", "arguments", "imaging", "precision", "durable", "processing"],
-    ["manifest", "runtime", "outputs", "decoders"],
-    ["package"],
+    ["manifest", "runtime", "outputs", "decoders", "frames"],
+    ["package", "video"],
     ["model"],
 ]
 FLOOR = {name: floor for floor, names in enumerate(FLOORS) for name in names}
