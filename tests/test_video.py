@@ -9,6 +9,7 @@ Ctrl-C, stop the pipeline with its threads. Counts and order are asserted, never
 from __future__ import annotations
 
 import _thread
+import json
 import threading
 import time
 
@@ -16,6 +17,7 @@ import cv2
 import numpy as np
 import pytest
 import skimage.data
+from helpers import assert_one_error_line, cli_here
 
 import edgecv
 from edgecv.board.errors import EdgecvError
@@ -226,3 +228,38 @@ def test_ctrl_c_stops_the_pipeline_and_its_threads(detector_package, clip):
             pass
     interrupter.join()
     assert not pipeline_threads()
+
+
+def test_bench_video_reports_end_to_end_beside_the_model_alone(
+    detector_package, clip, tmp_path, capfd
+):
+    path, decoded = clip
+    out = tmp_path / "bench.json"
+    argv = ["bench", detector_package, "--video", path, "--streams", "2", "--repeat", "1"]
+    result = cli_here(capfd, *argv, "--json", out)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert f"{len(decoded)} frames of 160x120, 1 passes each, streams 2" in lines[0]
+    assert lines[1].split() == ["frames/s", "p50", "ms", "p90", "ms", "p99", "ms"]
+    table = {line[:15].strip(): line[15:].split() for line in lines[2:5]}
+    assert list(table) == ["pipelined", "sequential", "model alone"], lines
+    assert all(len(row) == 4 and float(row[0]) > 0 for row in table.values())
+    assert any(line.strip().startswith("pipelined / model alone: ") for line in lines)
+    assert any(line.strip().startswith("pipelined / sequential: ") for line in lines)
+    assert any("0 dropped" in line for line in lines)
+    report = json.loads(out.read_text())
+    assert report["frames"] == len(decoded) and report["streams"] == 2
+    for run in report["runs"].values():
+        assert run["frames_per_s"] > 0 and 0 < run["p50_ms"] <= run["p90_ms"] <= run["p99_ms"]
+    pipelined = report["runs"]["pipelined"]
+    assert pipelined["dropped"] == 0 and pipelined["infer_ms"] > 0
+    ratio = pipelined["frames_per_s"] / report["runs"]["sequential"]["frames_per_s"]
+    assert report["pipelined_over_sequential"] == pytest.approx(ratio)
+    assert_one_error_line(
+        cli_here(capfd, "bench", detector_package, "--video", tmp_path / "none.avi"),
+        "does not exist",
+    )
+    assert_one_error_line(
+        cli_here(capfd, "bench", detector_package, "--video", path, "--vs", "openvino"),
+        "--vs with --video",
+    )

@@ -1,6 +1,7 @@
 """``edgecv bench PACKAGE``: latency percentiles, load time, memory, the kernels that
 take the time, and baselines timed in alternating turns in the same process.
 
+``--video FILE`` times frames end to end over a video file instead (:mod:`.video`).
 ``--streams N`` times throughput instead: the package loaded with N execution
 contexts, N threads calling it at once, beside the baselines set up for N callers
 (:mod:`.baselines`) and beside the same package with one context (what the streams
@@ -168,6 +169,10 @@ def bench_input(model) -> np.ndarray:
 def cmd_bench(args) -> int:
     from ..board.model import load
 
+    if args.video:  # end to end over a video file: its own runs and report
+        from .video import cmd_bench_video
+
+        return cmd_bench_video(args)
     wanted, streams = _check_arguments(args)
     rss_before = _peak_rss_mib()
     start = time.perf_counter()
@@ -328,5 +333,11 @@ def add_parser(sub, common) -> None:
         type=int,
         help="time throughput with N callers at once: the package loaded with N streams, "
         "OpenVINO's THROUGHPUT hint, ONNX Runtime with N callers",
+    )
+    b.add_argument(
+        "--video",
+        metavar="FILE",
+        help="frames/s and latency end to end over this video file (decode included), "
+        "pipelined and sequential, beside the model alone with the same --streams",
     )
     b.set_defaults(func=cmd_bench)

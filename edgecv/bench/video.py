@@ -1,0 +1,162 @@
+"""``edgecv bench PACKAGE --video FILE``: frames per second and latency end to end over a
+real video file, decode included, beside the model alone with the same streams.
+
+Three runs take turns over the whole file (a pass each, A, B, C, A, B, C, ... so a
+change of the machine's load hits each alike): the pipeline of :mod:`edgecv.board.video`
+with ``--streams`` inferences in flight; the sequential loop (decode, preprocess, infer,
+postprocess one frame after another); and the model alone, ``--streams`` callers
+running the file's frames, preprocessed beforehand, as fast as it takes them. Each
+run's frames/s is the median pass's; latencies are every frame's (the pipeline's and the
+loop's from the start of a frame's decode to the end of its postprocess, the model's a
+call's).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..board import progress
+from ..board.errors import EdgecvError
+from ..board.frames import open_source
+from ..board.outputs import check_output_folder
+from ..board.video import video
+from .harness import alternate_concurrent
+
+RUNS = ("pipelined", "sequential", "model alone")
+
+
+def check_video_arguments(args) -> int:
+    """What ``--video`` cannot take, refused before anything loads; the streams."""
+    if not Path(args.video).is_file():
+        raise EdgecvError(f"--video {args.video} does not exist; give a video file")
+    for option in ("vs", "plot", "source"):
+        if getattr(args, option):
+            raise EdgecvError(
+                f"--{option} with --video: not measured over a video yet; run `edgecv bench "
+                f"PKG --{option} ...` and `edgecv bench PKG --video FILE` apart"
+            )
+    if args.json:
+        check_output_folder(args.json)
+    streams = args.streams or 1
+    if streams < 1:
+        raise EdgecvError(f"--streams {streams}: give how many inferences in flight, 1 or more")
+    return streams
+
+
+def cmd_bench_video(args) -> int:
+    from ..board.model import load
+
+    streams = check_video_arguments(args)
+    model = load(args.package, on=args.on, streams=streams, sha256=args.sha256)
+    model.require_one_input("bench")
+    frames = list(open_source(args.video).frames())
+    if not frames:
+        raise EdgecvError(f"--video {args.video}: OpenCV read no frame of it")
+    tensors = [model.preprocess(frame) for frame in frames]
+    for x in tensors[: max(args.warmup, 1)]:
+        model.run(x)
+    passes = max(1, -(-args.repeat // len(frames)))
+    progress.say(
+        f"timing {', '.join(RUNS)} over {len(frames)} frames of {args.video}: {passes} "
+        "passes each, in turns"
+    )
+    report = measure(model, args.video, tensors, streams, passes)
+    report.update(
+        {
+            "package": str(args.package),
+            "model": model.manifest.model_name,
+            "device": getattr(model.executor.backend, "label", model.executor.backend.name),
+            "frame_size": [int(frames[0].shape[1]), int(frames[0].shape[0])],
+        }
+    )
+    print_video_report(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def measure(model, path: str, tensors: list[np.ndarray], streams: int, passes: int) -> dict:
+    """The three runs over the file, ``passes`` turns each: the report's numbers."""
+    rates: dict[str, list[float]] = {name: [] for name in RUNS}
+    latencies: dict[str, list[float]] = {name: [] for name in RUNS}
+    stats: dict[str, dict] = {}
+    for _ in range(passes):
+        for name, pipelined in (("pipelined", True), ("sequential", False)):
+            start = time.perf_counter()
+            with video(model, path, streams, pipelined=pipelined) as playing:
+                count = sum(1 for _ in playing)
+            rates[name].append(count / (time.perf_counter() - start))
+            latencies[name].extend(playing.stats.latencies)
+            stats[name] = playing.stats.summary()
+        alone = _model_alone(model, tensors, streams)
+        rates["model alone"].append(float(alone.per_round[0]))
+        latencies["model alone"].extend(alone.latencies)
+    runs = {}
+    for name in RUNS:
+        seconds = np.asarray(latencies[name])
+        runs[name] = {
+            "frames_per_s": float(np.median(rates[name])),
+            "frames_per_s_min": float(np.min(rates[name])),
+            **{f"p{q}_ms": float(np.percentile(seconds, q)) * 1e3 for q in (50, 90, 99)},
+        }
+        if name in stats:  # the last pass's stage means and drops
+            means = ("decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms", "dropped")
+            runs[name].update({key: stats[name][key] for key in means})
+    fps = {name: runs[name]["frames_per_s"] for name in RUNS}
+    return {
+        "video": str(path),
+        "frames": len(tensors),
+        "streams": streams,
+        "passes": passes,
+        "runs": runs,
+        "pipelined_over_model": fps["pipelined"] / fps["model alone"],
+        "pipelined_over_sequential": fps["pipelined"] / fps["sequential"],
+    }
+
+
+def _model_alone(model, tensors: list[np.ndarray], streams: int):
+    """One round of ``streams`` callers running the file's frames between them."""
+    calls = -(-len(tensors) // streams)
+
+    def caller(offset: int):
+        position = [offset]
+
+        def call():
+            model.run(tensors[position[0] % len(tensors)])
+            position[0] += streams
+
+        return call
+
+    callers = [caller(i) for i in range(streams)]
+    return alternate_concurrent({"model": callers}, 1, calls)["model"]
+
+
+def print_video_report(report: dict) -> None:
+    width, height = report["frame_size"]
+    print(
+        f"{report['model']} on {report['device']}: {report['video']}, {report['frames']} "
+        f"frames of {width}x{height}, {report['passes']} passes each, "
+        f"streams {report['streams']}"
+    )
+    print(f"  {'':<13}{'frames/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}")
+    for name, run in report["runs"].items():
+        print(
+            f"  {name:<13}{run['frames_per_s']:>10.1f}{run['p50_ms']:>9.2f}"
+            f"{run['p90_ms']:>9.2f}{run['p99_ms']:>9.2f}"
+        )
+    print(
+        f"  pipelined / model alone: {report['pipelined_over_model']:.2f}x "
+        "(decode, pre- and postprocessing included)"
+    )
+    print(f"  pipelined / sequential: {report['pipelined_over_sequential']:.2f}x")
+    p = report["runs"]["pipelined"]
+    print(
+        f"  pipelined stages (mean ms): decode {p['decode_ms']:.2f}, preprocess "
+        f"{p['preprocess_ms']:.2f}, infer {p['infer_ms']:.2f}, postprocess "
+        f"{p['postprocess_ms']:.2f}; {p['dropped']} dropped"
+    )
