@@ -23,7 +23,8 @@ from .board.errors import EdgecvError
 from .board.frames import Source, open_source
 from .board.imaging import Detection, draw, draw_label, opencv
 from .board.outputs import check_output_folder
-from .board.video import Result, Video, video
+from .board.video import Video, video
+from .board.video_results import Result
 
 
 def annotate(model, frame: np.ndarray, result, fps: float | None, stats: str = "") -> np.ndarray:

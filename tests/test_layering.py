@@ -48,7 +48,7 @@ FLOORS = [
 # directly under edgecv/board/; "__init__" is its docstring and imports nothing.
 BOARD_FLOORS = [
     ["__init__", "errors", "_version", "progress"],
-    ["plan", "arguments", "imaging", "precision", "durable", "processing"],
+    ["plan", "arguments", "imaging", "precision", "durable", "processing", "video_results"],
     ["manifest", "runtime", "outputs", "decoders", "frames"],
     ["package", "video"],
     ["model"],

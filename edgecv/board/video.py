@@ -1,12 +1,14 @@
 """A source's frames through a model at the speed of the model: ``edgecv.video``.
 
-Four stages, each in a thread of its own, joined by bounded queues::
+Four stages, each in threads of its own, joined by bounded queues::
 
-    capture/decode -> [frames] -> preprocess + infer (``streams`` calls in flight)
-                   -> [futures, in frame order] -> postprocess/annotate -> [results] -> you
+    capture/decode -> [frames] -> preprocess -> [tensors] -> infer (``streams`` calls in
+    flight, a pool's threads) -> [futures, in frame order] -> postprocess/annotate
+    -> [results] -> you
 
-so the source decodes the next frames while the model runs, and with ``streams`` > 1
-several inferences (each in an execution context of the model's own) run at once. The
+so the source decodes and preprocesses the next frames while the model runs, and with
+``streams`` > 1 several inferences (each in an execution context of the model's own)
+run at once. The
 postprocess stage takes the inferences' futures in the order the frames came, so
 results come out in frame order whatever finished first.
 
@@ -16,6 +18,8 @@ stream) never waits: a frame that finds the queue full replaces the one waiting 
 (the newest frame wins), and a frame that waited more than ``budget_s`` before an
 inference could take it is dropped too; both are counted (:attr:`VideoStats.dropped`).
 
+Each frame's :class:`~.video_results.Result` and the play's
+:class:`~.video_results.VideoStats` are in :mod:`.video_results`.
 ``pipelined=False`` is the loop the demo ran before: decode, preprocess, infer and
 postprocess one frame after another, in the caller's thread, for comparison.
 """
@@ -25,124 +29,22 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import EdgecvError
 from .frames import Source, SourceLike, open_source
+from .video_results import Result, StageTimes, VideoStats
 
 # Seconds a live frame may wait for an inference before it is dropped as stale
 BUDGET_S = 0.1
-# Latencies kept for the percentiles: the latest frames' (a camera plays for hours)
-LATENCIES_KEPT = 10000
 # How often a stage that waits looks whether the pipeline was closed
 POLL_S = 0.05
 # Seconds close() waits for a source's read to return (a source is user code)
 SOURCE_JOIN_S = 5.0
-
-
-@dataclass
-class StageTimes:
-    """Seconds one frame spent in each stage."""
-
-    decode: float = 0.0
-    preprocess: float = 0.0
-    infer: float = 0.0
-    postprocess: float = 0.0
-
-
-@dataclass
-class Result:
-    """One frame through the model.
-
-    Attributes
-    ----------
-    index : int
-        The frame's position in its source, from 0 (a live source's dropped frames
-        leave gaps).
-    frame : numpy.ndarray
-        The frame as decoded (HxWx3 uint8 BGR).
-    outputs : list of numpy.ndarray
-        The model's raw outputs, as ``model.run`` returns them.
-    result : list
-        What ``model.predict`` returns for the frame: detections or top-k classes.
-    times : StageTimes
-        Seconds in each stage.
-    latency_s : float
-        Seconds from the start of the frame's decode to the end of its postprocess.
-    shown : numpy.ndarray or None
-        What ``annotate`` returned for it.
-    """
-
-    index: int
-    frame: np.ndarray
-    outputs: list
-    result: Any
-    times: StageTimes
-    latency_s: float = 0.0
-    shown: np.ndarray | None = None
-
-
-@dataclass
-class VideoStats:
-    """What a pipeline did so far; thread-safe. :meth:`summary` for the numbers."""
-
-    frames: int = 0
-    dropped: int = 0
-    totals: StageTimes = field(default_factory=StageTimes)
-    latencies: deque = field(default_factory=lambda: deque(maxlen=LATENCIES_KEPT))
-    started: float | None = None
-    last: float | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def begin(self, when: float) -> None:
-        with self._lock:
-            if self.started is None:
-                self.started = when
-
-    def drop(self) -> None:
-        with self._lock:
-            self.dropped += 1
-
-    def add(self, result: Result) -> None:
-        with self._lock:
-            self.frames += 1
-            for name in ("decode", "preprocess", "infer", "postprocess"):
-                total = getattr(self.totals, name) + getattr(result.times, name)
-                setattr(self.totals, name, total)
-            self.latencies.append(result.latency_s)
-            self.last = time.perf_counter()
-
-    def summary(self) -> dict:
-        """Frames, dropped, frames/s (over the wall time from the first decode to the
-        latest result), each stage's mean and the latency's p50/p90/p99, in ms."""
-        with self._lock:
-            frames, latencies = self.frames, np.asarray(self.latencies)
-            wall = (self.last - self.started) if frames and self.started else 0.0
-            means = {
-                f"{name}_ms": getattr(self.totals, name) / max(frames, 1) * 1e3
-                for name in ("decode", "preprocess", "infer", "postprocess")
-            }
-            out = {"frames": frames, "dropped": self.dropped}
-        out["fps"] = frames / wall if wall > 0 else 0.0
-        out.update(means)
-        for q in (50, 90, 99):
-            out[f"p{q}_ms"] = float(np.percentile(latencies, q)) * 1e3 if frames else 0.0
-        return out
-
-    def line(self) -> str:
-        """The summary as one line, for the console and the overlay."""
-        s = self.summary()
-        return (
-            f"{s['frames']} frames, {s['fps']:.1f} frames/s, {s['dropped']} dropped; stages "
-            f"(ms): decode {s['decode_ms']:.1f}, preprocess {s['preprocess_ms']:.1f}, infer "
-            f"{s['infer_ms']:.1f}, postprocess {s['postprocess_ms']:.1f}; latency (ms): p50 "
-            f"{s['p50_ms']:.1f}, p90 {s['p90_ms']:.1f}, p99 {s['p99_ms']:.1f}"
-        )
 
 
 @dataclass
@@ -151,6 +53,8 @@ class _Frame:
     frame: np.ndarray
     start: float  # when its decode began
     decode_s: float
+    tensor: np.ndarray | None = None  # the model's input, once preprocessed
+    preprocess_s: float = 0.0
 
 
 @dataclass
@@ -219,9 +123,9 @@ class Video:
                 frame = next(frames, None)
                 if frame is None:
                     return
-                item = _Frame(index, frame, start, time.perf_counter() - start)
-                outputs, pre, infer = self._infer(item)
-                yield self._postprocess(item, outputs, pre, infer)
+                item = self._preprocess(_Frame(index, frame, start, time.perf_counter() - start))
+                outputs, infer = self._infer(item)
+                yield self._postprocess(item, outputs, infer)
                 index += 1
         finally:
             getattr(frames, "close", lambda: None)()
@@ -231,14 +135,16 @@ class Video:
 
     def _pipelined(self) -> Iterator[Result]:
         live = self.source.live
-        captured: queue.Queue = queue.Queue(maxsize=1 if live else self.streams + 1)
+        captured: queue.Queue = queue.Queue(maxsize=1 if live else self.streams)
+        prepared: queue.Queue = queue.Queue(maxsize=1 if live else self.streams)
         inflight: queue.Queue = queue.Queue()  # at most `streams`: the slots bound it
         done: queue.Queue = queue.Queue(maxsize=self.streams + 1)
         slots = threading.Semaphore(self.streams)
         self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="edgecv-video-infer")
         stages = [
             ("capture", self._capture_stage, (captured,)),
-            ("dispatch", self._dispatch_stage, (captured, inflight, slots)),
+            ("preprocess", self._preprocess_stage, (captured, prepared)),
+            ("dispatch", self._dispatch_stage, (prepared, inflight, slots)),
             ("postprocess", self._postprocess_stage, (inflight, done, slots)),
         ]
         for name, target, queues in stages:
@@ -281,20 +187,49 @@ class Video:
             getattr(frames, "close", lambda: None)()
             self._put(captured, end)
 
-    def _put_newest(self, captured: queue.Queue, item: _Frame) -> None:
-        """A live frame into the queue without waiting: it replaces the one waiting."""
+    def _put_newest(self, q: queue.Queue, item: _Frame) -> None:
+        """A live frame into ``q`` without waiting: it replaces the one waiting (each
+        queue has one producer)."""
         while True:
             try:
-                captured.put_nowait(item)
+                q.put_nowait(item)
                 return
             except queue.Full:
                 try:
-                    captured.get_nowait()
+                    q.get_nowait()
                     self.stats.drop()
                 except queue.Empty:
                     pass
 
-    def _dispatch_stage(self, captured, inflight, slots: threading.Semaphore) -> None:
+    def _preprocess_stage(self, captured: queue.Queue, prepared: queue.Queue) -> None:
+        while True:
+            item = self._get(captured)
+            if item is None:
+                return
+            if not isinstance(item, _End):
+                if self._stale(item):
+                    continue
+                try:
+                    item = self._preprocess(item)
+                except BaseException as err:
+                    item = _End(err)
+            if isinstance(item, _End):
+                self._put(prepared, item)
+                return
+            if self.source.live:  # the newest frame wins here too
+                self._put_newest(prepared, item)
+            else:
+                self._put(prepared, item)
+
+    def _stale(self, item: _Frame) -> bool:
+        """Whether a live frame waited past the budget since its decode (then counted)."""
+        waited = time.perf_counter() - item.start - item.decode_s - item.preprocess_s
+        if self.source.live and self.budget_s is not None and waited > self.budget_s:
+            self.stats.drop()
+            return True
+        return False
+
+    def _dispatch_stage(self, prepared, inflight, slots: threading.Semaphore) -> None:
         """Frames to inferences: a slot first (at most ``streams`` in flight), then the
         frame, so a live source's frame is the newest when an inference can take it."""
         assert self._pool is not None
@@ -302,15 +237,13 @@ class Video:
             while not slots.acquire(timeout=POLL_S):
                 if self._stop.is_set():
                     return
-            item = self._get(captured)
+            item = self._get(prepared)
             if item is None:
                 return
             if isinstance(item, _End):
                 inflight.put(item)
                 return
-            waited = time.perf_counter() - item.start - item.decode_s
-            if self.source.live and self.budget_s is not None and waited > self.budget_s:
-                self.stats.drop()
+            if self._stale(item):
                 slots.release()
                 continue
             try:
@@ -329,9 +262,9 @@ class Video:
                 return
             item, future = entry
             try:
-                outputs, pre, infer = future.result()  # an inference always ends
+                outputs, infer = future.result()  # an inference always ends
                 slots.release()  # the next inference starts while this frame is drawn
-                result = self._postprocess(item, outputs, pre, infer)
+                result = self._postprocess(item, outputs, infer)
             except BaseException as err:
                 self._put(done, _End(err))
                 return
@@ -339,17 +272,21 @@ class Video:
 
     # one frame's work, the same in both loops
 
-    def _infer(self, item: _Frame) -> tuple[list, float, float]:
+    def _preprocess(self, item: _Frame) -> _Frame:
         start = time.perf_counter()
-        x = self.model.preprocess(item.frame)
-        ran = time.perf_counter()
-        outputs = self.model.run(x)
-        return outputs, ran - start, time.perf_counter() - ran
+        item.tensor = self.model.preprocess(item.frame)
+        item.preprocess_s = time.perf_counter() - start
+        return item
 
-    def _postprocess(self, item: _Frame, outputs: list, pre: float, infer: float) -> Result:
+    def _infer(self, item: _Frame) -> tuple[list, float]:
+        start = time.perf_counter()
+        outputs = self.model.run(item.tensor)
+        return outputs, time.perf_counter() - start
+
+    def _postprocess(self, item: _Frame, outputs: list, infer: float) -> Result:
         start = time.perf_counter()
         found = self.model.decode(outputs, item.frame.shape[:2], self.threshold, self.k)
-        times = StageTimes(item.decode_s, pre, infer)
+        times = StageTimes(item.decode_s, item.preprocess_s, infer)
         result = Result(item.index, item.frame, outputs, found, times)
         if self.annotate is not None:
             result.shown = self.annotate(result)
@@ -435,8 +372,6 @@ def video(
     ...     for r in frames:
     ...         print(r.index, len(r.result), f"{r.latency_s * 1e3:.1f} ms")
     """
-    from .errors import EdgecvError
-
     streams = model.streams if streams is None else streams
     if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
         raise EdgecvError(f"streams={streams!r}: give how many inferences in flight, 1 or more")
