@@ -248,6 +248,12 @@ def test_demo_pipelined_and_sequential_show_the_same_frames(detector_package, tm
         assert len(summary) == 1 and f"{len(decoded)} frames, " in summary[0], lines
         assert "0 dropped" in summary[0] and "p99" in summary[0]
         check_video(out, decoded)
+        for shown, original in zip(read_video(out), decoded, strict=True):
+            # the stage times: white text on black under the frame rate
+            stats, before = shown[28:50, 6:60].astype(int), original[28:50, 6:60].astype(int)
+            white, black = (stats.min(axis=2) > 170).sum(), (stats.max(axis=2) < 40).mean()
+            was = (before.max(axis=2) < 40).mean()
+            assert white > 15 and black > 0.2 and black > 2 * was, (white, black, was)
     assert_one_error_line(
         cli_here(capfd, "demo", detector_package, "--video", video, "--streams", "0"),
         "--streams 0",
