@@ -170,6 +170,10 @@ class Player:
         self.fps: float | None = None  # smoothed, of the results as they come
         self.previous: float | None = None
         self.summary = ""
+        # what the main thread waits on: a Thread.join() that Ctrl-C interrupts can leave
+        # the thread marked as ended (seen on CPython 3.11), and the next join returns at
+        # once while it still writes its video
+        self.finished = threading.Event()
 
     def source(self) -> Source:
         if self.kind == "video" and not Path(self.value).is_file():
@@ -226,6 +230,7 @@ class Player:
         finally:
             if self.out is not None:
                 self.out.close()
+            self.finished.set()
 
     def report(self, model, r: Result, dropped: int) -> None:
         t = r.times
@@ -280,9 +285,9 @@ def cmd_demo(args) -> int:
     for thread in threads:
         thread.start()
     try:
-        for thread in threads if args.headless else ():  # Ctrl-C interrupts a join
-            thread.join()
-        while any(t.is_alive() for t in threads):  # windows: drawn here as frames come
+        for player in players if args.headless else ():  # Ctrl-C interrupts a wait
+            player.finished.wait()
+        while not all(p.finished.is_set() for p in players):  # windows: drawn as they come
             try:
                 player, frame = shown.get(timeout=0.05)
             except queue.Empty:
@@ -293,7 +298,8 @@ def cmd_demo(args) -> int:
     except KeyboardInterrupt:
         stop.set()
     finally:
-        for thread in threads:
+        for player, thread in zip(players, threads, strict=True):
+            player.finished.wait()
             thread.join()
         if not args.headless:
             cv2.destroyAllWindows()

@@ -4,6 +4,8 @@ and shows the detector's boxes where MXNet says they are."""
 
 from __future__ import annotations
 
+import os
+
 import cv2
 import numpy as np
 import skimage.data
@@ -258,3 +260,44 @@ def test_demo_pipelined_and_sequential_show_the_same_frames(detector_package, tm
         cli_here(capfd, "demo", detector_package, "--video", video, "--streams", "0"),
         "--streams 0",
     )
+
+
+def test_ctrl_c_stops_every_source_and_keeps_what_was_written(detector_package, tmp_path):
+    """SIGINT once frames flow: each source stops, its video is closed with the frames it
+    printed, its summary line is there, no traceback (a hang fails the wait's limit)."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    video = tmp_path / "long.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 30, (160, 120))
+    stills = photos()
+    for i in range(3000):  # far more than play before the signal
+        writer.write(stills[i % len(stills)])
+    writer.release()
+    out = tmp_path / "a.mp4"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    argv = ["demo", detector_package, "--video", video, "--video", video, "--headless"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edgecv.cli", *map(str, argv), "-o", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # not ignored
+    )
+    lines = [process.stdout.readline()]
+    while lines[-1] and " frame 5:" not in lines[-1]:
+        lines.append(process.stdout.readline())
+    process.send_signal(signal.SIGINT)
+    rest, err = process.communicate(timeout=120)
+    lines += rest.splitlines()
+    assert process.returncode == 0 and "Traceback" not in err, err
+    for source in (1, 2):
+        printed = sum(line.startswith(f"source {source} frame ") for line in lines)
+        written = len(read_video(tmp_path / f"a-{source}.mp4"))
+        assert 0 < written == printed < 3000
+        assert f"wrote {tmp_path / f'a-{source}.mp4'} ({written} frames)" in lines
+        summary = [line for line in lines if line.startswith(f"source {source} video ")]
+        assert len(summary) == 1 and f": {written} frames, " in summary[0], lines[-6:]

@@ -125,7 +125,9 @@ class Video:
                     return
                 item = self._preprocess(_Frame(index, frame, start, time.perf_counter() - start))
                 outputs, infer = self._infer(item)
-                yield self._postprocess(item, outputs, infer)
+                result = self._postprocess(item, outputs, infer)
+                self.stats.add(result)
+                yield result
                 index += 1
         finally:
             getattr(frames, "close", lambda: None)()
@@ -160,6 +162,7 @@ class Video:
                     if item is not None and item.error is not None:
                         raise item.error
                     return
+                self.stats.add(item)  # counted as it is handed over
                 yield item
         finally:
             self.close()
@@ -292,7 +295,6 @@ class Video:
             result.shown = self.annotate(result)
         end = time.perf_counter()
         times.postprocess, result.latency_s = end - start, end - item.start
-        self.stats.add(result)
         return result
 
     # waiting that a close() ends
