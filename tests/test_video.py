@@ -264,3 +264,26 @@ def test_bench_video_reports_end_to_end_beside_the_model_alone(
         cli_here(capfd, "bench", detector_package, "--video", path, "--vs", "openvino"),
         "--vs with --video",
     )
+
+
+def test_which_sources_are_live():
+    from edgecv.board.frames import open_source
+
+    assert open_source(0).live and open_source("rtsp://camera.local/stream").live
+    assert not open_source("clip.mp4").live and not open_source([]).live
+    assert open_source([], live=True).live and not open_source(0, live=False).live
+    with pytest.raises(EdgecvError, match="give a camera index"):
+        open_source(2.5)
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_a_frame_preprocessing_refuses_is_the_loop_error(detector_package, clip, pipelined):
+    _, decoded = clip
+    model = edgecv.load(detector_package)
+    frames = [decoded[0], decoded[1].astype(np.float32), decoded[2]]  # a float image
+    delivered = []
+    with pytest.raises(EdgecvError, match="float32"):
+        for r in video(model, frames, pipelined=pipelined):
+            delivered.append(r.index)
+    assert delivered == [0]
+    assert not pipeline_threads()
