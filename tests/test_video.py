@@ -9,6 +9,7 @@ Ctrl-C, stop the pipeline with its threads. Counts and order are asserted, never
 from __future__ import annotations
 
 import _thread
+import importlib.util
 import json
 import threading
 import time
@@ -242,7 +243,7 @@ def test_bench_video_reports_end_to_end_beside_the_model_alone(
     lines = result.stdout.splitlines()
     assert f"{len(decoded)} frames of 160x120, 1 passes each, streams 2" in lines[0]
     assert lines[1].split() == ["frames/s", "p50", "ms", "p90", "ms", "p99", "ms"]
-    table = {line[:15].strip(): line[15:].split() for line in lines[2:5]}
+    table = {line[:17].strip(): line[17:].split() for line in lines[2:5]}
     assert list(table) == ["pipelined", "sequential", "model alone"], lines
     assert all(len(row) == 4 and float(row[0]) > 0 for row in table.values())
     assert any(line.strip().startswith("pipelined / model alone: ") for line in lines)
@@ -261,9 +262,13 @@ def test_bench_video_reports_end_to_end_beside_the_model_alone(
         "does not exist",
     )
     assert_one_error_line(
-        cli_here(capfd, "bench", detector_package, "--video", path, "--vs", "openvino"),
-        "--vs with --video",
+        cli_here(capfd, "bench", detector_package, "--video", path, "--vs", "onnxruntime"),
+        "only openvino",
     )
+    # OpenVINO's async requests need the source model's weights: this one has none
+    result = cli_here(capfd, *argv, "--vs", "openvino")
+    assert result.returncode == 0, result.stderr
+    assert "  openvino: not run: the source graph has no params file" in result.stdout
 
 
 def test_which_sources_are_live():
@@ -287,3 +292,29 @@ def test_a_frame_preprocessing_refuses_is_the_loop_error(detector_package, clip,
             delivered.append(r.index)
     assert delivered == [0]
     assert not pipeline_threads()
+
+
+def test_bench_video_vs_openvino_async_requests(clip, tmp_path, capfd):
+    """``--vs openvino``: OpenVINO's AsyncInferQueue on the same frames, beside edgecv's
+    runs, its outputs compared with edgecv's (a small classifier with weights, whose
+    MXNet export OpenVINO reads)."""
+    # found, not imported: the baseline opens Intel's OpenCL runtime before OpenVINO loads
+    if importlib.util.find_spec("openvino") is None:
+        pytest.skip("OpenVINO is not installed (pip install -e '.[bench]')")
+    from user_models import efficient_lite
+
+    from edgecv.cli import main
+
+    symbol, _, shape = efficient_lite(tmp_path / "eff" / "eff")
+    argv = ["deploy", str(symbol), "--input-shape", ",".join(map(str, shape))]
+    assert main([*argv, "--layout", "NCHW", "-o", str(tmp_path / "pkg")]) == 0
+    out = tmp_path / "bench.json"
+    bench = ["bench", tmp_path / "pkg", "--video", clip[0], "--repeat", "1", "--vs", "openvino"]
+    result = cli_here(capfd, *bench, "--streams", "2", "--json", out)
+    assert result.returncode == 0, result.stderr
+    assert any(line.startswith("  openvino async ") for line in result.stdout.splitlines())
+    report = json.loads(out.read_text())
+    assert report["runs"]["openvino async"]["frames_per_s"] > 0
+    assert report["openvino"]["requests"] == 2
+    assert report["openvino"]["agreement"]["max_rel_diff"] < 1e-4
+    assert report["openvino"]["agreement"]["same_top1"]

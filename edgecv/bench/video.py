@@ -5,7 +5,9 @@ Three runs take turns over the whole file (a pass each, A, B, C, A, B, C, ... so
 change of the machine's load hits each alike): the pipeline of :mod:`edgecv.board.video`
 with ``--streams`` inferences in flight; the sequential loop (decode, preprocess, infer,
 postprocess one frame after another); and the model alone, ``--streams`` callers
-running the file's frames, preprocessed beforehand, as fast as it takes them. Each
+running the file's frames, preprocessed beforehand, as fast as it takes them; with
+``--vs openvino`` a fourth, OpenVINO's async infer requests on the same frames
+(:mod:`.openvino_video`). Each
 run's frames/s is the median pass's; latencies are every frame's (the pipeline's and the
 loop's from the start of a frame's decode to the end of its postprocess, the model's a
 call's).
@@ -14,6 +16,7 @@ call's).
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,18 +30,21 @@ from ..board.video import video
 from .harness import alternate_concurrent
 
 RUNS = ("pipelined", "sequential", "model alone")
+OPENVINO = "openvino async"
 
 
 def check_video_arguments(args) -> int:
     """What ``--video`` cannot take, refused before anything loads; the streams."""
     if not Path(args.video).is_file():
         raise EdgecvError(f"--video {args.video} does not exist; give a video file")
-    for option in ("vs", "plot", "source"):
-        if getattr(args, option):
-            raise EdgecvError(
-                f"--{option} with --video: not measured over a video yet; run `edgecv bench "
-                f"PKG --{option} ...` and `edgecv bench PKG --video FILE` apart"
-            )
+    if args.plot:
+        raise EdgecvError("--plot with --video: not drawn for a video yet; use --json")
+    wanted = [n.strip() for n in (args.vs or "").split(",") if n.strip()]
+    if wanted not in ([], ["openvino"]):
+        raise EdgecvError(
+            f"--vs {args.vs} with --video: only openvino (its async infer requests) runs "
+            "over a video; run the others without --video"
+        )
     if args.json:
         check_output_folder(args.json)
     streams = args.streams or 1
@@ -60,11 +66,17 @@ def cmd_bench_video(args) -> int:
     for x in tensors[: max(args.warmup, 1)]:
         model.run(x)
     passes = max(1, -(-args.repeat // len(frames)))
-    progress.say(
-        f"timing {', '.join(RUNS)} over {len(frames)} frames of {args.video}: {passes} "
-        "passes each, in turns"
-    )
-    report = measure(model, args.video, tensors, streams, passes)
+    with tempfile.TemporaryDirectory(prefix="edgecv-bench-") as tmp:
+        openvino, vs = None, {}
+        if args.vs:
+            openvino, vs = _openvino(args, model, tensors, streams, Path(tmp))
+        runs = [*RUNS, OPENVINO] if openvino else list(RUNS)
+        progress.say(
+            f"timing {', '.join(runs)} over {len(frames)} frames of {args.video}: {passes} "
+            "passes each, in turns"
+        )
+        report = measure(model, args.video, tensors, streams, passes, openvino)
+    report.update(vs)
     report.update(
         {
             "package": str(args.package),
@@ -80,10 +92,42 @@ def cmd_bench_video(args) -> int:
     return 0
 
 
-def measure(model, path: str, tensors: list[np.ndarray], streams: int, passes: int) -> dict:
-    """The three runs over the file, ``passes`` turns each: the report's numbers."""
-    rates: dict[str, list[float]] = {name: [] for name in RUNS}
-    latencies: dict[str, list[float]] = {name: [] for name in RUNS}
+def _openvino(args, model, tensors: list[np.ndarray], streams: int, work: Path):
+    """(OpenVINO's async runner, the report's ``openvino`` facts), or (None, the reason
+    it did not run) when it cannot be built from the package's source model."""
+    from .command import agreement, source_files
+    from .lineup import build_baselines
+    from .openvino_video import OpenVINOVideo
+
+    try:
+        symbol, params = source_files(model.manifest, args.source, work)
+    except EdgecvError as err:
+        return None, {"not_run": {"openvino": str(err)}}
+    progress.say("loading the openvino baseline")
+    built, failed = build_baselines(
+        ["openvino"], symbol, params, tuple(tensors[0].shape), work, streams
+    )
+    if not built:
+        return None, {"not_run": failed}
+    baseline = built[0]
+    runner = OpenVINOVideo(baseline.compiled, streams, model)
+    detection = model.manifest.task == "detection"
+    facts = {
+        "version": baseline.version,
+        "requests": streams,
+        "notes": baseline.notes,
+        "agreement": agreement(model.run(tensors[0]), baseline.run(tensors[0]), detection),
+    }
+    return runner, {"openvino": facts}
+
+
+def measure(
+    model, path: str, tensors: list[np.ndarray], streams: int, passes: int, openvino=None
+) -> dict:
+    """The runs over the file, ``passes`` turns each: the report's numbers."""
+    names = [*RUNS, OPENVINO] if openvino else list(RUNS)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    latencies: dict[str, list[float]] = {name: [] for name in names}
     stats: dict[str, dict] = {}
     for _ in range(passes):
         for name, pipelined in (("pipelined", True), ("sequential", False)):
@@ -96,8 +140,12 @@ def measure(model, path: str, tensors: list[np.ndarray], streams: int, passes: i
         alone = _model_alone(model, tensors, streams)
         rates["model alone"].append(float(alone.per_round[0]))
         latencies["model alone"].extend(alone.latencies)
+        if openvino is not None:
+            openvino.latencies.clear()
+            rates[OPENVINO].append(openvino.run_pass(path))
+            latencies[OPENVINO].extend(openvino.latencies)
     runs = {}
-    for name in RUNS:
+    for name in names:
         seconds = np.asarray(latencies[name])
         runs[name] = {
             "frames_per_s": float(np.median(rates[name])),
@@ -107,8 +155,10 @@ def measure(model, path: str, tensors: list[np.ndarray], streams: int, passes: i
         if name in stats:  # the last pass's stage means and drops
             means = ("decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms", "dropped")
             runs[name].update({key: stats[name][key] for key in means})
-    fps = {name: runs[name]["frames_per_s"] for name in RUNS}
+    fps = {name: runs[name]["frames_per_s"] for name in names}
+    ratios = {"pipelined_over_openvino": fps["pipelined"] / fps[OPENVINO]} if openvino else {}
     return {
+        **ratios,
         "video": str(path),
         "frames": len(tensors),
         "streams": streams,
@@ -143,10 +193,10 @@ def print_video_report(report: dict) -> None:
         f"frames of {width}x{height}, {report['passes']} passes each, "
         f"streams {report['streams']}"
     )
-    print(f"  {'':<13}{'frames/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}")
+    print(f"  {'':<15}{'frames/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}")
     for name, run in report["runs"].items():
         print(
-            f"  {name:<13}{run['frames_per_s']:>10.1f}{run['p50_ms']:>9.2f}"
+            f"  {name:<15}{run['frames_per_s']:>10.1f}{run['p50_ms']:>9.2f}"
             f"{run['p90_ms']:>9.2f}{run['p99_ms']:>9.2f}"
         )
     print(
@@ -154,6 +204,18 @@ def print_video_report(report: dict) -> None:
         "(decode, pre- and postprocessing included)"
     )
     print(f"  pipelined / sequential: {report['pipelined_over_sequential']:.2f}x")
+    if "pipelined_over_openvino" in report:
+        facts = report["openvino"]
+        agree = facts["agreement"]
+        print(
+            f"  pipelined / openvino async: {report['pipelined_over_openvino']:.2f}x (OpenVINO "
+            f"{facts['version']}, {facts['requests']} infer requests; its outputs against "
+            f"edgecv's: {agree.get('max_rel_diff', agree.get('error'))})"
+        )
+        for note in facts["notes"]:
+            print(f"  note: {note}")
+    for name, reason in report.get("not_run", {}).items():
+        print(f"  {name}: not run: {reason}")
     p = report["runs"]["pipelined"]
     print(
         f"  pipelined stages (mean ms): decode {p['decode_ms']:.2f}, preprocess "
