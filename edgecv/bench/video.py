@@ -95,9 +95,10 @@ def cmd_bench_video(args) -> int:
 def _openvino(args, model, tensors: list[np.ndarray], streams: int, work: Path):
     """(OpenVINO's async runner, the report's ``openvino`` facts), or (None, the reason
     it did not run) when it cannot be built from the package's source model."""
-    from .command import agreement, source_files
+    from .agreement import agreement
     from .lineup import build_baselines
     from .openvino_video import OpenVINOVideo
+    from .source_model import source_files
 
     try:
         symbol, params = source_files(model.manifest, args.source, work)
