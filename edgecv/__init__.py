@@ -23,7 +23,7 @@ _os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "10000")
 
 from .board.errors import EdgecvError  # noqa: E402  (after the environment is set)
 
-__all__ = ["EdgecvError", "__version__", "load", "register_op"]
+__all__ = ["EdgecvError", "__version__", "load", "register_op", "video"]
 
 
 def load(path, on=None, streams=1, sha256=None):
@@ -33,6 +33,16 @@ def load(path, on=None, streams=1, sha256=None):
     from .board.model import load as _load
 
     return _load(path, on=on, streams=streams, sha256=sha256)
+
+
+def video(model, source, streams=None, **options):
+    """Play a camera, a video file, a folder of images or any frames through a loaded
+    model, decoding, inferring (``streams`` calls in flight) and postprocessing at once:
+    ``for result in edgecv.video(model, "clip.mp4", streams=2): ...``; see
+    :func:`edgecv.board.video.video` for the options and what each result holds."""
+    from .board.video import video as _video
+
+    return _video(model, source, streams, **options)
 
 
 def __getattr__(name: str):

@@ -1,7 +1,9 @@
 """``edgecv demo PACKAGE``: a package on live frames (cameras, video files or folders of
-images) with boxes, class names, scores and an FPS overlay; per-frame latency printed.
-``--headless -o OUT.mp4`` writes the annotated video instead of opening a window.
-Several sources play at once, one thread and one stream of the model each.
+images) with boxes, class names, scores, an FPS overlay and the stage times; a line of
+stage times per frame, a summary per source. ``--headless -o OUT.mp4`` writes the
+annotated video instead of opening a window. Each source plays through the pipeline of
+:mod:`edgecv.board.video` (``--sequential``: one frame after another); several play at
+once, each with ``--streams`` streams of the model.
 """
 
 from __future__ import annotations
@@ -11,65 +13,63 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from .board.arguments import pin_argument
 from .board.errors import EdgecvError
+from .board.frames import Source, open_source
 from .board.imaging import Detection, draw, draw_label, opencv
 from .board.outputs import check_output_folder
-
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp"}
-
-
-def frames(camera: int | None, video: str | None, images: str | None) -> Iterator[np.ndarray]:
-    """BGR frames from a camera index, a video file or a folder of images (sorted)."""
-    cv2 = opencv()
-    if images is not None:
-        folder = Path(images)
-        files = (
-            sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-            if (folder.is_dir())
-            else []
-        )
-        if not files:
-            raise EdgecvError(f"--images {folder}: no .jpg/.png/.bmp images in that folder")
-        for file in files:
-            image = cv2.imread(str(file), cv2.IMREAD_COLOR)
-            if image is None:
-                raise EdgecvError(f"cannot read image {file}")
-            yield image
-        return
-    if video is not None and not Path(video).is_file():
-        raise EdgecvError(f"--video {video} does not exist")
-    capture = cv2.VideoCapture(video if video is not None else camera or 0)
-    if not capture.isOpened():
-        what = f"video {video}" if video is not None else f"camera {camera or 0}"
-        raise EdgecvError(f"cannot open {what} (no such camera, or not a video OpenCV can read)")
-    try:
-        while True:
-            ok, frame = capture.read()
-            if not ok:
-                return
-            yield frame
-    finally:
-        capture.release()
+from .board.video import Video, video
+from .board.video_results import Result
 
 
-def annotate(model, frame: np.ndarray, result, fps: float | None) -> tuple:
-    """(the frame with ``model.predict``'s result drawn, a summary): boxes or the top
-    class, under the frame rate."""
+def annotate(model, frame: np.ndarray, result, fps: float | None, stats: str = "") -> np.ndarray:
+    """The frame with ``model.predict``'s result drawn (boxes or the top class), under
+    the frame rate and the pipeline's ``stats`` (drawn first: boxes go over them)."""
     kind = model.processing.decoder.kind
+    frame = draw_stats(frame.copy(), stats) if stats else frame
     if kind == "tensor":  # no decoder to draw from: the frame rate alone
-        return draw(frame, [], fps), "outputs"
+        return draw(frame, [], fps)
     if kind not in ("logits", "probabilities"):
-        return draw(frame, result, fps), len(result)
+        return draw(frame, result, fps)
     label, prob = result[0]
     shown = draw(frame, [], fps)
-    draw_label(shown, f"{label} {prob:.2f}", (4, 34), scale=0.6)  # below the frame rate
-    return shown, label
+    draw_label(shown, f"{label} {prob:.2f}", (4, 26 + STATS_LINES * 14), scale=0.6)
+    return shown
+
+
+STATS_LINES = 2  # of the overlay under the frame rate
+
+
+def draw_stats(image: np.ndarray, stats: str) -> np.ndarray:
+    """``stats`` (lines split at "; ") in small white text on black below the frame rate,
+    in place."""
+    for row, text in enumerate(stats.split("; ")[:STATS_LINES]):
+        draw_label(image, text, (4, 26 + row * 14), (255, 255, 255), (0, 0, 0), scale=0.35)
+    return image
+
+
+def overlay_text(summary: dict) -> str:
+    """The overlay's two lines: the stages' mean milliseconds; the latency and drops."""
+    return (
+        f"decode {summary['decode_ms']:.1f} pre {summary['preprocess_ms']:.1f} infer "
+        f"{summary['infer_ms']:.1f} post {summary['postprocess_ms']:.1f} ms; latency p50 "
+        f"{summary['p50_ms']:.1f} p99 {summary['p99_ms']:.1f} ms, {summary['dropped']} dropped"
+    )
+
+
+def what_was_found(model, result) -> str:
+    """A frame's result in a word or two: its detections' count, its top class."""
+    kind = model.processing.decoder.kind
+    if kind == "tensor":
+        return "outputs"
+    if kind in ("logits", "probabilities"):
+        return str(result[0][0])
+    return f"{len(result)} detections"
 
 
 def fit(frame: np.ndarray, result, size: tuple[int, int]) -> tuple[np.ndarray, list]:
@@ -152,10 +152,11 @@ def output_paths(output: str | None, count: int) -> list[str | None]:
 
 
 class Player:
-    """One source played through the shared model: its frames, its video writer, its
-    smoothed frame rate. Several run at once, each in a thread of its own, each
-    inference in an execution context of its own (the model is loaded with a stream
-    per source)."""
+    """One source played through the shared model by :func:`edgecv.board.video.video`
+    (decode, inference and drawing in stages of their own, ``--streams`` inferences in
+    flight; ``--sequential``: one frame after another): its video writer, its lines.
+    Several play at once, each consumed by a thread of its own, each with its own
+    streams of the model."""
 
     def __init__(self, index: int, kind: str, value, output: str | None, args, many: bool):
         self.index, self.kind, self.value = index, kind, value
@@ -166,42 +167,81 @@ class Player:
         self.prefix = f"source {index} " if many else ""
         self.count = 0
         self.error: BaseException | None = None
+        self.fps: float | None = None  # smoothed, of the results as they come
+        self.previous: float | None = None
+        self.summary = ""
+        # what the main thread waits on: a Thread.join() that Ctrl-C interrupts can leave
+        # the thread marked as ended (seen on CPython 3.11), and the next join returns at
+        # once while it still writes its video
+        self.finished = threading.Event()
 
-    def frames(self) -> Iterator[np.ndarray]:
-        return frames(
-            self.value if self.kind == "camera" else None,
-            self.value if self.kind == "video" else None,
-            self.value if self.kind == "images" else None,
-        )
+    def source(self) -> Source:
+        if self.kind == "video" and not Path(self.value).is_file():
+            raise EdgecvError(f"--video {self.value} does not exist")
+        if self.kind == "images" and not Path(self.value).is_dir():
+            raise EdgecvError(f"--images {self.value}: no .jpg/.png/.bmp images in that folder")
+        return open_source(self.value if self.kind != "camera" else int(self.value))
+
+    def annotate(self, model, playing: Video, r: Result) -> np.ndarray:
+        """Run by the pipeline's postprocess stage, in frame order: the frame fitted
+        into the video's size, its boxes, the frame rate and the stage times drawn."""
+        now = time.perf_counter()
+        if self.previous is None:  # the first frame: the rate of its stages alone
+            first = r.times.decode + r.times.preprocess + r.times.infer
+            self.fps = 1.0 / max(first, 1e-6)
+        else:
+            assert self.fps is not None
+            self.fps = 0.9 * self.fps + 0.1 / max(now - self.previous, 1e-6)
+        self.previous = now
+        frame, found = r.frame, r.result
+        if self.out is not None:
+            if self.out.size is None:  # the first frame's size is the video's
+                self.out.size = (frame.shape[1], frame.shape[0])
+            frame, found = fit(frame, found, self.out.size)
+        return annotate(model, frame, found, self.fps, overlay_text(playing.stats.summary()))
 
     def play(self, model, show: Callable[[Player, np.ndarray], None], stop: threading.Event):
-        """Every frame: predict, annotate, print the latency, write and/or show it."""
-        fps = None
+        """Every frame: predict, annotate, print the stage times, write and/or show it."""
+        args = self.args
         try:
-            for count, frame in enumerate(self.frames(), start=1):
-                self.count = count
-                start = time.perf_counter()
-                result = model.predict(frame, threshold=self.args.threshold)
-                elapsed = time.perf_counter() - start
-                fps = 1.0 / elapsed if fps is None else 0.9 * fps + 0.1 / elapsed  # smoothed
-                if self.out is not None and self.out.size is not None:
-                    frame, result = fit(frame, result, self.out.size)
-                shown, result = annotate(model, frame, result, fps)  # the first frame too
-                what = f"{result} detections" if isinstance(result, int) else result
-                line = f"{self.prefix}frame {count}: {elapsed * 1e3:.1f} ms  {what}\n"
-                sys.stdout.write(line)  # one write: print writes the text and its end apart
-                sys.stdout.flush()
-                if self.out is not None:
-                    self.out.write(shown)
-                show(self, shown)
-                if stop.is_set() or (self.args.max_frames and self.count >= self.args.max_frames):
-                    break
+            playing = video(
+                model,
+                self.source(),
+                args.streams,
+                threshold=args.threshold,
+                annotate=lambda r: self.annotate(model, playing, r),
+                max_frames=args.max_frames,
+                pipelined=not args.sequential,
+            )
+            with playing:
+                for r in playing:
+                    self.count += 1
+                    self.report(model, r, playing.stats.dropped)
+                    assert r.shown is not None
+                    if self.out is not None:
+                        self.out.write(r.shown)
+                    show(self, r.shown)
+                    if stop.is_set():
+                        break
+            self.summary = f"{self.prefix}{self.name}: {playing.stats.line()}"
         except BaseException as err:  # re-raised by cmd_demo, in the main thread
             self.error = err
             stop.set()
         finally:
             if self.out is not None:
                 self.out.close()
+            self.finished.set()
+
+    def report(self, model, r: Result, dropped: int) -> None:
+        t = r.times
+        line = (
+            f"{self.prefix}frame {r.index + 1}: {t.infer * 1e3:.1f} ms  "
+            f"{what_was_found(model, r.result)}  (decode {t.decode * 1e3:.1f}, preprocess "
+            f"{t.preprocess * 1e3:.1f}, postprocess {t.postprocess * 1e3:.1f} ms; latency "
+            f"{r.latency_s * 1e3:.1f} ms; {dropped} dropped)\n"
+        )
+        sys.stdout.write(line)  # one write: print writes the text and its end apart
+        sys.stdout.flush()
 
 
 def cmd_demo(args) -> int:
@@ -217,13 +257,17 @@ def cmd_demo(args) -> int:
         if not args.output.endswith(".mp4"):
             raise EdgecvError(f"-o {args.output}: the demo writes .mp4 video")
         check_output_folder(args.output)
+    if args.streams < 1:
+        raise EdgecvError(f"--streams {args.streams}: give inferences in flight per source, 1+")
     many = len(sources) > 1
-    # a stream per source: their inferences run at once, each with its share of the cores
-    model = load(args.package, on=args.on, streams=len(sources), sha256=args.sha256)
+    # streams per source: their inferences run at once, each with its share of the cores
+    streams = len(sources) * args.streams
+    model = load(args.package, on=args.on, streams=streams, sha256=args.sha256)
     model.require_one_input("demo")
     if many:
         names = ", ".join(f"{i}: {source_name(*s)}" for i, s in enumerate(sources, start=1))
-        print(f"{len(sources)} sources, a stream each ({names})", flush=True)
+        each = "a stream" if args.streams == 1 else f"{args.streams} streams"
+        print(f"{len(sources)} sources, {each} each ({names})", flush=True)
     players = [
         Player(i, kind, value, out, args, many)
         for i, ((kind, value), out) in enumerate(zip(sources, outputs, strict=True), start=1)
@@ -241,9 +285,9 @@ def cmd_demo(args) -> int:
     for thread in threads:
         thread.start()
     try:
-        for thread in threads if args.headless else ():  # Ctrl-C interrupts a join
-            thread.join()
-        while any(t.is_alive() for t in threads):  # windows: drawn here as frames come
+        for player in players if args.headless else ():  # Ctrl-C interrupts a wait
+            player.finished.wait()
+        while not all(p.finished.is_set() for p in players):  # windows: drawn as they come
             try:
                 player, frame = shown.get(timeout=0.05)
             except queue.Empty:
@@ -254,7 +298,8 @@ def cmd_demo(args) -> int:
     except KeyboardInterrupt:
         stop.set()
     finally:
-        for thread in threads:
+        for player, thread in zip(players, threads, strict=True):
+            player.finished.wait()
             thread.join()
         if not args.headless:
             cv2.destroyAllWindows()
@@ -262,6 +307,7 @@ def cmd_demo(args) -> int:
         if player.error is not None:
             raise player.error
     for player in players:
+        print(player.summary)
         if player.out is not None:
             print(f"wrote {player.output} ({player.count} frames)")
     return 0
@@ -299,4 +345,15 @@ def add_parser(sub, common) -> None:
     )
     d.add_argument("--max-frames", type=int, default=0, help="stop after N frames of each source")
     d.add_argument("--on", help="OpenCL device: part of its platform/device name")
+    d.add_argument(
+        "--streams",
+        type=int,
+        default=1,
+        help="inferences in flight per source (the model is loaded with this many a source)",
+    )
+    d.add_argument(
+        "--sequential",
+        action="store_true",
+        help="decode, infer and draw one frame after another (the loop before pipelining)",
+    )
     d.set_defaults(func=cmd_demo)

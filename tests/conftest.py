@@ -113,6 +113,22 @@ def random_input(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     return (x + noise).astype(np.float32)
 
 
+@pytest.fixture(scope="session")
+def detector_package(tmp_path_factory) -> Path:
+    """test_demo's tiny detector (SSD's tail, no parameters) deployed for the CPU once per
+    session: the demo's, the video pipeline's and ``bench --video``'s tests share it."""
+    from test_demo import SIZE, tiny_detector
+
+    from edgecv.cli import main
+
+    root = tmp_path_factory.mktemp("demo")
+    symbol = root / "tiny_det-symbol.json"
+    tiny_detector().save(str(symbol))
+    argv = ["deploy", str(symbol), "--input-shape", f"1,3,{SIZE},{SIZE}"]
+    assert main([*argv, "-o", str(root / "pkg")]) == 0  # in this process: seconds less
+    return root / "pkg"
+
+
 _POCL: dict[str, str | None] = {}
 
 

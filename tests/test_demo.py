@@ -4,9 +4,10 @@ and shows the detector's boxes where MXNet says they are."""
 
 from __future__ import annotations
 
+import os
+
 import cv2
 import numpy as np
-import pytest
 import skimage.data
 from helpers import assert_one_error_line, cli_here, run_cli
 
@@ -34,18 +35,6 @@ def tiny_detector():
     scores = S.slice_axis(nms, axis=2, begin=1, end=2)
     boxes = S.slice_axis(nms, axis=2, begin=2, end=6)
     return S.Group([ids, scores, boxes])
-
-
-@pytest.fixture(scope="module")
-def detector_package(tmp_path_factory):
-    root = tmp_path_factory.mktemp("demo")
-    symbol = root / "tiny_det-symbol.json"
-    tiny_detector().save(str(symbol))
-    from edgecv.cli import main
-
-    argv = ["deploy", str(symbol), "--input-shape", f"1,3,{SIZE},{SIZE}"]
-    assert main([*argv, "-o", str(root / "pkg")]) == 0  # in this process: seconds less
-    return root / "pkg"
 
 
 def photos(size=(160, 120)):
@@ -240,3 +229,75 @@ def test_demo_errors(detector_package, tmp_path, capfd):
         "does not exist",
     )
     assert_one_error_line(cli_here(capfd, "demo", detector_package, "--headless"), "needs -o")
+
+
+def test_demo_pipelined_and_sequential_show_the_same_frames(detector_package, tmp_path, capfd):
+    """``--streams 2`` (two inferences in flight) and ``--sequential`` (one frame after
+    another) write the same annotated frames; each prints a line per frame with its
+    stage times and a summary line with the frames/s, drops and latency percentiles."""
+    video = tmp_path / "clip.mp4"
+    decoded = write_clip(video, photos())
+    for flags in (["--streams", "2"], ["--sequential"]):
+        out = tmp_path / f"annotated{flags[0]}.mp4"
+        argv = ["demo", detector_package, "--video", video, "--headless", "-o", out, *flags]
+        result = cli_here(capfd, *argv)
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        frames = [line for line in lines if line.startswith("frame ")]
+        assert [line.split(":")[0] for line in frames] == [f"frame {i + 1}" for i in range(4)]
+        assert all("decode " in line and "latency " in line for line in frames)
+        summary = [line for line in lines if line.startswith(f"video {video}: ")]
+        assert len(summary) == 1 and f"{len(decoded)} frames, " in summary[0], lines
+        assert "0 dropped" in summary[0] and "p99" in summary[0]
+        check_video(out, decoded)
+        for shown, original in zip(read_video(out), decoded, strict=True):
+            # the stage times: white text on black under the frame rate
+            stats, before = shown[28:50, 6:60].astype(int), original[28:50, 6:60].astype(int)
+            white, black = (stats.min(axis=2) > 170).sum(), (stats.max(axis=2) < 40).mean()
+            was = (before.max(axis=2) < 40).mean()
+            assert white > 15 and black > 0.2 and black > 2 * was, (white, black, was)
+    assert_one_error_line(
+        cli_here(capfd, "demo", detector_package, "--video", video, "--streams", "0"),
+        "--streams 0",
+    )
+
+
+def test_ctrl_c_stops_every_source_and_keeps_what_was_written(detector_package, tmp_path):
+    """SIGINT once frames flow: each source stops, its video is closed with the frames it
+    printed, its summary line is there, no traceback (a hang fails the wait's limit)."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    video = tmp_path / "long.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 30, (160, 120))
+    stills = photos()
+    for i in range(3000):  # far more than play before the signal
+        writer.write(stills[i % len(stills)])
+    writer.release()
+    out = tmp_path / "a.mp4"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    argv = ["demo", detector_package, "--video", video, "--video", video, "--headless"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edgecv.cli", *map(str, argv), "-o", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # not ignored
+    )
+    lines = [process.stdout.readline()]
+    while lines[-1] and " frame 5:" not in lines[-1]:
+        lines.append(process.stdout.readline())
+    process.send_signal(signal.SIGINT)
+    rest, err = process.communicate(timeout=120)
+    lines += rest.splitlines()
+    assert process.returncode == 0 and "Traceback" not in err, err
+    for source in (1, 2):
+        printed = sum(line.startswith(f"source {source} frame ") for line in lines)
+        written = len(read_video(tmp_path / f"a-{source}.mp4"))
+        assert 0 < written == printed < 3000
+        assert f"wrote {tmp_path / f'a-{source}.mp4'} ({written} frames)" in lines
+        summary = [line for line in lines if line.startswith(f"source {source} video ")]
+        assert len(summary) == 1 and f": {written} frames, " in summary[0], lines[-6:]

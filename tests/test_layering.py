@@ -48,9 +48,9 @@ FLOORS = [
 # directly under edgecv/board/; "__init__" is its docstring and imports nothing.
 BOARD_FLOORS = [
     ["__init__", "errors", "_version", "progress"],
-    ["plan", "arguments", "imaging", "precision", "durable", "processing"],
-    ["manifest", "runtime", "outputs", "decoders"],
-    ["package"],
+    ["plan", "arguments", "imaging", "precision", "durable", "processing", "video_results"],
+    ["manifest", "runtime", "outputs", "decoders", "frames"],
+    ["package", "video"],
     ["model"],
 ]
 FLOOR = {name: floor for floor, names in enumerate(FLOORS) for name in names}

@@ -52,6 +52,8 @@ class Baseline:
     # a run function for one more concurrent caller (OpenVINO: its own infer request);
     # None: ``run`` itself is safe from several threads
     new_caller: Callable[[], Callable[[np.ndarray], list[np.ndarray]]] | None = None
+    # OpenVINO's compiled model, for its own async infer requests (`bench --video`)
+    compiled: object | None = None
 
     def callers(self, count: int) -> list[Callable[[np.ndarray], list[np.ndarray]]]:
         """A run function for each of ``count`` concurrent callers."""
@@ -209,7 +211,7 @@ def openvino_baseline(onnx_path, streams: int = 1, name: str = "openvino") -> Ba
 
     version = ov.get_version().split("-")[0]
     baseline = Baseline(name, version, new_caller(), time.perf_counter() - start)
-    baseline.new_caller = new_caller
+    baseline.new_caller, baseline.compiled = new_caller, compiled
     if streams > 1:
         chosen = compiled.get_property("NUM_STREAMS")
         requests = compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")

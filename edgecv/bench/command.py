@@ -1,6 +1,7 @@
 """``edgecv bench PACKAGE``: latency percentiles, load time, memory, the kernels that
 take the time, and baselines timed in alternating turns in the same process.
 
+``--video FILE`` times frames end to end over a video file instead (:mod:`.video`).
 ``--streams N`` times throughput instead: the package loaded with N execution
 contexts, N threads calling it at once, beside the baselines set up for N callers
 (:mod:`.baselines`) and beside the same package with one context (what the streams
@@ -12,7 +13,6 @@ import json
 import resource
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -21,138 +21,19 @@ from .. import __version__
 from ..board import progress
 from ..board.arguments import pin_argument
 from ..board.errors import EdgecvError, foreign_message
-from ..board.manifest import Manifest
 from ..board.outputs import check_output_folder
-from ..board.package import sha256
 from ..board.runtime.cpu import pool_threads
-from ..testing import TOLERANCES
+from .agreement import agreement
 from .baselines import KNOWN
 from .harness import TURN, alternate, alternate_concurrent
 from .int8_baselines import calibration_set
 from .lineup import build_baselines
+from .source_model import source_files
 from .steps import profile_steps
 
 
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def source_files(manifest: Manifest, source: str | None, work: Path) -> tuple[Path, Path | None]:
-    """The files of the package's source model: an ONNX file (and None), or the symbol
-    and params files of an MXNet graph. ``--source`` (an ``.onnx`` file, or a
-    ``*-symbol.json`` with its ``-0000.params`` beside it), else what the manifest records
-    (the ONNX file the package was deployed from, a symbol file's path, or a zoo model
-    re-exported with the same weights)."""
-    if source and source.lower().endswith(".onnx"):
-        if not Path(source).is_file():
-            raise EdgecvError(f"--source: {source} does not exist")
-        return Path(source), None
-    if source:
-        symbol = Path(source)
-        params = Path(str(symbol).removesuffix("-symbol.json") + "-0000.params")
-        for path in (symbol, params):
-            if not path.is_file():
-                raise EdgecvError(f"--source: {path} does not exist")
-        return symbol, params
-    record = manifest.source
-    if record is None:
-        raise EdgecvError(
-            "this package does not record its source model (deployed by an older edgecv); "
-            "pass --source PREFIX-symbol.json"
-        )
-    if record["kind"] == "onnx":
-        return _recorded_onnx(record), None
-    if record["kind"] == "symbol":
-        symbol, params = Path(record["symbol"]), record.get("params")
-        if not symbol.is_file() or (params and not Path(params).is_file()):
-            raise EdgecvError(
-                f"the package's source model {symbol} is no longer there; pass --source"
-            )
-        if not params:
-            raise EdgecvError("the source graph has no params file; baselines need one")
-        return symbol, Path(params)
-    from ..frontend.mxnet import zoo
-
-    progress.say(f"re-exporting {record['name']} ({record['weights']} weights) for the baselines")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        exported = zoo.export(
-            record["name"],
-            work,
-            params_file=record.get("params"),
-            input_shape=tuple(record["input_shape"]),
-            pretrained=record["weights"] == "pretrained",
-            seed=record.get("seed", 0),
-        )
-    return exported.symbol_path, exported.params_path
-
-
-def _recorded_onnx(record: dict) -> Path:
-    """The ONNX file the package was deployed from, refused when it is gone or changed
-    (the baselines would run other weights than the package's)."""
-    path = Path(record["path"])
-    if not path.is_file():
-        raise EdgecvError(f"the package's source model {path} is no longer there; pass --source")
-    if sha256(path) != record.get("sha256"):
-        raise EdgecvError(
-            f"the package's source model {path} changed since it was deployed (its sha256 "
-            "differs); pass --source with the file it was deployed from"
-        )
-    return path
-
-
-def agreement(ours: list[np.ndarray], theirs: list[np.ndarray], detection: bool = False) -> dict:
-    """Largest difference over all outputs, relative to the reference's scale, and
-    whether the top class (classifiers) or the top detection's class agrees.
-
-    A detector's (ids, scores, boxes) list detections by score: rows whose reference
-    scores are equal within float32 rounding come in either order from two correct
-    runtimes, so each such run of rows is compared sorted by class and box.
-    """
-    if len(ours) != len(theirs):
-        return {"error": f"{len(theirs)} outputs, edgecv has {len(ours)}"}
-    theirs = [
-        np.asarray(b).reshape(a.shape) if np.size(b) == np.size(a) else np.asarray(b)
-        for a, b in zip(ours, theirs, strict=True)
-    ]
-    for a, b in zip(ours, theirs, strict=True):
-        if np.shape(a) != np.shape(b):
-            return {"error": f"output shapes {np.shape(b)} vs edgecv {np.shape(a)}"}
-    if detection and len(ours) == 3 and len({np.shape(a)[:2] for a in ours}) == 1:
-        ours, theirs = [_sorted_within_ties(o, theirs[1]) for o in (ours, theirs)]
-        same_top = bool(ours[0].reshape(-1)[0] == theirs[0].reshape(-1)[0])
-    else:
-        same_top = bool(np.argmax(ours[0].reshape(-1)) == np.argmax(theirs[0].reshape(-1)))
-    worst = 0.0
-    for a, b in zip(ours, theirs, strict=True):
-        scale = max(1.0, float(np.abs(b).max(initial=0.0)))
-        worst = max(worst, float(np.abs(a.astype(np.float64) - b).max(initial=0.0)) / scale)
-    return {"max_rel_diff": worst, "same_top1": same_top}
-
-
-def _sorted_within_ties(outputs: list[np.ndarray], ref_scores: np.ndarray) -> list[np.ndarray]:
-    """(ids, scores, boxes) with each run of rows whose ``ref_scores`` tie (within the
-    float32 tolerance) sorted by class, then box; ``ref_scores`` are the reference's,
-    so both sides are cut into the same runs."""
-    rtol, atol = TOLERANCES["float32"]
-    batch, rows = outputs[1].shape[:2]
-    table = np.concatenate([o.reshape(batch, rows, -1) for o in outputs], -1)
-    scores = ref_scores.reshape(batch, rows)
-    for n in range(batch):
-        start = 0
-        while start < rows:
-            end = start + 1
-            tie = atol + rtol * abs(float(scores[n, start]))
-            while end < rows and abs(float(scores[n, end] - scores[n, start])) <= tie:
-                end += 1
-            run = table[n, start:end]
-            table[n, start:end] = run[np.lexsort((run[:, 1], *run[:, :1:-1].T, run[:, 0]))]
-            start = end
-    widths = np.cumsum([o.reshape(batch, rows, -1).shape[-1] for o in outputs])[:-1]
-    return [
-        part.reshape(o.shape).astype(o.dtype)
-        for part, o in zip(np.split(table, widths, -1), outputs, strict=True)
-    ]
 
 
 def bench_input(model) -> np.ndarray:
@@ -168,6 +49,10 @@ def bench_input(model) -> np.ndarray:
 def cmd_bench(args) -> int:
     from ..board.model import load
 
+    if args.video:  # end to end over a video file: its own runs and report
+        from .video import cmd_bench_video
+
+        return cmd_bench_video(args)
     wanted, streams = _check_arguments(args)
     rss_before = _peak_rss_mib()
     start = time.perf_counter()
@@ -328,5 +213,11 @@ def add_parser(sub, common) -> None:
         type=int,
         help="time throughput with N callers at once: the package loaded with N streams, "
         "OpenVINO's THROUGHPUT hint, ONNX Runtime with N callers",
+    )
+    b.add_argument(
+        "--video",
+        metavar="FILE",
+        help="frames/s and latency end to end over this video file (decode included), "
+        "pipelined and sequential, beside the model alone with the same --streams",
     )
     b.set_defaults(func=cmd_bench)
