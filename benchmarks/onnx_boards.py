@@ -129,14 +129,20 @@ def _run_on_board(package: Path, x, work: str, runtime: str) -> list:
 
 def device_runtime(folder: Path) -> Path:
     """edgecv installed from its wheel for the board, as tests/emulation installs it."""
-    sys.path.insert(0, str(TESTS))
-    from test_wheel import build_wheel
-
     target = folder / "device-runtime"
     if not target.is_dir():
-        wheel = build_wheel(folder / "wheel")
+        # in a process of its own: this folder's graph_tuner.py would hide the tests' package
+        code = (
+            "import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path\n"
+            "from test_wheel import build_wheel; print(build_wheel(Path(sys.argv[2])))"
+        )
+        built = subprocess.run(
+            [sys.executable, "-c", code, str(TESTS), str(folder / "wheel")],
+            check=True, capture_output=True, text=True, cwd=ROOT,
+        )  # fmt: skip
+        wheel = built.stdout.strip().splitlines()[-1]
         pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target"]
-        subprocess.run([*pip, str(target), str(wheel)], check=True, capture_output=True)
+        subprocess.run([*pip, str(target), wheel], check=True, capture_output=True)
     return target
 
 
