@@ -335,3 +335,146 @@ def test_the_library_links_no_tvm_library(c_build):
     libraries = [line.split("[")[1].rstrip("]") for line in needed.splitlines() if "NEEDED" in line]
     assert "libtvm_ffi.so" in libraries and not any(n.startswith("libtvm.") for n in libraries)
     assert not any(n.startswith("libtvm_runtime") for n in libraries), libraries
+
+
+# -- the demo, the sanitizers, the fuzzed loader ---------------------------------------
+
+
+def run_demo(program: Path, package: Path, *arguments, env=None) -> subprocess.CompletedProcess:
+    """demos/c/run_package in a process of its own: no Python, no TVM but the package's
+    runtime library, as on a board."""
+    return subprocess.run(
+        [str(program), str(package), *map(str, arguments)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_the_c_demo_runs_packages_on_npy_inputs(c_build, packages, tmp_path):
+    for name in ("small", "tiny_yolo"):
+        path = packages[name][0]
+        python = edgecv.load(path)
+        x = np.random.RandomState(7).normal(size=python.input_shape).astype(np.float32)
+        np.save(tmp_path / "x.npy", x)
+        done = run_demo(
+            c_build / "run_package", path, tmp_path / "x.npy", "--save", tmp_path / "out"
+        )
+        assert done.returncode == 0, done.stderr
+        want = python.run(x)
+        assert (tmp_path / "out").read_bytes() == b"".join(w.tobytes() for w in want), name
+        if name == "small":  # top-5 in the Python runtime's order
+            ranked = [
+                int(line.split()[2]) for line in done.stdout.splitlines() if line.startswith("top")
+            ]
+            assert ranked == list(np.argsort(-want[0][0], kind="stable")[:5]), done.stdout
+        else:
+            assert "detection(s) with score >= 0.5" in done.stdout, done.stdout
+    done = run_demo(c_build / "run_package", tmp_path / "nothing")
+    assert done.returncode == rc.E_NOT_FOUND and done.stderr.count("\n") == 1, done.stderr
+    assert (
+        done.stderr.startswith("run_package: error: package ") and "does not exist" in done.stderr
+    )
+
+
+def test_the_runtime_runs_clean_under_address_and_undefined_behaviour_sanitizers(
+    packages, tmp_path_factory, tmp_path
+):
+    """The demo and the library built with -fsanitize=address,undefined: a detector run
+    (its outputs still the Python runtime's) and damaged packages refused, with no report."""
+    build = rc.build(tmp_path_factory.mktemp("runtime_c_asan") / "build", sanitize=True)
+    env = {
+        "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:exitcode=99",
+        "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1:exitcode=98",
+        "PATH": "/usr/bin:/bin",
+    }
+    path = packages["tiny_yolo"][0]
+    x = np.random.RandomState(3).normal(size=(1, 3, 64, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    done = run_demo(
+        build / "run_package", path, tmp_path / "x.npy", "--save", tmp_path / "out", env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "out").read_bytes() == edgecv.load(path).run(x)[0].tobytes()
+    for damage in ("plan out of bounds", "weights truncated", "manifest field", "plan not JSON"):
+        change, code, fragment = DAMAGE[damage]
+        package = tmp_path / damage.replace(" ", "_")
+        shutil.copytree(packages["small"][0], package)
+        change(package)
+        done = run_demo(build / "run_package", package, env=env)
+        assert done.returncode == code and fragment in done.stderr, (damage, done.stderr[-3000:])
+    for report in ("AddressSanitizer", "LeakSanitizer", "runtime error"):
+        assert report not in done.stderr
+
+
+LEAVES = [None, -1, 0, 1, 7, 64, 2**31, 2**63 - 1, 2**70, 1.5, -0.0, "", "x", "../x", [], {}, True]
+
+
+def leaves(value, path=()):
+    """Every (path, value) of a JSON document's numbers, strings, lists and objects."""
+    yield path, value
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, child in items:
+        yield from leaves(child, (*path, key))
+
+
+def replaced(document, path, value):
+    document = json.loads(json.dumps(document))
+    if not path:
+        return value
+    parent = document
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    return document
+
+
+def test_the_loader_fuzzed_never_crashes_and_says_one_line(c_lib, packages, tmp_path):
+    """Manifests and plans with one value replaced, and manifests, plans and weights with
+    bytes changed (resealed where past the checksum): each loads, or is one error."""
+    original = packages["small"][0]
+    package = tmp_path / "pkg"
+    shutil.copytree(original, package)
+    rng = np.random.RandomState(0)
+    documents = {f: json.loads((original / f).read_text()) for f in ("manifest.json", "plan.json")}
+    cases = []
+    for relative, document in documents.items():
+        paths = list(leaves(document))
+        for _ in range(40):
+            where, _ = paths[rng.randint(len(paths))]
+            value = LEAVES[rng.randint(len(LEAVES))]
+            text = json.dumps(replaced(document, where, value)).encode()
+            cases.append((relative, text))
+    for relative in ("manifest.json", "plan.json", "params.npz"):
+        data = (original / relative).read_bytes()
+        for _ in range(25):
+            changed = bytearray(data)
+            for at in rng.randint(len(data), size=rng.randint(1, 4)):
+                changed[at] = rng.randint(256)
+            cases.append((relative, bytes(changed)))
+    codes = set()
+    for relative, data in cases:
+        (package / relative).write_bytes(data)
+        if relative != "manifest.json":
+            reseal(package, relative)
+        try:
+            model = rc.CModel(c_lib, package)
+        except rc.CError as err:
+            assert 0 < err.code <= rc.E_MEMORY and err.message and "\n" not in err.message, err
+            codes.add(err.code)
+        else:
+            try:
+                model.run(*inputs_for(model, 0))
+            except rc.CError as err:  # a plan that passes every check may still not fit its kernels
+                assert err.code == rc.E_INFERENCE and "\n" not in err.message, err
+            model.close()
+        for name in ("manifest.json", relative):
+            (package / name).write_bytes((original / name).read_bytes())
+    assert {rc.E_MANIFEST, rc.E_PLAN, rc.E_PARAMS} <= codes, codes
