@@ -3,7 +3,7 @@
  * Our own rather than a library's: whole numbers must stay exact 64-bit integers and
  * apart from fractions (the plan's checks want "an int", as Python's `type(v) is int`),
  * duplicate keys must resolve as Python's json does (the last one), and nesting must
- * be bounded, all of which cJSON does differently; it is 300 lines. */
+ * be bounded, all of which cJSON does differently; it is 400 lines. */
 #ifndef EDGECV_JSON_H
 #define EDGECV_JSON_H
 
@@ -54,8 +54,7 @@ const json_value *json_path(const json_value *root, const char *path);
 const char *json_kind_name(const json_value *value);
 const char *json_render(const json_value *value, char *buffer, size_t size, size_t limit);
 
-/* Convenience readers: 1 when the value is of that kind (and sets *out). */
+/* 1 when the value is the string `text`. */
 int json_is_string(const json_value *value, const char *text);
-int json_as_int(const json_value *value, int64_t *out);
 
 #endif
