@@ -31,10 +31,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "graph_tuner")]
 
+import c_library  # noqa: E402
 from small_model import SHAPE, export_small_model  # noqa: E402
 
 import edgecv  # noqa: E402
-import runtime_c  # noqa: E402
 from edgecv.deploy import deploy  # noqa: E402
 from edgecv.pipelines import BuildOptions  # noqa: E402
 
@@ -91,7 +91,7 @@ def in_one_process(package: Path, build: Path, calls: int) -> tuple[float, float
     import tvm  # noqa: F401  (TVM's runtime serves both, as in the tests)
 
     python = edgecv.load(package)
-    c = runtime_c.CModel(runtime_c.library(build), package)
+    c = c_library.CModel(c_library.library(build), package)
     x = np.zeros(SHAPE, np.float32)
     times: dict[str, list[float]] = {"python": [], "c": []}
     for _ in range(5):
@@ -120,7 +120,7 @@ def main() -> None:
         input_shape=SHAPE,
         options=BuildOptions(layout="NCHW"),
     )
-    build = runtime_c.build(work / "build")
+    build = c_library.build(work / "build")
     library = build / "libedgecv_runtime.so"
     shutil.copy(library, work / "stripped.so")
     subprocess.run(["strip", "--strip-unneeded", str(work / "stripped.so")], check=True)

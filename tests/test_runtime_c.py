@@ -10,21 +10,22 @@ crash; a build with AddressSanitizer and UndefinedBehaviorSanitizer runs its dem
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
+import c_library as rc
 import numpy as np
 import pytest
+from c_library_fuzz import fuzz, reseal
 from conftest import mxnet_forward
 from graph_tuner.small_model import SHAPE, export_small_model
 from user_models import tiny_yolo
 
 import edgecv
-import runtime_c as rc
 from edgecv.board.errors import EdgecvError
 from edgecv.board.manifest import FORMAT_VERSION
 from edgecv.board.package import manifest_sha256
@@ -158,14 +159,6 @@ def test_a_call_with_wrong_buffers_is_one_error(c_lib, packages):
 
 
 # -- damaged packages: one status code and one line each, refused by both runtimes --------
-
-
-def reseal(package: Path, relative: str) -> None:
-    """Record the current sha256 of ``relative`` in the manifest: the damage then reaches
-    the reader of that file, past the checksums."""
-    manifest = json.loads((package / "manifest.json").read_text())
-    manifest["files"][relative] = hashlib.sha256((package / relative).read_bytes()).hexdigest()
-    (package / "manifest.json").write_text(json.dumps(manifest, indent=2))
 
 
 def edit_json(package: Path, relative: str, change) -> None:
@@ -382,7 +375,8 @@ def test_the_runtime_runs_clean_under_address_and_undefined_behaviour_sanitizers
     packages, tmp_path_factory, tmp_path
 ):
     """The demo and the library built with -fsanitize=address,undefined: a detector run
-    (its outputs still the Python runtime's) and damaged packages refused, with no report."""
+    (its outputs still the Python runtime's) and damaged packages refused with no report
+    and no leak; then the fuzzed loads, in a Python with the sanitizers preloaded."""
     build = rc.build(tmp_path_factory.mktemp("runtime_c_asan") / "build", sanitize=True)
     env = {
         "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:exitcode=99",
@@ -406,75 +400,21 @@ def test_the_runtime_runs_clean_under_address_and_undefined_behaviour_sanitizers
         assert done.returncode == code and fragment in done.stderr, (damage, done.stderr[-3000:])
     for report in ("AddressSanitizer", "LeakSanitizer", "runtime error"):
         assert report not in done.stderr
-
-
-LEAVES = [None, -1, 0, 1, 7, 64, 2**31, 2**63 - 1, 2**70, 1.5, -0.0, "", "x", "../x", [], {}, True]
-
-
-def leaves(value, path=()):
-    """Every (path, value) of a JSON document's numbers, strings, lists and objects."""
-    yield path, value
-    items = (
-        value.items()
-        if isinstance(value, dict)
-        else enumerate(value)
-        if isinstance(value, list)
-        else ()
+    preload = [rc.sanitizer_runtime(name) for name in ("libasan.so", "libubsan.so")]
+    fuzzed = subprocess.run(
+        [sys.executable, str(rc.REPO / "tests" / "c_library_fuzz.py"), str(build)]
+        + [str(packages["small"][0]), str(tmp_path), "6"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "LD_PRELOAD": ":".join(preload), "ASAN_OPTIONS": "detect_leaks=0:exitcode=99"},
     )
-    for key, child in items:
-        yield from leaves(child, (*path, key))
-
-
-def replaced(document, path, value):
-    document = json.loads(json.dumps(document))
-    if not path:
-        return value
-    parent = document
-    for key in path[:-1]:
-        parent = parent[key]
-    parent[path[-1]] = value
-    return document
+    assert fuzzed.returncode == 0, fuzzed.stderr[-3000:]
+    assert str(rc.E_MANIFEST) in fuzzed.stdout, fuzzed.stdout  # the codes seen
+    assert "AddressSanitizer" not in fuzzed.stderr and "runtime error" not in fuzzed.stderr
 
 
 def test_the_loader_fuzzed_never_crashes_and_says_one_line(c_lib, packages, tmp_path):
-    """Manifests and plans with one value replaced, and manifests, plans and weights with
-    bytes changed (resealed where past the checksum): each loads, or is one error."""
-    original = packages["small"][0]
-    package = tmp_path / "pkg"
-    shutil.copytree(original, package)
-    rng = np.random.RandomState(0)
-    documents = {f: json.loads((original / f).read_text()) for f in ("manifest.json", "plan.json")}
-    cases = []
-    for relative, document in documents.items():
-        paths = list(leaves(document))
-        for _ in range(40):
-            where, _ = paths[rng.randint(len(paths))]
-            value = LEAVES[rng.randint(len(LEAVES))]
-            text = json.dumps(replaced(document, where, value)).encode()
-            cases.append((relative, text))
-    for relative in ("manifest.json", "plan.json", "params.npz"):
-        data = (original / relative).read_bytes()
-        for _ in range(25):
-            changed = bytearray(data)
-            for at in rng.randint(len(data), size=rng.randint(1, 4)):
-                changed[at] = rng.randint(256)
-            cases.append((relative, bytes(changed)))
-    codes = set()
-    for relative, data in cases:
-        (package / relative).write_bytes(data)
-        if relative != "manifest.json":
-            reseal(package, relative)
-        try:
-            model = rc.CModel(c_lib, package)
-        except rc.CError as err:
-            assert 0 < err.code <= rc.E_MEMORY and err.message and "\n" not in err.message, err
-            codes.add(err.code)
-        else:
-            try:
-                model.run(*inputs_for(model, 0))
-            except rc.CError as err:  # a plan that passes every check may still not fit its kernels
-                assert err.code == rc.E_INFERENCE and "\n" not in err.message, err
-            model.close()
-        for name in ("manifest.json", relative):
-            (package / name).write_bytes((original / name).read_bytes())
+    """See tests/c_library_fuzz.py: 155 loads of changed packages."""
+    codes = fuzz(c_lib, packages["small"][0], tmp_path, count=40)
     assert {rc.E_MANIFEST, rc.E_PLAN, rc.E_PARAMS} <= codes, codes
