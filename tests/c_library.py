@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 SOURCE = REPO / "runtime_c"
 # the status codes of edgecv.h
 OK, E_ARGUMENT, E_NOT_FOUND, E_IO, E_MANIFEST, E_CHECKSUM, E_PIN = range(7)
-E_PLAN, E_PARAMS, E_HOST, E_DEVICE, E_KERNELS, E_INFERENCE, E_MEMORY = range(7, 14)
+E_PLAN, E_PARAMS, E_HOST, E_DEVICE, E_KERNELS, E_INFERENCE, E_MEMORY, E_ARCHIVE = range(7, 15)
 
 
 def missing_tools() -> str | None:

@@ -1,17 +1,20 @@
 """The C runtime's loader fuzzed: a package's manifest and plan with one value replaced,
-and its manifest, plan and weights with bytes changed (resealed where past the
-checksum). Each load either succeeds (and the model runs, or fails to with one
-inference error) or is one error line; the process never crashes. Run in the test
-process on the plain build, and in a process of its own on the sanitizer build
-(``python tests/c_library_fuzz.py BUILD PACKAGE SCRATCH CASES``, with libasan
-preloaded): imports neither TVM nor edgecv."""
+its manifest, plan and weights with bytes changed (resealed where past the checksum),
+and its .tar.gz with bytes of the tar changed. Each load either succeeds (and the model
+runs, or fails to with one inference error) or is one error line; the process never
+crashes. Run in the test process on the plain build, and in a process of its own on the
+sanitizer build (``python tests/c_library_fuzz.py BUILD PACKAGE SCRATCH CASES``, with
+libasan preloaded): imports neither TVM nor edgecv."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import json
 import shutil
 import sys
+import tarfile
 from pathlib import Path
 
 import c_library as rc
@@ -70,6 +73,58 @@ def cases(original: Path, rng: np.random.RandomState, count: int) -> list[tuple[
     return made
 
 
+def load_and_run(lib, package: Path, codes: set[int]) -> None:
+    """Load ``package``: one error line, or a model that runs (or fails to, in one line)."""
+    try:
+        model = rc.CModel(lib, package)
+    except rc.CError as err:
+        assert 0 < err.code <= rc.E_ARCHIVE and err.message and "\n" not in err.message, err
+        codes.add(err.code)
+        return
+    try:
+        model.run(*[np.zeros(shape, dtype) for _, shape, dtype, _ in model.inputs])
+    except rc.CError as err:  # a plan passing every check may not fit its kernels
+        assert err.code == rc.E_INFERENCE and "\n" not in err.message, err
+    model.close()
+    codes.add(rc.OK)
+
+
+def resealed_header(tar: bytearray, at: int) -> None:
+    """The header at ``at`` with its checksum made right again (changes past it reach the
+    reader of names, sizes and types)."""
+    header = tar[at : at + 512]
+    header[148:156] = b" " * 8
+    tar[at + 148 : at + 156] = b"%06o\0 " % sum(header)
+
+
+def fuzz_archive(lib, original: Path, scratch: Path, count: int, seed: int = 0) -> set[int]:
+    """The package's .tar.gz with bytes of its tar headers changed (their checksums made
+    right again half the time), gzipped again: past gzip's checksum, into the tar
+    reader, ``count`` times."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(original, arcname=original.name)
+    with tarfile.open(fileobj=io.BytesIO(buffer.getvalue())) as tar:
+        headers = [m.offset for m in tar.getmembers()]
+    data, rng, codes = buffer.getvalue(), np.random.RandomState(seed), set()
+    folder = scratch / "archives"
+    folder.mkdir()
+    for _ in range(count):
+        changed = bytearray(data)
+        header = headers[rng.randint(len(headers))]
+        for _ in range(rng.randint(1, 4)):
+            changed[header + rng.choice([rng.randint(148), 156 + rng.randint(356)])] = rng.randint(
+                256
+            )
+        if rng.rand() < 0.5:
+            resealed_header(changed, header)
+        packed = gzip.compress(bytes(changed), compresslevel=1, mtime=0)
+        (folder / f"{original.name}.tar.gz").write_bytes(packed)
+        load_and_run(lib, folder / f"{original.name}.tar.gz", codes)
+    shutil.rmtree(folder)
+    return codes
+
+
 def fuzz(lib, original: Path, scratch: Path, count: int, seed: int = 0) -> set[int]:
     """Load every case from a copy of ``original`` in ``scratch``; the status codes seen."""
     package = scratch / "fuzzed"
@@ -79,19 +134,7 @@ def fuzz(lib, original: Path, scratch: Path, count: int, seed: int = 0) -> set[i
         (package / relative).write_bytes(data)
         if relative != "manifest.json":
             reseal(package, relative)
-        try:
-            model = rc.CModel(lib, package)
-        except rc.CError as err:
-            assert 0 < err.code <= rc.E_MEMORY and err.message and "\n" not in err.message, err
-            codes.add(err.code)
-        else:
-            try:
-                x = [np.zeros(shape, dtype) for _, shape, dtype, _ in model.inputs]
-                model.run(*x)
-            except rc.CError as err:  # a plan passing every check may not fit its kernels
-                assert err.code == rc.E_INFERENCE and "\n" not in err.message, err
-            model.close()
-            codes.add(rc.OK)
+        load_and_run(lib, package, codes)
         for name in {"manifest.json", relative}:
             (package / name).write_bytes((original / name).read_bytes())
     shutil.rmtree(package)
@@ -100,4 +143,10 @@ def fuzz(lib, original: Path, scratch: Path, count: int, seed: int = 0) -> set[i
 
 if __name__ == "__main__":
     build, original, scratch, count = sys.argv[1:]
-    print(sorted(fuzz(rc.library(Path(build)), Path(original), Path(scratch), int(count))))
+    lib, original, scratch, count = (
+        rc.library(Path(build)),
+        Path(original),
+        Path(scratch),
+        int(count),
+    )
+    print(sorted(fuzz(lib, original, scratch, count) | fuzz_archive(lib, original, scratch, count)))

@@ -10,17 +10,19 @@ crash; a build with AddressSanitizer and UndefinedBehaviorSanitizer runs its dem
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
 import sys
+import tarfile
 import threading
 from pathlib import Path
 
 import c_library as rc
 import numpy as np
 import pytest
-from c_library_fuzz import fuzz, reseal
+from c_library_fuzz import fuzz, fuzz_archive, reseal
 from conftest import mxnet_forward
 from graph_tuner.small_model import SHAPE, export_small_model
 from user_models import tiny_yolo
@@ -391,6 +393,9 @@ def test_the_runtime_runs_clean_under_address_and_undefined_behaviour_sanitizers
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "out").read_bytes() == edgecv.load(path).run(x)[0].tobytes()
+    archive = packed(tmp_path, path, None)
+    done = run_demo(build / "run_package", archive, tmp_path / "x.npy", env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
     for damage in ("plan out of bounds", "weights truncated", "manifest field", "plan not JSON"):
         change, code, fragment = DAMAGE[damage]
         package = tmp_path / damage.replace(" ", "_")
@@ -418,3 +423,98 @@ def test_the_loader_fuzzed_never_crashes_and_says_one_line(c_lib, packages, tmp_
     """See tests/c_library_fuzz.py: 155 loads of changed packages."""
     codes = fuzz(c_lib, packages["small"][0], tmp_path, count=40)
     assert {rc.E_MANIFEST, rc.E_PLAN, rc.E_PARAMS} <= codes, codes
+
+
+# -- packages as .tar.gz: read in memory, refused where unsafe --------------------------
+
+
+def test_an_archived_package_loads_in_memory_with_the_same_outputs(c_lib, packages, tmp_path):
+    path = packages["tiny_yolo"][0]
+    folder = tmp_path / "board"
+    folder.mkdir()
+    packed = folder / f"{path.name}.tar.gz"
+    with tarfile.open(packed, "w:gz") as tar:  # as edgecv.board.package.archive packs it
+        tar.add(path, arcname=path.name)
+    model = rc.CModel(c_lib, packed)
+    try:
+        x = inputs_for(model, 5)
+        assert all(
+            same_bits(g, w) for g, w in zip(model.run(*x), edgecv.load(path).run(*x), strict=True)
+        )
+        assert model.sha256 == manifest_sha256(path)
+    finally:
+        model.close()
+    assert [p.name for p in folder.iterdir()] == [packed.name]  # nothing extracted
+
+
+def packed(tmp_path: Path, package: Path, extra: tarfile.TarInfo | None, skip: str = "") -> Path:
+    """The package as a .tar.gz, with ``extra`` (a member of no file) added and the
+    member ``skip`` left out."""
+    out = tmp_path / f"{package.name}.tar.gz"
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(
+            package,
+            arcname=package.name,
+            filter=lambda m: None if m.name.endswith(skip) and skip else m,
+        )
+        if extra is not None:
+            tar.addfile(extra, io.BytesIO(b"x" * extra.size) if extra.isfile() else None)
+    return out
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.size = kind, link, 1 if kind == tarfile.REGTYPE else 0
+    return info
+
+
+ARCHIVES = {
+    "climbs out": (lambda n: member(f"{n}/../evil"), rc.E_ARCHIVE, "climbs out with `..`"),
+    "outside the folder": (
+        lambda n: member("other/x"),
+        rc.E_ARCHIVE,
+        "lies outside the package folder",
+    ),
+    "absolute": (lambda n: member("/etc/x"), rc.E_ARCHIVE, "has an absolute path"),
+    "a link": (
+        lambda n: member(f"{n}/kernels/l", tarfile.SYMTYPE, "/etc"),
+        rc.E_ARCHIVE,
+        "is a link",
+    ),
+    "a device": (lambda n: member(f"{n}/dev", tarfile.CHRTYPE), rc.E_ARCHIVE, "is a device"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ARCHIVES))
+def test_an_unsafe_archive_is_one_error_from_both_runtimes(c_lib, packages, tmp_path, case):
+    make, code, fragment = ARCHIVES[case]
+    path = packages["small"][0]
+    archive = packed(tmp_path, path, make(path.name))
+    with pytest.raises(rc.CError) as refused:
+        rc.CModel(c_lib, archive)
+    assert refused.value.code == code and fragment in refused.value.message, refused.value
+    assert "\n" not in refused.value.message
+    with pytest.raises(EdgecvError):
+        edgecv.load(archive)
+
+
+def test_a_damaged_or_incomplete_archive_is_one_error(c_lib, packages, tmp_path):
+    path = packages["small"][0]
+    whole = packed(tmp_path, path, None).read_bytes()
+    (tmp_path / f"{path.name}.tar.gz").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(rc.CError) as refused:
+        rc.CModel(c_lib, tmp_path / f"{path.name}.tar.gz")
+    assert (
+        refused.value.code == rc.E_ARCHIVE
+        and "not a readable package archive" in refused.value.message
+    )
+    archive = packed(tmp_path, path, None, skip="params.npz")
+    with pytest.raises(rc.CError) as refused:
+        rc.CModel(c_lib, archive)
+    assert refused.value.code == rc.E_NOT_FOUND and "is missing params.npz" in refused.value.message
+
+
+def test_archives_fuzzed_never_crash(c_lib, packages, tmp_path):
+    """See tests/c_library_fuzz.py: the tar of a package with bytes changed, gzipped."""
+    codes = fuzz_archive(c_lib, packages["small"][0], tmp_path, count=16)
+    assert rc.E_ARCHIVE in codes, codes

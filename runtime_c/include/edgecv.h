@@ -1,7 +1,7 @@
 /*
  * edgecv.h: the device runtime of edgecv in C (libedgecv_runtime).
  *
- * Loads a package folder written by `edgecv deploy`, checks it as the Python loader
+ * Loads a package folder (or its .tar.gz) written by `edgecv deploy`, checks it as the Python loader
  * does (the manifest field by field, the sha256 of every file before anything of it
  * runs, the plan's bounds, CPU code this machine cannot execute refused with why) and
  * replays its static plan on caller-owned buffers. Phase 1 runs `cpu` packages: their
@@ -44,7 +44,8 @@ typedef enum {
   EDGECV_E_DEVICE = 10,   /* a device this library cannot run the package on */
   EDGECV_E_KERNELS = 11,  /* the kernel library or TVM's runtime cannot be loaded */
   EDGECV_E_INFERENCE = 12, /* a kernel failed while running */
-  EDGECV_E_MEMORY = 13    /* out of memory */
+  EDGECV_E_MEMORY = 13,   /* out of memory */
+  EDGECV_E_ARCHIVE = 14   /* a .tar.gz package that is unreadable or not a safe archive */
 } edgecv_status;
 
 typedef struct edgecv_model edgecv_model;
@@ -63,7 +64,8 @@ typedef struct {
 EDGECV_API const char *edgecv_version(void);
 EDGECV_API int edgecv_format_version(void);
 
-/* Load the package folder `path` on `device` ("cpu", or NULL for the package's own). */
+/* Load the package folder, or its .tar.gz (read in memory, nothing extracted), at
+ * `path` on `device` ("cpu", or NULL for the package's own). */
 EDGECV_API edgecv_status edgecv_load(const char *path, const char *device,
                                      edgecv_model **model, edgecv_error **error);
 /* The same, refused unless the package's manifest has the sha256 `pin` (64 hex

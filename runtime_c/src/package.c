@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "archive.h"
 #include "files.h"
 #include "manifest.h"
 #include "sha256.h"
@@ -45,6 +46,39 @@ static edgecv_status check_pin(const char *pin, char lower[65], edgecv_error **e
                  ec_shown(shown, sizeof shown, pin, strlen(pin), 80));
 }
 
+/* Where the package's files are: its folder, or an archive read in memory. */
+typedef struct {
+  const char *root;
+  const ec_archive *archive; /* NULL for a folder */
+} source;
+
+static int source_has(const source *from, const char *relative) {
+  if (from->archive != NULL) return ec_archive_member(from->archive, relative) != NULL;
+  char *path = joined(from->root, relative);
+  struct stat info;
+  int found = path != NULL && stat(path, &info) == 0 && S_ISREG(info.st_mode);
+  free(path);
+  return found;
+}
+
+static edgecv_status source_read(const source *from, const char *relative, const char *what,
+                                 ec_bytes *bytes, edgecv_error **error) {
+  if (from->archive == NULL) {
+    char *path = joined(from->root, relative);
+    if (path == NULL) return ec_fail(error, EDGECV_E_MEMORY, "out of memory");
+    edgecv_status status = ec_read_file(path, what, &bytes->data, &bytes->size, error);
+    free(path);
+    return status;
+  }
+  const ec_member *member = ec_archive_member(from->archive, relative);
+  bytes->data = malloc(member->size + 1);
+  if (bytes->data == NULL) return ec_fail(error, EDGECV_E_MEMORY, "out of memory");
+  memcpy(bytes->data, member->data, member->size);
+  bytes->data[member->size] = '\0';
+  bytes->size = member->size;
+  return EDGECV_OK;
+}
+
 /* The sha256 of a file the loader does not read, hashed as it streams. */
 static int file_digest(const char *path, char hex[65]) {
   FILE *file = fopen(path, "rb");
@@ -73,7 +107,8 @@ static ec_bytes *kept_for(ec_package *package, const char *relative) {
   return NULL;
 }
 
-static edgecv_status check_files(ec_package *package, const char *where, edgecv_error **error) {
+static edgecv_status check_files(ec_package *package, const source *from, const char *where,
+                                 edgecv_error **error) {
   const json_value *files = json_get(package->manifest, "files");
   const json_value *kernels = json_path(package->manifest, "build.kernels");
   /* every file the loader reads is listed: plan, params, every kernel file */
@@ -93,18 +128,20 @@ static edgecv_status check_files(ec_package *package, const char *where, edgecv_
     if (json_get(files, file->key) != file->value) continue; /* a duplicate key: the last counts */
     char *path = joined(package->root, file->key), hex[65];
     if (path == NULL) return ec_fail(error, EDGECV_E_MEMORY, "out of memory");
-    struct stat info;
-    if (stat(path, &info) != 0 || !S_ISREG(info.st_mode)) {
+    if (!source_has(from, file->key)) {
       free(path);
       return ec_fail(error, EDGECV_E_NOT_FOUND, "package %s is missing %s; redeploy the model",
                      package->root, file->key);
     }
     ec_bytes *kept = kept_for(package, file->key);
+    const ec_member *member = from->archive ? ec_archive_member(from->archive, file->key) : NULL;
     edgecv_status status = EDGECV_OK;
     if (kept != NULL) {
       ec_bytes_drop(kept);
-      status = ec_read_file(path, "package file", &kept->data, &kept->size, error);
+      status = source_read(from, file->key, "package file", kept, error);
       if (status == EDGECV_OK) sha256_of(kept->data, kept->size, hex);
+    } else if (member != NULL) {
+      sha256_of(member->data, member->size, hex);
     } else if (!file_digest(path, hex)) {
       status = ec_fail(error, EDGECV_E_IO, "cannot read package file %s: %s", path, strerror(errno));
     }
@@ -130,27 +167,27 @@ edgecv_status ec_package_open(const char *path, const char *pin, ec_package *pac
     return ec_fail(error, EDGECV_E_NOT_FOUND,
                    "package %s does not exist; create one with `edgecv deploy`", path);
   }
-  if (!S_ISDIR(info.st_mode)) {
-    return ec_fail(error, EDGECV_E_ARGUMENT,
-                   "%s is not a package folder; this C runtime loads folders only so far: "
-                   "extract a .tar.gz package first (tar xzf), or load it with edgecv.load",
-                   path);
+  ec_archive archive = {0};
+  source from = {path, NULL};
+  edgecv_status status = EDGECV_OK;
+  if (S_ISREG(info.st_mode) && ec_is_archive_name(path)) {
+    status = ec_archive_read(path, &archive, error);
+    from.archive = &archive;
   }
   package->root = strdup(path);
   char *where = joined(path, EC_MANIFEST);
-  if (package->root == NULL || where == NULL) {
-    free(where);
-    return ec_fail(error, EDGECV_E_MEMORY, "out of memory");
+  if (status == EDGECV_OK && (package->root == NULL || where == NULL)) {
+    status = ec_fail(error, EDGECV_E_MEMORY, "out of memory");
   }
-  unsigned char *text = NULL;
-  size_t size = 0;
-  edgecv_status status = EDGECV_OK;
-  if (stat(where, &info) != 0 || !S_ISREG(info.st_mode)) {
+  ec_bytes manifest = {0};
+  if (status == EDGECV_OK && !source_has(&from, EC_MANIFEST)) {
     status = ec_fail(error, EDGECV_E_NOT_FOUND, "%s is not an edgecv package: %s is missing", path,
                      EC_MANIFEST);
-  } else {
-    status = ec_read_file(where, "the manifest", &text, &size, error);
+  } else if (status == EDGECV_OK) {
+    status = source_read(&from, EC_MANIFEST, "the manifest", &manifest, error);
   }
+  unsigned char *text = manifest.data;
+  size_t size = manifest.size;
   if (status == EDGECV_OK) {
     sha256_of(text, size, package->sha256);
     if (pin != NULL && strcmp(package->sha256, wanted) != 0) {
@@ -171,8 +208,9 @@ edgecv_status ec_package_open(const char *path, const char *pin, ec_package *pac
   }
   free(text);
   if (status == EDGECV_OK) status = ec_manifest_check(package->manifest, path, where, error);
-  if (status == EDGECV_OK) status = check_files(package, where, error);
+  if (status == EDGECV_OK) status = check_files(package, &from, where, error);
   free(where);
+  ec_archive_free(&archive);
   return status;
 }
 
