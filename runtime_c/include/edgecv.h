@@ -1,10 +1,10 @@
 /*
  * edgecv.h: the device runtime of edgecv in C (libedgecv_runtime).
  *
- * Loads a package folder (or its .tar.gz) written by `edgecv deploy`, checks it as the Python loader
- * does (the manifest field by field, the sha256 of every file before anything of it
- * runs, the plan's bounds, CPU code this machine cannot execute refused with why) and
- * replays its static plan on caller-owned buffers. Phase 1 runs `cpu` packages: their
+ * Loads a package folder (or its .tar.gz) written by `edgecv deploy`, checks it as
+ * the Python loader does (the manifest field by field, the sha256 of every file before
+ * anything of it runs, the plan's bounds, CPU code this machine cannot execute refused
+ * with why) and replays its static plan on caller-owned buffers. Phase 1 runs `cpu` packages: their
  * kernels/cpu.so through apache-tvm-ffi's C ABI (libtvm_ffi.so).
  *
  * Every call returns a status; on failure, where `error` is not NULL, *error receives
