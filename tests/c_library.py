@@ -27,10 +27,16 @@ def missing_tools() -> str | None:
     return None
 
 
-def build(folder: Path, sanitize: bool = False) -> Path:
-    """Configure and build runtime_c/ in ``folder`` (warnings are errors); returns it."""
-    import tvm_ffi
+def build(
+    folder: Path, sanitize: bool = False, tvm_ffi_root: Path | None = None, extra: tuple = ()
+) -> Path:
+    """Configure and build runtime_c/ in ``folder`` (warnings are errors) against the
+    apache-tvm-ffi of ``tvm_ffi_root`` (this Python's by default), with ``extra`` CMake
+    arguments (a cross build's); returns ``folder``."""
+    if tvm_ffi_root is None:
+        import tvm_ffi
 
+        tvm_ffi_root = Path(tvm_ffi.__file__).parent
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     configure = [
         "cmake",
@@ -43,7 +49,8 @@ def build(folder: Path, sanitize: bool = False) -> Path:
         f"-DCMAKE_BUILD_TYPE={'Debug' if sanitize else 'RelWithDebInfo'}",
         "-DEDGECV_WERROR=ON",
         f"-DEDGECV_SANITIZE={'ON' if sanitize else 'OFF'}",
-        f"-DTVM_FFI_ROOT={Path(tvm_ffi.__file__).parent}",
+        f"-DTVM_FFI_ROOT={tvm_ffi_root}",
+        *extra,
     ]
     for command in (configure, ["cmake", "--build", str(folder)]):
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
