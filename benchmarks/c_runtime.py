@@ -1,7 +1,7 @@
 """The C device runtime (runtime_c/) in numbers, against the Python runtime on the same
 packages: the library's size, load time and time per call on a tiny model.
 
-    python benchmarks/c_runtime.py [--calls 2000] [--out FILE.md]
+    python benchmarks/c_runtime.py [--calls 2000] [--ssd] [--out FILE.md]
 
 1. libedgecv_runtime.so built with CMake (Release), its size as built and stripped.
 2. As on a board, each runtime in a process of its own with no TVM compiler: the Python
@@ -10,6 +10,9 @@ packages: the library's size, load time and time per call on a tiny model.
    time per call, rounds alternated.
 3. In one process with TVM imported (both on TVM's runtime): ``edgecv.load(...).run(x)``
    against the C library called through ctypes, alternated.
+
+4. ``--ssd``: ssd_512_mobilenet1.0_voc (random weights) for `cpu` in NCHW: load and first
+   run of each runtime in a process of its own.
 
 The tiny model is tests/graph_tuner/small_model.py (1x3x12x12, 8 launches): its kernels
 take tens of microseconds, so the time per call is mostly each runtime's own overhead.
@@ -44,8 +47,12 @@ t = time.perf_counter()
 import edgecv
 model = edgecv.load(sys.argv[1])
 x = np.zeros(model.input_shape, np.float32)
+loaded = time.perf_counter()
 model.run(x)
-load = time.perf_counter() - t
+load, first = loaded - t, time.perf_counter() - loaded
+if len(sys.argv) > 3:
+    print(load * 1e3, first * 1e3)
+    sys.exit()
 times = []
 for _ in range(int(sys.argv[2])):
     t = time.perf_counter(); model.run(x); times.append(time.perf_counter() - t)
@@ -86,6 +93,27 @@ def board_like(package: Path, demo: Path, calls: int, env: dict) -> dict[str, li
     return found
 
 
+def first_runs(package: Path, demo: Path, env: dict) -> tuple[dict, dict]:
+    """Load ms (Python: import included) and first-run ms of each runtime, own process."""
+    done = subprocess.run(
+        [sys.executable, "-c", PYTHON_RUN, str(package), "0", "first"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    python_load, python_first = map(float, done.stdout.split())
+    lines = subprocess.run(
+        [str(demo), str(package)], capture_output=True, text=True, env=env, check=True
+    ).stdout.splitlines()
+    c_load = float(lines[0].split(" in ")[1].split()[0])
+    c_first = float(next(line for line in lines if line.startswith("first run")).split()[3])
+    return {"python load": python_load, "python first run": python_first}, {
+        "c load": c_load,
+        "c first run": c_first,
+    }
+
+
 def in_one_process(package: Path, build: Path, calls: int) -> tuple[float, float]:
     """Median us per call: the Python runtime and the C library through ctypes."""
     import tvm  # noqa: F401  (TVM's runtime serves both, as in the tests)
@@ -108,6 +136,7 @@ def in_one_process(package: Path, build: Path, calls: int) -> tuple[float, float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--ssd", action="store_true", help="time SSD-512's load too")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="edgecv-c-runtime-"))
@@ -148,6 +177,20 @@ def main() -> None:
         "",
         f"Every round: {board}",
     ]
+    if args.ssd:
+        ssd = deploy(
+            "ssd_512_mobilenet1.0_voc",
+            work / "ssd",
+            "cpu",
+            pretrained=False,
+            options=BuildOptions(layout="NCHW"),
+        )
+        python, c = first_runs(ssd, build / "run_package", env)
+        lines[-2:-2] = [
+            f"| ssd_512_mobilenet1.0_voc, own process: load, first run | Python "
+            f"{python['python load']:.0f} ms (import included), {python['python first run']:.0f} "
+            f"ms; C {c['c load']:.0f} ms, {c['c first run']:.0f} ms |"
+        ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -366,6 +367,11 @@ def test_the_c_demo_runs_packages_on_npy_inputs(c_build, packages, tmp_path):
             assert ranked == list(np.argsort(-want[0][0], kind="stable")[:5]), done.stdout
         else:
             assert "detection(s) with score >= 0.5" in done.stdout, done.stdout
+    # the portable SHA-256 (this CPU's SHA instructions serve the loads above): every
+    # file's digest must still be the one Python's hashlib wrote into the manifest
+    portable = {**os.environ, "EDGECV_PORTABLE_SHA256": "1"}
+    done = run_demo(c_build / "run_package", packages["tiny_yolo"][0], env=portable)
+    assert done.returncode == 0, done.stderr
     done = run_demo(c_build / "run_package", tmp_path / "nothing")
     assert done.returncode == rc.E_NOT_FOUND and done.stderr.count("\n") == 1, done.stderr
     assert (
@@ -518,3 +524,24 @@ def test_archives_fuzzed_never_crash(c_lib, packages, tmp_path):
     """See tests/c_library_fuzz.py: the tar of a package with bytes changed, gzipped."""
     codes = fuzz_archive(c_lib, packages["small"][0], tmp_path, count=16)
     assert rc.E_ARCHIVE in codes, codes
+
+
+# -- the zoo's models (heavy: each deploy takes minutes) --------------------------------
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize(
+    "name", ["mobilenet1.0", "ssd_512_mobilenet1.0_voc", "yolo3_mobilenet1.0_coco"]
+)
+def test_zoo_models_equal_the_python_runtime_bit_for_bit(c_lib, tmp_path, name):
+    """The issue's models (random weights, seed 0) deployed for `cpu` in NCHW."""
+    path = deploy(
+        name, tmp_path / name, "cpu", pretrained=False, options=BuildOptions(layout="NCHW")
+    )
+    model, python = rc.CModel(c_lib, path), edgecv.load(path)
+    try:
+        x = inputs_for(model, 0)
+        got, want = model.run(*x), python.run(*x)
+        assert all(same_bits(g, w) for g, w in zip(got, want, strict=True)), name
+    finally:
+        model.close()

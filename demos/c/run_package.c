@@ -142,9 +142,11 @@ int main(int argc, char **argv) {
     out[i] = malloc(info->nbytes ? info->nbytes : 1);
     if (out[i] == NULL) status = 2;
   }
+  start = now();
   if (status == 0 && edgecv_run(model, (const void *const *)in, in_bytes, out, out_bytes, &error) != EDGECV_OK) {
     status = fail(error);
   }
+  if (status == 0) printf("first run in %.1f ms\n", 1e3 * (now() - start));
   for (size_t i = 0; status == 0 && i < outputs; i++) {
     const edgecv_tensor_info *info = edgecv_output_info(model, i);
     print_info("output", info);

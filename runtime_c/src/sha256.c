@@ -1,9 +1,15 @@
-/* SHA-256 as FIPS 180-4 section 6.2 gives it. */
+/* SHA-256 as FIPS 180-4 section 6.2 gives it; whole blocks go to the CPU's SHA
+ * instructions where it has them (sha256_blocks.c). */
 #include "sha256.h"
 
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
-static const uint32_t K[64] = {
+int ec_sha256_accelerated(void);
+void ec_sha256_blocks(uint32_t state[8], const unsigned char *data, size_t blocks);
+
+const uint32_t ec_sha256_k[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
     0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
     0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
@@ -30,7 +36,7 @@ static void compress(uint32_t h[8], const unsigned char block[64]) {
   }
   uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
   for (int t = 0; t < 64; t++) {
-    uint32_t t1 = k + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K[t] + w[t];
+    uint32_t t1 = k + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + ec_sha256_k[t] + w[t];
     uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
     k = g;
     g = f;
@@ -51,6 +57,24 @@ static void compress(uint32_t h[8], const unsigned char block[64]) {
   h[7] += k;
 }
 
+static pthread_once_t chosen = PTHREAD_ONCE_INIT;
+static int accelerated = 0;
+
+static void choose(void) {
+  /* EDGECV_PORTABLE_SHA256=1 keeps the portable code (the tests compare the two) */
+  const char *portable = getenv("EDGECV_PORTABLE_SHA256");
+  accelerated = !(portable && portable[0] == '1') && ec_sha256_accelerated();
+}
+
+static void blocks(uint32_t state[8], const unsigned char *data, size_t count) {
+  pthread_once(&chosen, choose);
+  if (accelerated) {
+    ec_sha256_blocks(state, data, count);
+    return;
+  }
+  for (; count > 0; count--, data += 64) compress(state, data);
+}
+
 void sha256_init(sha256_context *context) {
   static const uint32_t initial[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                                       0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
@@ -69,10 +93,12 @@ void sha256_update(sha256_context *context, const void *data, size_t size) {
     bytes += take;
     size -= take;
     if (context->filled < 64) return;
-    compress(context->state, context->block);
+    blocks(context->state, context->block, 1);
     context->filled = 0;
   }
-  for (; size >= 64; bytes += 64, size -= 64) compress(context->state, bytes);
+  blocks(context->state, bytes, size / 64);
+  bytes += size / 64 * 64;
+  size %= 64;
   memcpy(context->block, bytes, size);
   context->filled = size;
 }

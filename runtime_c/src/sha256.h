@@ -1,4 +1,5 @@
-/* SHA-256 (FIPS 180-4), our own: the package's checksums and its pin. */
+/* SHA-256 (FIPS 180-4), our own: the package's checksums and its pin; whole blocks on
+ * the CPU's SHA instructions where it has them (sha256_blocks.c). */
 #ifndef EDGECV_SHA256_H
 #define EDGECV_SHA256_H
 
