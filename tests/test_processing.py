@@ -16,7 +16,7 @@ from helpers import assert_one_error_line, run_cli
 
 from edgecv.board.decoders import decode, nms, ultralytics_raw
 from edgecv.board.errors import EdgecvError, PackageError
-from edgecv.board.imaging import letterbox, preprocess, unletterbox
+from edgecv.board.imaging import detections, letterbox, preprocess, unletterbox
 from edgecv.board.processing import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -208,3 +208,19 @@ def test_the_manifest_sections_round_trip():
     assert read.preprocessing == preset("imagenet").preprocessing
     with pytest.raises(PackageError, match="`decoder` should be one of"):
         from_manifest({**old, "decoder": {"kind": "yolo"}})
+
+
+def test_box_nms_rows_decode_as_gluoncvs_three_outputs():
+    """A graph ending in box_nms has one output of rows (id, score, x1, y1, x2, y2): the
+    gluoncv decoder reads it as it reads the three outputs GluonCV's detectors split it
+    into; another output count is one error naming what it found and what to deploy."""
+    rows = np.array([[[1, 0.9, 10, 20, 30, 40], [0, 0.7, 5, 5, 50, 60], [-1, -1, 0, 0, 0, 0],
+                      [2, 0.2, 1, 1, 2, 2]]], np.float32)  # fmt: skip
+    split = [rows[..., 0:1], rows[..., 1:2], rows[..., 2:6]]
+    names = ["cat", "dog", "car"]
+    one = detections([rows], names, (64, 64), (128, 256), 0.5)
+    assert one == detections(split, names, (64, 64), (128, 256), 0.5)
+    assert [(d.label, round(d.score, 3)) for d in one] == [("dog", 0.9), ("cat", 0.7)]
+    assert one[0].box == (40.0, 40.0, 120.0, 80.0)  # scaled from 64x64 to 128 x 256
+    with pytest.raises(EdgecvError, match=r"found outputs \[1, 4, 5\], \[1, 4\].*--decoder tensor"):
+        detections([rows[..., :5], rows[..., 0]], names, (64, 64), (128, 256))

@@ -171,8 +171,20 @@ def detections(
     threshold: float = 0.5,
 ) -> list[Detection]:
     """GluonCV detector outputs (ids, scores, boxes) -> detections above ``threshold``.
-    A row with a NaN or infinite id, score or box (a model gone wrong: untrained or
-    overflowing weights) is no detection: NaN passes no comparison and has no int."""
+    One output of rows ``[B, N, 6]`` is ``box_nms``'s own (id, score, x1, y1, x2, y2:
+    GluonCV's layout, a graph ending in the NMS). A row with a NaN or infinite id, score
+    or box (a model gone wrong: untrained or overflowing weights) is no detection: NaN
+    passes no comparison and has no int."""
+    if len(outputs) == 1 and outputs[0].ndim == 3 and outputs[0].shape[-1] == 6:
+        rows = outputs[0]
+        outputs = [rows[..., 0:1], rows[..., 1:2], rows[..., 2:6]]
+    if len(outputs) < 3:
+        shapes = ", ".join(str(list(o.shape)) for o in outputs)
+        raise EdgecvError(
+            f"the gluoncv decoder reads a detector's ids, scores and boxes (or box_nms's "
+            f"rows [B, N, 6]), found outputs {shapes}; deploy with --decoder tensor to "
+            f"get the outputs as they are"
+        )
     ids, scores, boxes = (o[0] for o in outputs[:3])
     ids, scores, boxes = ids.reshape(-1), scores.reshape(-1), boxes.reshape(-1, 4)
     n = min(len(ids), len(scores), len(boxes))
