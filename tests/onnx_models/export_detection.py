@@ -60,6 +60,17 @@ MODELS = {
             "box_score_thresh": 0.26,
         },
     ),
+    # torchvision's MaskRCNN class on it: Faster R-CNN's parts, a second
+    # MultiScaleRoIAlign (14x14) on the detections, a one-convolution mask head and the
+    # masks pasted into the image (edgecv.frontend.onnx.torchvision_masks)
+    "tiny_mask_rcnn": (
+        128,
+        {
+            "rpn_pre_nms_top_n_test": 150,
+            "rpn_post_nms_top_n_test": 300,
+            "box_score_thresh": 0.26,
+        },
+    ),
 }
 
 
@@ -94,6 +105,8 @@ def build(name: str, size: int, kwargs: dict) -> torch.nn.Module:
         return detection.RetinaNet(TinyBackbone(), anchor_generator=anchors, **sizes)
     if name == "tiny_faster_rcnn":
         return _tiny_faster_rcnn(sizes)
+    if name == "tiny_mask_rcnn":
+        return _tiny_mask_rcnn(sizes)
     anchors = detection.anchor_utils.AnchorGenerator(((16,), (32,)), ((1.0,),) * 2)
     return detection.FCOS(TinyBackbone(), anchor_generator=anchors, **sizes)
 
@@ -119,6 +132,21 @@ def _tiny_faster_rcnn(sizes: dict) -> torch.nn.Module:
     )
 
 
+def _tiny_mask_rcnn(sizes: dict) -> torch.nn.Module:
+    """:func:`_tiny_faster_rcnn`'s model with torchvision's mask branch: the detections
+    pooled 14x14 from the level of their size, one 3x3 convolution of 32 channels, the
+    predictor's 28x28 mask per class."""
+    from torchvision.models import detection
+    from torchvision.ops import MultiScaleRoIAlign
+
+    classes = sizes["num_classes"]
+    faster = _tiny_faster_rcnn(sizes)
+    faster.roi_heads.mask_roi_pool = MultiScaleRoIAlign(["0", "1"], 14, 2, canonical_scale=64)
+    faster.roi_heads.mask_head = detection.mask_rcnn.MaskRCNNHeads(32, (32,), 1)
+    faster.roi_heads.mask_predictor = detection.mask_rcnn.MaskRCNNPredictor(32, 32, classes)
+    return faster
+
+
 def output_names(net: torch.nn.Module) -> list[str]:
     """The names of the outputs, in the order of the model's result: the two-stage
     detectors (Faster R-CNN) return boxes, labels, scores; the one-stage ones boxes,
@@ -126,7 +154,10 @@ def output_names(net: torch.nn.Module) -> list[str]:
     from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
 
     if isinstance(net, GeneralizedRCNN):
-        return ["boxes", "labels", "scores"]
+        heads = net.roi_heads
+        masks = ["masks"] if heads.has_mask() else []
+        keypoints = ["keypoints", "keypoints_scores"] if heads.has_keypoint() else []
+        return ["boxes", "labels", "scores", *masks, *keypoints]
     return ["boxes", "scores", "labels"]
 
 

@@ -20,6 +20,7 @@ from tvm.relax import op as R
 
 from .torchvision_detection import Detections
 from .torchvision_levels import BatchedNMS, LevelCandidates
+from .torchvision_masks import PasteMasks
 from .torchvision_rcnn import FilteredNMS, LevelRoiAlign
 from .ultralytics_nms import NMS as UltralyticsNMS
 from .vision import NonMaxSuppression, TopK
@@ -81,6 +82,7 @@ CONVERTERS: dict[str, Converter] = {
     "LevelCandidates": LevelCandidates,  # torchvision_levels' node
     "LevelRoiAlign": LevelRoiAlign,
     "NonMaxSuppression": NonMaxSuppression,
+    "PasteMasks": PasteMasks,  # torchvision_masks' node
     "RoiAlign": RoiAlign,
     "Split": Split,
     "TopK": TopK,

@@ -192,5 +192,17 @@ def _live(nodes: list, wanted: set[str]) -> list:
     for n in reversed(nodes):
         if needed & set(n.output):
             keep.append(n)
-            needed.update(i for i in n.input if i)
+            needed.update(_reads(n))
     return keep[::-1]
+
+
+def _reads(node) -> set[str]:
+    """The values ``node`` reads: its inputs and those its subgraphs (a ``Loop``'s body,
+    an ``If``'s branches) read from the enclosing graph by name (and their own values,
+    which name nothing outside)."""
+    reads = {i for i in node.input if i}
+    for a in node.attribute:
+        for sub in [a.g] if a.HasField("g") else list(a.graphs):
+            for n in sub.node:
+                reads |= _reads(n)
+    return reads
