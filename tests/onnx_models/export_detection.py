@@ -74,6 +74,17 @@ MODELS = {
             "box_score_thresh": 0.26,
         },
     ),
+    # torchvision's KeypointRCNN class on it: a second MultiScaleRoIAlign (14x14), a
+    # one-convolution keypoint head, 17 heatmaps of 56x56 per detection turned into
+    # keypoints (edgecv.frontend.onnx.torchvision_keypoints)
+    "tiny_keypoint_rcnn": (
+        128,
+        {
+            "rpn_pre_nms_top_n_test": 150,
+            "rpn_post_nms_top_n_test": 300,
+            "box_score_thresh": 0.26,
+        },
+    ),
 }
 
 
@@ -110,6 +121,8 @@ def build(name: str, size: int, kwargs: dict) -> torch.nn.Module:
         return _tiny_faster_rcnn(sizes)
     if name == "tiny_mask_rcnn":
         return _tiny_mask_rcnn(sizes)
+    if name == "tiny_keypoint_rcnn":
+        return _tiny_keypoint_rcnn(sizes)
     anchors = detection.anchor_utils.AnchorGenerator(((16,), (32,)), ((1.0,),) * 2)
     return detection.FCOS(TinyBackbone(), anchor_generator=anchors, **sizes)
 
@@ -147,6 +160,21 @@ def _tiny_mask_rcnn(sizes: dict) -> torch.nn.Module:
     faster.roi_heads.mask_roi_pool = MultiScaleRoIAlign(["0", "1"], 14, 2, canonical_scale=64)
     faster.roi_heads.mask_head = detection.mask_rcnn.MaskRCNNHeads(32, (32,), 1)
     faster.roi_heads.mask_predictor = detection.mask_rcnn.MaskRCNNPredictor(32, 32, classes)
+    return faster
+
+
+def _tiny_keypoint_rcnn(sizes: dict) -> torch.nn.Module:
+    """:func:`_tiny_faster_rcnn`'s model with torchvision's keypoint branch: the
+    detections pooled 14x14 from the level of their size, one 3x3 convolution of 32
+    channels, the predictor's 17 heatmaps (56x56)."""
+    from torchvision.models import detection
+    from torchvision.ops import MultiScaleRoIAlign
+
+    faster = _tiny_faster_rcnn(sizes)
+    heads = faster.roi_heads
+    heads.keypoint_roi_pool = MultiScaleRoIAlign(["0", "1"], 14, 2, canonical_scale=64)
+    heads.keypoint_head = detection.keypoint_rcnn.KeypointRCNNHeads(32, (32,))
+    heads.keypoint_predictor = detection.keypoint_rcnn.KeypointRCNNPredictor(32, 17)
     return faster
 
 

@@ -19,6 +19,7 @@ from tvm import relax
 from tvm.relax import op as R
 
 from .torchvision_detection import Detections
+from .torchvision_keypoints import HeatmapKeypoints
 from .torchvision_levels import BatchedNMS, LevelCandidates
 from .torchvision_masks import PasteMasks
 from .torchvision_rcnn import FilteredNMS, LevelRoiAlign
@@ -79,6 +80,7 @@ CONVERTERS: dict[str, Converter] = {
     "CumSum": CumSum,
     "Detections": Detections,  # torchvision_detection.rewrite's node
     "FilteredNMS": FilteredNMS,  # torchvision_rcnn's nodes
+    "HeatmapKeypoints": HeatmapKeypoints,  # torchvision_keypoints' node
     "LevelCandidates": LevelCandidates,  # torchvision_levels' node
     "LevelRoiAlign": LevelRoiAlign,
     "NonMaxSuppression": NonMaxSuppression,

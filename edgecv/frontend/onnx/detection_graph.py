@@ -163,6 +163,20 @@ def candidate_count(graph: Graph, name: str) -> int:
     return values[0]
 
 
+def descends(graph: Graph, name: str, ancestor: str) -> bool:
+    """Whether the value ``name`` is computed from the value ``ancestor``."""
+    todo, seen = [name], set()
+    while todo:
+        value = todo.pop()
+        if value == ancestor:
+            return True
+        if value in seen or value not in graph.producer:
+            continue
+        seen.add(value)
+        todo.extend(i for i in graph.producer[value].input if i)
+    return False
+
+
 def splice(model, placed: list, removed: set[str], value_info: list = ()):
     """A copy of ``model`` without the nodes making ``removed`` values and with each
     ``(node, at)`` of ``placed`` where the removed node making ``at`` was; nodes no graph

@@ -12,8 +12,8 @@ from .model_file import DEFAULT_DOMAINS
 # Nodes TVM's importer handles itself, outside its converter table.
 _BUILT_IN = ("Constant", "If")
 # Nodes no converter takes that edgecv's detection rewrite replaces in the forms it knows
-# (torchvision's Mask R-CNN pastes its masks with a Loop): accepted here, and one that
-# the rewrite left is refused by :func:`check_rewritten`.
+# (torchvision's Mask and Keypoint R-CNN write their last step as a Loop): accepted here,
+# and one that the rewrite left is refused by :func:`check_rewritten`.
 _REWRITTEN = ("Loop",)
 
 
@@ -30,8 +30,9 @@ def check_rewritten(model, source: str) -> None:
     if left:
         raise ConversionError(
             f"{source}: {', '.join(left)} has no converter; edgecv replaces it only in "
-            f"torchvision's Mask R-CNN (its masks pasted into the image: docs/models.md, "
-            f"torchvision's detectors): replace it in the model or register a custom op"
+            f"torchvision's Mask R-CNN and Keypoint R-CNN (the masks pasted into the image, "
+            f"the heatmaps' keypoints: docs/models.md, torchvision's detectors): replace it "
+            f"in the model or register a custom op"
         )
 
 

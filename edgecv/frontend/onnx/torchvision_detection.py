@@ -77,7 +77,7 @@ def replace_postprocessing(model, source: str):
     raise ConversionError(
         f"{source}: the detection post-processing around NonMaxSuppression is not a "
         f"form edgecv maps to fixed-size outputs (torchvision's SSD, SSDlite, RetinaNet, "
-        f"FCOS, Faster R-CNN and Mask R-CNN are; {'; '.join(reasons)}); see docs/models.md, "
+        f"FCOS, Faster, Mask and Keypoint R-CNN are; {'; '.join(reasons)}); see docs/models.md, "
         f"torchvision's detectors"
     )
 

@@ -20,15 +20,18 @@ more parts whose shapes depend on the data:
   (:mod:`edgecv.ops.paste_masks`), a padding row (score below 0, read from the
   detections' FilteredNMS) all 0.
 
-Both are recognized by how the nodes connect (never node names); a graph with a second
-pooling but another paste is refused with the part that differs.
+Keypoint R-CNN has the same second pooling and, instead of the paste, a ``Loop`` from
+heatmaps to keypoints (:mod:`.torchvision_keypoints`). All are recognized by how the
+nodes connect (never node names); a graph with a second pooling but another ``Loop`` is
+refused with the part that differs.
 """
 
 from __future__ import annotations
 
 from ...board.errors import ConversionError
+from . import torchvision_keypoints as keypoints
 from . import torchvision_rcnn as rcnn
-from .detection_graph import DOMAIN, Graph, Mismatch, splice
+from .detection_graph import DOMAIN, Graph, Mismatch, descends, splice
 from .fold import fold, static_shapes
 from .vision import _shape
 
@@ -50,7 +53,11 @@ def replace_heads(model):
     loops = [n for n in model.graph.node if n.op_type == "Loop"]
     if len(loops) != 1:
         raise Mismatch(f"{len(loops)} Loop nodes follow the detections' pooling, expected "
-                       f"one (the masks pasted into the image)")  # fmt: skip
+                       f"one (the masks pasted into the image, or the keypoints)")  # fmt: skip
+    if keypoints.is_keypoint_loop(loops[0]):
+        body = next(a.g for a in loops[0].attribute if a.name == "body")
+        outer = _outer_values(body, Graph.of(model.graph))
+        return keypoints.replace_loop(model, loops[0], _detections(model), outer)
     return _replace_paste(model, loops[0])
 
 
@@ -60,20 +67,6 @@ def _detections(model):
     if not nodes:
         raise Mismatch("no detections' FilteredNMS precedes the masks")
     return nodes[-1]
-
-
-def _descends(graph: Graph, name: str, ancestor: str) -> bool:
-    """Whether the value ``name`` is computed from the value ``ancestor``."""
-    todo, seen = [name], set()
-    while todo:
-        value = todo.pop()
-        if value == ancestor:
-            return True
-        if value in seen or value not in graph.producer:
-            continue
-        seen.add(value)
-        todo.extend(i for i in graph.producer[value].input if i)
-    return False
 
 
 def _outer_values(body, graph: Graph) -> list[str]:
@@ -108,7 +101,7 @@ def _replace_paste(model, loop):
         raise Mismatch(f"the paste Loop reads masks {shapes[masks]} and boxes {shapes[boxes]}, "
                        f"expected [K, 1, S, S] and [K, 4]")  # fmt: skip
     detections = _detections(model)
-    if not _descends(graph, boxes, detections.output[0]):
+    if not descends(graph, boxes, detections.output[0]):
         raise Mismatch("the pasted masks' boxes are not the detections'")
     node = onnx.helper.make_node(
         OP_TYPE, [masks, boxes, detections.output[1]], [loop.output[0]], domain=DOMAIN,
