@@ -9,8 +9,9 @@ tolerance table, the padding rows' masks all 0.
 `tiny_mask_rcnn` is torchvision's MaskRCNN class on the Faster R-CNN test's model (two
 levels, 300 proposals, up to 100 detections) with a 14x14 mask pooling, a one-layer
 mask head and 28x28 masks, at 128x128: a few dozen detections on the image below, of
-both levels' sizes, some touching the image's border. `maskrcnn_resnet50_fpn` at
-320x320 is `heavy` (a whole ResNet-50 FPN deployed: minutes).
+both levels' sizes, some touching the image's border. `maskrcnn_resnet50_fpn` and
+`maskrcnn_resnet50_fpn_v2` at 320x320, and the small model for `deeplens` (every launch
+on Intel's OpenCL), are `heavy` (minutes each).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import onnx
 import pytest
 from test_onnx_detectors import FOLDER, _depth, _image, assert_detections_match
+from test_opencl import device_or_skip
 
 import edgecv
 from edgecv.board.errors import ConversionError
@@ -54,11 +56,13 @@ def _onnxruntime(path: Path, x: np.ndarray) -> list[np.ndarray]:
     return session.run(None, {session.get_inputs()[0].name: x})
 
 
-def assert_masks_match(path: Path, size: int, package: Path) -> dict:
-    """edgecv's boxes, labels, scores and masks against ONNX Runtime's on the image of
-    ``size``; the comparison's numbers."""
+def assert_masks_match(path: Path, size: int, package: Path, on: str | None = None) -> dict:
+    """edgecv's boxes, labels, scores and masks (the package run on the OpenCL device
+    ``on``, if given) against ONNX Runtime's on the image of ``size``; the comparison's
+    numbers."""
     x = _image(size)
-    ref, ours = _onnxruntime(path, x), edgecv.load(package).run(x)
+    ref = _onnxruntime(path, x)
+    ours = (edgecv.load(package, on=on) if on else edgecv.load(package)).run(x)
     count = len(ref[2])
     assert [o.shape for o in ours] == [(DETECTIONS, 4), (DETECTIONS,), (DETECTIONS,),
                                        (DETECTIONS, 1, size, size)]  # fmt: skip
@@ -153,9 +157,24 @@ def test_a_loop_elsewhere_is_one_error_line():
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.heavy  # every kernel built for OpenCL and compiled by Intel's runtime: 1-2 minutes
+def test_tiny_mask_rcnn_runs_every_launch_on_intel_opencl(filled, tmp_path):
+    """`deeplens`: the poolings, the paste and the rest all on the GPU (no CPU fallback),
+    run on Intel's OpenCL CPU runtime (the DeepLens stand-in), matching ONNX Runtime."""
+    import json
+
+    on = device_or_skip("intel")
+    options = BuildOptions(layout="NCHW")
+    package = deploy(filled, tmp_path / f"{NAME}-deeplens", "deeplens", options=options)
+    placement = json.loads((package / "manifest.json").read_text())["build"]["placement"]
+    assert placement["launches"].get("cpu", 0) == 0, placement
+    assert_masks_match(filled, SIZE, package, on)
+
+
 @pytest.mark.heavy  # a whole ResNet-50 FPN Mask R-CNN deployed: minutes (docs/testing.md)
-def test_maskrcnn_resnet50_fpn_matches_onnxruntime(tmp_path):
-    path = seeded.filled(FOLDER / "maskrcnn_resnet50_fpn.onnx", tmp_path)
+@pytest.mark.parametrize("name", ["maskrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn_v2"])
+def test_maskrcnn_resnet50_fpn_matches_onnxruntime(name, tmp_path):
+    path = seeded.filled(FOLDER / f"{name}.onnx", tmp_path)
     package = deploy(path, tmp_path / "maskrcnn-cpu", "cpu")
     found = assert_masks_match(path, 320, package)
     assert 0 < found["count"] < DETECTIONS, found
