@@ -94,6 +94,8 @@ def assert_detections_match(ours: list, ref: list, path: Path, size: int) -> dic
     return {
         "count": count,
         "ties": ties,
+        "order": order,  # ours and ONNX Runtime's rows in the order compared (ties sorted)
+        "ref_order": ref_order,
         "boxes": float(np.abs(boxes[order] - ref_boxes[ref_order]).max()),
         "scores": float(np.abs(scores[order] - ref_scores[ref_order]).max()),
     }

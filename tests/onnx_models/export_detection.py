@@ -52,6 +52,9 @@ MODELS = {
             "fasterrcnn_resnet50_fpn_v2",
         )
     },
+    # seeded weights give 91 classes' softmax scores of 0.03-0.035 on the test image:
+    # torchvision's 0.05 keeps none, 0.032 a hundred candidates before the NMS
+    "maskrcnn_resnet50_fpn": (320, {"min_size": 320, "max_size": 320, "box_score_thresh": 0.032}),
     # torchvision's RetinaNet and FCOS classes (head, anchors, post-processing) on a
     # two-level backbone of three convolutions (32 channels: FCOS's head normalizes in 32
     # groups), so the default suite can deploy them; thresholds where the seeded weights
@@ -64,6 +67,28 @@ MODELS = {
     # (edgecv.frontend.onnx.torchvision_rcnn); a threshold where the seeded weights pass
     # a few dozen detections
     "tiny_faster_rcnn": (
+        128,
+        {
+            "rpn_pre_nms_top_n_test": 150,
+            "rpn_post_nms_top_n_test": 300,
+            "box_score_thresh": 0.26,
+        },
+    ),
+    # torchvision's MaskRCNN class on it: Faster R-CNN's parts, a second
+    # MultiScaleRoIAlign (14x14) on the detections, a one-convolution mask head and the
+    # masks pasted into the image (edgecv.frontend.onnx.torchvision_masks)
+    "tiny_mask_rcnn": (
+        128,
+        {
+            "rpn_pre_nms_top_n_test": 150,
+            "rpn_post_nms_top_n_test": 300,
+            "box_score_thresh": 0.26,
+        },
+    ),
+    # torchvision's KeypointRCNN class on it: a second MultiScaleRoIAlign (14x14), a
+    # one-convolution keypoint head, 17 heatmaps of 56x56 per detection turned into
+    # keypoints (edgecv.frontend.onnx.torchvision_keypoints)
+    "tiny_keypoint_rcnn": (
         128,
         {
             "rpn_pre_nms_top_n_test": 150,
@@ -105,6 +130,10 @@ def build(name: str, size: int, kwargs: dict) -> torch.nn.Module:
         return detection.RetinaNet(TinyBackbone(), anchor_generator=anchors, **sizes)
     if name == "tiny_faster_rcnn":
         return _tiny_faster_rcnn(sizes)
+    if name == "tiny_mask_rcnn":
+        return _tiny_mask_rcnn(sizes)
+    if name == "tiny_keypoint_rcnn":
+        return _tiny_keypoint_rcnn(sizes)
     anchors = detection.anchor_utils.AnchorGenerator(((16,), (32,)), ((1.0,),) * 2)
     return detection.FCOS(TinyBackbone(), anchor_generator=anchors, **sizes)
 
@@ -130,6 +159,36 @@ def _tiny_faster_rcnn(sizes: dict) -> torch.nn.Module:
     )
 
 
+def _tiny_mask_rcnn(sizes: dict) -> torch.nn.Module:
+    """:func:`_tiny_faster_rcnn`'s model with torchvision's mask branch: the detections
+    pooled 14x14 from the level of their size, one 3x3 convolution of 32 channels, the
+    predictor's 28x28 mask per class."""
+    from torchvision.models import detection
+    from torchvision.ops import MultiScaleRoIAlign
+
+    classes = sizes["num_classes"]
+    faster = _tiny_faster_rcnn(sizes)
+    faster.roi_heads.mask_roi_pool = MultiScaleRoIAlign(["0", "1"], 14, 2, canonical_scale=64)
+    faster.roi_heads.mask_head = detection.mask_rcnn.MaskRCNNHeads(32, (32,), 1)
+    faster.roi_heads.mask_predictor = detection.mask_rcnn.MaskRCNNPredictor(32, 32, classes)
+    return faster
+
+
+def _tiny_keypoint_rcnn(sizes: dict) -> torch.nn.Module:
+    """:func:`_tiny_faster_rcnn`'s model with torchvision's keypoint branch: the
+    detections pooled 14x14 from the level of their size, one 3x3 convolution of 32
+    channels, the predictor's 17 heatmaps (56x56)."""
+    from torchvision.models import detection
+    from torchvision.ops import MultiScaleRoIAlign
+
+    faster = _tiny_faster_rcnn(sizes)
+    heads = faster.roi_heads
+    heads.keypoint_roi_pool = MultiScaleRoIAlign(["0", "1"], 14, 2, canonical_scale=64)
+    heads.keypoint_head = detection.keypoint_rcnn.KeypointRCNNHeads(32, (32,))
+    heads.keypoint_predictor = detection.keypoint_rcnn.KeypointRCNNPredictor(32, 17)
+    return faster
+
+
 def output_names(net: torch.nn.Module) -> list[str]:
     """The names of the outputs, in the order of the model's result: the two-stage
     detectors (Faster R-CNN) return boxes, labels, scores; the one-stage ones boxes,
@@ -137,7 +196,10 @@ def output_names(net: torch.nn.Module) -> list[str]:
     from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
 
     if isinstance(net, GeneralizedRCNN):
-        return ["boxes", "labels", "scores"]
+        heads = net.roi_heads
+        masks = ["masks"] if heads.has_mask() else []
+        keypoints = ["keypoints", "keypoints_scores"] if heads.has_keypoint() else []
+        return ["boxes", "labels", "scores", *masks, *keypoints]
     return ["boxes", "scores", "labels"]
 
 

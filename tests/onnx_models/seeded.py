@@ -92,11 +92,12 @@ def _unit_gains(model: onnx.ModelProto, rng: np.random.RandomState) -> None:
     initialization): He's scale assumes ReLU alone, and squeeze-and-excitation gates and
     SiLU shrink EfficientNet-B0's logits to 0.003, too small for a comparison relative to 1
     to mean anything. The weights are inputs of one probe session, so each layer costs one
-    run, not a session. The probe's graph holds only what the layers' outputs need
-    (:func:`_needed`): ONNX Runtime runs every node of a session for any output asked, and
-    a detector's own outputs (a two-stage detector's box decoding of zero rows, while the
-    RPN's weights are not yet rescaled) would fail every layer's run. A layer ONNX Runtime
-    still cannot reach on the probe's input keeps He's scale."""
+    run, not a session. The layers in front of every data-dependent filter (``NonZero``:
+    a two-stage detector's backbone, FPN and RPN) are probed first in the graph cut down
+    to them, which runs whatever the filters would keep: ONNX Runtime runs a session's
+    whole graph, and in the whole graph of a ResNet-50 Mask R-CNN He's scale empties the
+    proposals, a reshape of zero rows fails and no layer would be rescaled. A layer
+    behind a filter that ONNX Runtime still cannot reach keeps He's scale."""
     import onnxruntime as ort
     from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
 
@@ -114,16 +115,12 @@ def _unit_gains(model: onnx.ModelProto, rng: np.random.RandomState) -> None:
         onnx.helper.make_tensor_value_info(n, weights[n].data_type, list(weights[n].dims))
         for n in sorted(names)
     )
-    del probe.graph.output[:]
+    known = {o.name for o in probe.graph.output}
     probe.graph.output.extend(
-        onnx.helper.make_empty_tensor_value_info(n)
-        for n in dict.fromkeys(n.output[0] for n in layers)
+        onnx.helper.make_empty_tensor_value_info(n.output[0])
+        for n in layers
+        if n.output[0] not in known
     )
-    needed = _needed(probe.graph, [o.name for o in probe.graph.output])
-    nodes = [n for n in probe.graph.node if any(o in needed for o in n.output)]
-    del probe.graph.node[:]
-    probe.graph.node.extend(nodes)
-    del probe.graph.value_info[:]
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(
@@ -134,9 +131,17 @@ def _unit_gains(model: onnx.ModelProto, rng: np.random.RandomState) -> None:
         if value.name not in feed:
             dims = [d if isinstance(d, int) else 1 for d in value.shape]
             feed[value.name] = rng.standard_normal(dims).astype(np.float32)
+    behind = _behind_filters(model)
+    front = [n for n in layers if n.output[0] not in behind]
+    if len(front) < len(layers):
+        ahead = _cut(probe, [n.output[0] for n in front])
+        ahead_session = ort.InferenceSession(
+            ahead.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
     for node in layers:
         try:
-            (out,) = session.run([node.output[0]], feed)
+            in_front = len(front) < len(layers) and node.output[0] not in behind
+            (out,) = (ahead_session if in_front else session).run([node.output[0]], feed)
         except REFUSED:  # behind a data-dependent filter that left no rows: He's scale
             continue
         std = float(np.std(out))
@@ -146,33 +151,40 @@ def _unit_gains(model: onnx.ModelProto, rng: np.random.RandomState) -> None:
         weights[name].CopyFrom(numpy_helper.from_array(feed[name], name))
 
 
-def _needed(graph: onnx.GraphProto, outputs: list[str]) -> set[str]:
-    """The values ``outputs`` are computed from in ``graph``, a node's subgraphs (an
-    ``If``'s branches) reading values of the outer graph included."""
-    producer = {o: n for n in graph.node for o in n.output}
-    needed, todo = set(), list(outputs)
-    while todo:
-        name = todo.pop()
-        if name in needed:
-            continue
-        needed.add(name)
-        node = producer.get(name)
-        if node is not None:
-            todo.extend(i for i in node.input if i)
-            todo.extend(_outer_reads(node))
-    return needed
+def _behind_filters(model: onnx.ModelProto) -> set[str]:
+    """The values computed from a ``NonZero``'s output (whose count depends on the data)."""
+    behind: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type == "NonZero" or behind & set(_reads(node)):
+            behind.update(node.output)
+    return behind
 
 
-def _outer_reads(node: onnx.NodeProto) -> set[str]:
-    """Every value a node's subgraphs read (their own values among them: harmless, none
-    is produced outside)."""
-    reads = set()
-    for attr in node.attribute:
-        for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+def _reads(node) -> set[str]:
+    """``node``'s inputs and every name its subgraphs (a Loop's body) read."""
+    reads = set(node.input)
+    for a in node.attribute:
+        for sub in [a.g] if a.HasField("g") else list(a.graphs):
             for inner in sub.node:
-                reads.update(i for i in inner.input if i)
-                reads.update(_outer_reads(inner))
+                reads |= _reads(inner)
     return reads
+
+
+def _cut(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
+    """``model`` computing only ``outputs``: the nodes they depend on (inputs all kept,
+    so one feed serves both)."""
+    needed, kept = set(outputs), []
+    for node in reversed(model.graph.node):
+        if needed & set(node.output):
+            kept.append(node)
+            needed |= _reads(node)
+    cut = onnx.ModelProto()
+    cut.CopyFrom(model)
+    del cut.graph.node[:]
+    cut.graph.node.extend(kept[::-1])
+    del cut.graph.output[:]
+    cut.graph.output.extend(onnx.helper.make_empty_tensor_value_info(o) for o in outputs)
+    return cut
 
 
 def _fan_in(dims: tuple[int, ...], readers: dict, name: str) -> int:

@@ -19,7 +19,9 @@ from tvm import relax
 from tvm.relax import op as R
 
 from .torchvision_detection import Detections
+from .torchvision_keypoints import HeatmapKeypoints
 from .torchvision_levels import BatchedNMS, LevelCandidates
+from .torchvision_masks import PasteMasks
 from .torchvision_rcnn import FilteredNMS, LevelRoiAlign
 from .ultralytics_nms import NMS as UltralyticsNMS
 from .vision import NonMaxSuppression, TopK
@@ -78,9 +80,11 @@ CONVERTERS: dict[str, Converter] = {
     "CumSum": CumSum,
     "Detections": Detections,  # torchvision_detection.rewrite's node
     "FilteredNMS": FilteredNMS,  # torchvision_rcnn's nodes
+    "HeatmapKeypoints": HeatmapKeypoints,  # torchvision_keypoints' node
     "LevelCandidates": LevelCandidates,  # torchvision_levels' node
     "LevelRoiAlign": LevelRoiAlign,
     "NonMaxSuppression": NonMaxSuppression,
+    "PasteMasks": PasteMasks,  # torchvision_masks' node
     "RoiAlign": RoiAlign,
     "Split": Split,
     "TopK": TopK,

@@ -163,6 +163,20 @@ def candidate_count(graph: Graph, name: str) -> int:
     return values[0]
 
 
+def descends(graph: Graph, name: str, ancestor: str) -> bool:
+    """Whether the value ``name`` is computed from the value ``ancestor``."""
+    todo, seen = [name], set()
+    while todo:
+        value = todo.pop()
+        if value == ancestor:
+            return True
+        if value in seen or value not in graph.producer:
+            continue
+        seen.add(value)
+        todo.extend(i for i in graph.producer[value].input if i)
+    return False
+
+
 def splice(model, placed: list, removed: set[str], value_info: list = ()):
     """A copy of ``model`` without the nodes making ``removed`` values and with each
     ``(node, at)`` of ``placed`` where the removed node making ``at`` was; nodes no graph
@@ -192,5 +206,17 @@ def _live(nodes: list, wanted: set[str]) -> list:
     for n in reversed(nodes):
         if needed & set(n.output):
             keep.append(n)
-            needed.update(i for i in n.input if i)
+            needed.update(_reads(n))
     return keep[::-1]
+
+
+def _reads(node) -> set[str]:
+    """The values ``node`` reads: its inputs and those its subgraphs (a ``Loop``'s body,
+    an ``If``'s branches) read from the enclosing graph by name (and their own values,
+    which name nothing outside)."""
+    reads = {i for i in node.input if i}
+    for a in node.attribute:
+        for sub in [a.g] if a.HasField("g") else list(a.graphs):
+            for n in sub.node:
+                reads |= _reads(n)
+    return reads

@@ -22,7 +22,7 @@ from .converters import CONVERTERS
 from .graph_inputs import graph_inputs, static_shapes
 from .model_file import check_opset
 from .normalize import normalize
-from .ops import registered_ops
+from .ops import check_rewritten, registered_ops
 from .qdq import strip_qdq
 from .torchvision_detection import rewrite as rewrite_detections
 from .ultralytics_nms import rewrite as rewrite_ultralytics_nms
@@ -58,6 +58,7 @@ def from_onnx(
     model = rewrite_detections(model, source)
     model = rewrite_ultralytics_nms(model, source)
     check_nms_readers(model, source)
+    check_rewritten(model, source)
     inputs = graph_inputs(model)
     shapes = check_input_shapes(static_shapes(inputs, input_shapes, source))
     dtypes = {i.name: i.dtype for i in inputs}

@@ -5,19 +5,35 @@ and every operator without a converter is named in one error, with its count."""
 
 from __future__ import annotations
 
-from ...board.errors import EdgecvError, UnsupportedOpsError
+from ...board.errors import ConversionError, EdgecvError, UnsupportedOpsError
 from ...op_registry import RegisteredOp, registered_op
 from .model_file import DEFAULT_DOMAINS
 
 # Nodes TVM's importer handles itself, outside its converter table.
 _BUILT_IN = ("Constant", "If")
+# Nodes no converter takes that edgecv's detection rewrite replaces in the forms it knows
+# (torchvision's Mask and Keypoint R-CNN write their last step as a Loop): accepted here,
+# and one that the rewrite left is refused by :func:`check_rewritten`.
+_REWRITTEN = ("Loop",)
 
 
 def supported_ops() -> list[str]:
     """The default-domain ONNX op types TVM's frontend converts."""
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    return sorted({*_get_convert_map(), *_BUILT_IN})
+    return sorted({*_get_convert_map(), *_BUILT_IN, *_REWRITTEN})
+
+
+def check_rewritten(model, source: str) -> None:
+    """Refuse, in one line, a node of :data:`_REWRITTEN` that the rewrites left."""
+    left = sorted({n.op_type for n in model.graph.node if n.op_type in _REWRITTEN})
+    if left:
+        raise ConversionError(
+            f"{source}: {', '.join(left)} has no converter; edgecv replaces it only in "
+            f"torchvision's Mask R-CNN and Keypoint R-CNN (the masks pasted into the image, "
+            f"the heatmaps' keypoints: docs/models.md, torchvision's detectors): replace it "
+            f"in the model or register a custom op"
+        )
 
 
 def _nodes(graph):

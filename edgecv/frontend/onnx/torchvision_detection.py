@@ -33,7 +33,7 @@ from tvm.relax import op as R
 
 from ...board.errors import ConversionError
 from . import torchvision_levels as levels
-from . import torchvision_rcnn as rcnn
+from . import torchvision_masks as masks
 from .detection_graph import (
     DOMAIN,
     BatchedNMSNodes,
@@ -67,7 +67,7 @@ def replace_postprocessing(model, source: str):
     if not ifs:
         return model
     forms = [("SSD", _replace_ssd), ("RetinaNet or FCOS", _replace_levels)]
-    forms.append(("Faster R-CNN", rcnn.replace))
+    forms.append(("Faster R-CNN", masks.replace))  # and Mask R-CNN's heads after it
     reasons = []
     for form, replace in forms:
         try:
@@ -77,7 +77,7 @@ def replace_postprocessing(model, source: str):
     raise ConversionError(
         f"{source}: the detection post-processing around NonMaxSuppression is not a "
         f"form edgecv maps to fixed-size outputs (torchvision's SSD, SSDlite, RetinaNet, "
-        f"FCOS and Faster R-CNN are; {'; '.join(reasons)}); see docs/models.md, "
+        f"FCOS, Faster, Mask and Keypoint R-CNN are; {'; '.join(reasons)}); see docs/models.md, "
         f"torchvision's detectors"
     )
 

@@ -60,9 +60,11 @@ PASSED_READERS = ("Shape", "Expand", "ScatterElements")
 ROI_ATTRS = ("mode", "output_height", "output_width", "sampling_ratio")
 
 
-def replace(model):
+def replace(model, heads=None):
     """``model`` with Faster R-CNN's proposals, pooling and detections replaced (module
-    docstring); :class:`Mismatch` saying why when the graph is another form."""
+    docstring); :class:`Mismatch` saying why when the graph is another form. ``heads``
+    (a function of the model) replaces what follows the detections (Mask R-CNN's,
+    :mod:`.torchvision_masks`) before the check that nothing data-dependent is left."""
     model = fold(model)
     ifs = _nms_ifs(model)
     if len(ifs) != 2:
@@ -71,12 +73,14 @@ def replace(model):
             f"and the detections')"
         )
     model = fold(_replace_nms(model, ifs[0], ("boxes",), "the proposals"))
-    model = fold(_replace_pooling(model))
+    model = fold(replace_pooling(model))
     (last,) = _nms_ifs(model)
     model = _replace_nms(model, last, PARTS, "the detections")
-    left = sorted({n.op_type for n in model.graph.node} & {"NonZero", "ScatterElements"})
+    if heads is not None:
+        model = heads(model)
+    left = sorted({n.op_type for n in model.graph.node} & {"Loop", "NonZero", "ScatterElements"})
     if left:
-        raise Mismatch(f"{' and '.join(left)} read outside the filters and the pooling")
+        raise Mismatch(f"{' and '.join(left)} read outside the filters, poolings and heads")
     return model
 
 
@@ -179,9 +183,10 @@ def _filters(graph: Graph, nonzeros) -> list:
     return found
 
 
-def _replace_pooling(model):
-    """``model`` with MultiScaleRoIAlign's per-level pooling and scatter replaced by one
-    LevelRoiAlign node."""
+def replace_pooling(model):
+    """``model`` with the first MultiScaleRoIAlign's (in graph order) per-level pooling
+    and scatter replaced by one LevelRoiAlign node; Mask R-CNN's second, on the
+    detections, is replaced by calling this again once they have a static count."""
     import onnx
 
     graph = Graph.of(model.graph)
@@ -229,10 +234,9 @@ def _scatter_chain(graph: Graph, model) -> list:
         for s in scatters
         if not any(r.op_type == "ScatterElements" for r in graph.readers.get(s.output[0], []))
     ]
-    if len(ends) != 1:
-        raise Mismatch(f"expected one chain of ScatterElements (MultiScaleRoIAlign), found "
-                       f"{len(ends)}")  # fmt: skip
-    chain = [ends[0]]
+    if not ends:
+        raise Mismatch("no chain of ScatterElements (MultiScaleRoIAlign) is left to replace")
+    chain = [ends[0]]  # the first in graph order: the chains do not interleave
     while (prev := graph.producer.get(chain[0].input[0])) is not None and (
         prev.op_type == "ScatterElements"
     ):

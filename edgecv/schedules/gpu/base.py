@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight import ScheduleRule
@@ -224,6 +225,19 @@ def is_elementwise(sch: s_tir.Schedule, block) -> bool:
     return all(_is_identity(r, iters, extents) for r in stmt.reads)
 
 
+def gathers(stmt) -> bool:
+    """``stmt`` loads at an index that is itself loaded (Mask R-CNN's paste reads each
+    box's corners to address its mask)."""
+    found = []
+
+    def visit(load) -> None:
+        for index in load.indices:
+            tvm_ffi.structural_walk(index, [(tvm.ir.expr.TensorLoad, found.append)])
+
+    tvm_ffi.structural_walk(stmt, [(tvm.ir.expr.TensorLoad, visit)])
+    return bool(found)
+
+
 def flatten_block(sch: s_tir.Schedule, block) -> list | None:
     """Make a block's spatial iteration one loop over its output's elements in memory
     order (reductions, if any, stay inside it), with its output and every input it
@@ -235,9 +249,12 @@ def flatten_block(sch: s_tir.Schedule, block) -> list | None:
     at 64x208x208 indexed ``(g / 169) * 43264 + ...``): Intel's CPU runtime then gathers
     every load, far slower than the 1-D version. Returns the (new) buffers read
     elementwise, or None when the block's iterators are not spatial then reduction
-    (``SSSSRR``) or its output is not written at its spatial iterators (the block is
-    left unchanged then)."""
+    (``SSSSRR``), its output is not written at its spatial iterators or it gathers
+    (loads at indices read from a buffer: TVM's layout transform cannot map those; the
+    block is left unchanged then)."""
     stmt = sch.get(block)
+    if gathers(stmt.body):
+        return None
     kinds = iter_kinds(sch, block)
     spatial = len(kinds) - len(kinds.lstrip("S"))
     if spatial == 0 or set(kinds[spatial:]) - {"R"}:
