@@ -8,7 +8,8 @@ padding rows' all 0.
 
 `tiny_keypoint_rcnn` is torchvision's KeypointRCNN class on the Faster R-CNN test's
 model with a 14x14 keypoint pooling, a one-layer keypoint head and 56x56 heatmaps, at
-128x128: a few dozen detections on the image below.
+128x128: a few dozen detections on the image below. `keypointrcnn_resnet50_fpn` at
+320x320 (torchvision's thresholds: two classes, so the cap of 100 is reached) is `heavy`.
 """
 
 from __future__ import annotations
@@ -39,23 +40,37 @@ def filled(tmp_path_factory) -> Path:
     return seeded.filled(FOLDER / f"{NAME}.onnx", tmp_path_factory.mktemp("keypoints"))
 
 
-def test_tiny_keypoint_rcnn_matches_onnxruntime(filled, tmp_path):
-    package = deploy(filled, tmp_path / f"{NAME}-cpu", "cpu", options=BuildOptions(layout="NCHW"))
-    names = [o.name for o in onnx.load(str(filled), load_external_data=False).graph.output]
+def assert_keypoints_match(path: Path, size: int, package: Path) -> dict:
+    """edgecv's boxes, labels, scores, keypoints and their scores against ONNX Runtime's
+    on the image of ``size``; the comparison's numbers."""
+    names = [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
     assert names == ["boxes", "labels", "scores", "keypoints", "keypoints_scores"]
-    x = _image(SIZE)
-    ref, ours = _onnxruntime(filled, x), edgecv.load(package).run(x)
+    x = _image(size)
+    ref, ours = _onnxruntime(path, x), edgecv.load(package).run(x)
     assert [o.shape for o in ours] == [(DETECTIONS, 4), (DETECTIONS,), (DETECTIONS,),
                                        (DETECTIONS, JOINTS, 3), (DETECTIONS, JOINTS)]  # fmt: skip
-    found = assert_detections_match(*([r[i] for i in (0, 2, 1)] for r in (ours, ref)), filled, SIZE)
+    found = assert_detections_match(*([r[i] for i in (0, 2, 1)] for r in (ours, ref)), path, size)
     count, order, ref_order = found["count"], found["order"], found["ref_order"]
-    assert 10 <= count < DETECTIONS, found
-    loosen = _depth(filled)
+    loosen = _depth(path)
     points, ref_points = ours[3][order], ref[3][ref_order]
-    assert_close(points, ref_points, "keypoints", loosen=loosen, scale=SIZE)
+    assert_close(points, ref_points, "keypoints", loosen=loosen, scale=size)
     assert_close(ours[4][order], ref[4][ref_order], "keypoint scores", loosen=loosen)
     assert (points[..., 2] == 1).all()
     assert not ours[3][count:].any() and not ours[4][count:].any(), "padding rows are not 0"
+    return found
+
+
+def test_tiny_keypoint_rcnn_matches_onnxruntime(filled, tmp_path):
+    package = deploy(filled, tmp_path / f"{NAME}-cpu", "cpu", options=BuildOptions(layout="NCHW"))
+    found = assert_keypoints_match(filled, SIZE, package)
+    assert 10 <= found["count"] < DETECTIONS, found
+
+
+@pytest.mark.heavy  # a whole ResNet-50 FPN Keypoint R-CNN deployed: minutes (docs/testing.md)
+def test_keypointrcnn_resnet50_fpn_matches_onnxruntime(tmp_path):
+    path = seeded.filled(FOLDER / "keypointrcnn_resnet50_fpn.onnx", tmp_path)
+    package = deploy(path, tmp_path / "keypointrcnn-cpu", "cpu")
+    assert assert_keypoints_match(path, 320, package)["count"] > 0
 
 
 def test_the_keypoint_loop_is_replaced_by_a_fixed_size_node(filled):
