@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from onnx_coverage import _last_line, worker_row
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 GRAPHS = TESTS / "onnx_models"
@@ -146,12 +148,6 @@ def device_runtime(folder: Path) -> Path:
     return target
 
 
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    said = [line for line in lines if "Warning" not in line and "warn(" not in line]
-    return (said or lines or [""])[-1][:300]
-
-
 def _run_one(name: str, profile: str, args, runtime: Path) -> dict:
     row = {"model": name, "family": SAMPLES[name][0], "profile": profile}
     with tempfile.TemporaryDirectory(dir=args.work) as work:
@@ -161,15 +157,7 @@ def _run_one(name: str, profile: str, args, runtime: Path) -> dict:
         )
         command = [sys.executable, "-c", code, str(Path(__file__).parent)]
         command += [name, profile, work, str(runtime)]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            return {**row, "status": "timeout", "error": f"over {args.timeout:.0f} s"}
-    found = [line for line in done.stdout.splitlines() if line.startswith("ROW ")]
-    if done.returncode == 0 and found:
-        return {**row, "status": "match", **json.loads(found[-1][4:])}
-    status = "mismatch" if "AssertionError" in done.stderr else "failed"
-    return {**row, "status": status, "error": _last_line(done.stderr)}
+        return worker_row(row, command, args.timeout, "failed")
 
 
 def write_table(csv_path: Path, out: Path) -> None:

@@ -170,14 +170,21 @@ def _run_one(name: str, kind: str, args, cache: Path) -> dict:
         )
         command = [sys.executable, "-c", code, str(Path(__file__).parent)]
         command += [str(stripped), kind, args.deploy, work, str(args.layout_budget)]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            return {**row, "status": "timeout", "error": f"over {args.timeout:.0f} s"}
+        return worker_row(row, command, args.timeout, "deploy failed")
+
+
+def worker_row(row: dict, command: list[str], timeout: float, failed: str) -> dict:
+    """``row`` completed by a worker process that prints ``ROW {json}``: a match, or the
+    worker's own status, or ``timeout``, ``mismatch`` (an AssertionError) or ``failed``
+    with the last line of its error."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**row, "status": "timeout", "error": f"over {timeout:.0f} s"}
     found = [line for line in done.stdout.splitlines() if line.startswith("ROW ")]
     if done.returncode == 0 and found:
         return {**row, "status": "match", **json.loads(found[-1][4:])}  # or as the worker says
-    status = "mismatch" if "AssertionError" in done.stderr else "deploy failed"
+    status = "mismatch" if "AssertionError" in done.stderr else failed
     return {**row, "status": status, "error": _last_line(done.stderr)}
 
 
